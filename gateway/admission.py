@@ -1,0 +1,152 @@
+"""The HTTP side of admission: ask the owning shard, turn its verdict into headers or errors.
+
+Step 3 (:func:`admit`) counts the request and takes an in-flight slot for model calls;
+step 8 (:func:`reserve`) reserves the worst case; step 10 (:func:`settle`) resolves it.
+A shard that cannot answer in time is a 503 admission_unavailable: nothing is ever
+admitted unchecked.
+"""
+
+from __future__ import annotations
+
+from quart import g
+
+from gateway.catalog import usd_to_nanos
+from gateway.errors import GatewayError
+from gateway.http import runtime
+from gateway.keys import KeyRecord
+from shards import (
+    Admission,
+    AdmitRequest,
+    Reservation,
+    ReserveRequest,
+    SettleRequest,
+    ShardUnavailable,
+)
+
+ADMISSION_RETRY_AFTER = 1
+
+
+def unavailable() -> GatewayError:
+    return GatewayError(
+        "admission_unavailable",
+        "An admission check could not complete; retry shortly.",
+        retry_after=ADMISSION_RETRY_AFTER,
+    )
+
+
+def rate_headers(admission: Admission) -> dict[str, str]:
+    return {
+        "X-RateLimit-Limit-Requests": str(admission.limit_requests),
+        "X-RateLimit-Remaining-Requests": str(admission.remaining_requests),
+        "X-RateLimit-Reset-Requests": f"{admission.reset_requests_s}s",
+    }
+
+
+def _usd(value: float | None) -> int | None:
+    return usd_to_nanos(value) if value is not None else None
+
+
+async def admit(record: KeyRecord, *, take_slot: bool) -> Admission:
+    """Step 3. On success the rate-limit headers are attached to every later answer."""
+    rt = runtime()
+    org = rt.orgs.get(record.org_id)
+    request = AdmitRequest(
+        key_id=record.id,
+        family_id=record.family_id,
+        org_id=record.org_id,
+        rpm=record.caps.rpm,
+        max_in_flight=record.caps.max_in_flight,
+        take_slot=take_slot,
+        org_rpm=org.policy.get("org_rpm") if org else None,
+    )
+    try:
+        admission = await rt.pool.admit(request)
+    except ShardUnavailable:
+        raise unavailable() from None
+    if not admission.ok:
+        if admission.scope in ("org", "platform"):
+            # a limit above the key's: the key was admitted, so its headers apply
+            g.rate_headers = rate_headers(admission)
+        assert admission.code is not None
+        raise GatewayError(
+            admission.code,
+            _admit_message(admission),
+            retry_after=admission.retry_after,
+        )
+    g.rate_headers = rate_headers(admission)
+    g.admission = admission
+    return admission
+
+
+def _admit_message(admission: Admission) -> str:
+    if admission.code == "too_many_in_flight":
+        return "This key already has its maximum number of calls in flight."
+    if admission.scope == "org":
+        return "The organization's requests-per-minute limit is reached."
+    if admission.scope == "platform":
+        return "The platform's requests-per-minute limit is reached."
+    return "This key's requests-per-minute limit is reached."
+
+
+async def reserve(record: KeyRecord, *, tokens: int, cost: int, org_cost: int) -> Reservation:
+    """Step 8: tokens, key and parent spend caps, organisation credits and budget."""
+    rt = runtime()
+    parent = rt.keyring.get(record.parent_id) if record.parent_id else None
+    request = ReserveRequest(
+        key_id=record.id,
+        family_id=record.family_id,
+        parent_id=parent.id if parent else None,
+        org_id=record.org_id,
+        tokens=tokens,
+        tpm=record.caps.tpm,
+        cost=cost,
+        key_usd_day=_usd(record.caps.usd_day),
+        key_usd_month=_usd(record.caps.usd_month),
+        parent_usd_day=_usd(parent.caps.usd_day) if parent else None,
+        parent_usd_month=_usd(parent.caps.usd_month) if parent else None,
+        org_cost=org_cost,
+        check_credits=record.mode == "live",
+    )
+    try:
+        verdict = await rt.pool.reserve(request)
+    except ShardUnavailable:
+        raise unavailable() from None
+    if isinstance(verdict, Reservation):
+        return verdict
+    raise GatewayError(
+        verdict.code, _reserve_message(verdict.code), retry_after=verdict.retry_after
+    )
+
+
+def _reserve_message(code: str) -> str:
+    return {
+        "rate_limited": "This key's tokens-per-minute limit is reached.",
+        "key_cap_exceeded": "The worst-case cost of this call would exceed a spend cap "
+        "of this key or its parent.",
+        "insufficient_credits": "The organization lacks credits for the worst-case cost "
+        "of this call.",
+        "budget_exceeded": "The organization's budget for the period is exhausted.",
+    }[code]
+
+
+async def settle(
+    record: KeyRecord,
+    *,
+    slot_taken: bool,
+    reservation: Reservation | None,
+    cap_amount: int = 0,
+    billed_amount: int = 0,
+) -> None:
+    """Step 10: release the slot, post the settled amount (or void), exactly once."""
+    await runtime().pool.settle(
+        SettleRequest(
+            key_id=record.id,
+            family_id=record.family_id,
+            parent_id=record.parent_id,
+            org_id=record.org_id,
+            slot_taken=slot_taken,
+            reservation=reservation,
+            cap_amount=cap_amount,
+            billed_amount=billed_amount,
+        )
+    )

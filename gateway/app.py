@@ -1,0 +1,81 @@
+"""The Quart-Trio application: request ids, error rendering, and the routes.
+
+Every answer carries ``X-Request-Id``; answers to admitted requests also carry the
+X-RateLimit-*-Requests headers that step 3 attached to ``g``. Every refusal is a
+:class:`GatewayError` rendered by :func:`gateway.errors.render`; anything else that
+escapes a handler is logged and answered as a 500 in the same shape, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from quart import Response, g
+from quart_trio import QuartTrio
+from werkzeug.exceptions import HTTPException
+
+from gateway.errors import GatewayError, render
+from gateway.http import new_request_id
+from gateway.routes import admin, key, models, pending
+from gateway.runtime import Runtime
+
+log = logging.getLogger("gateway.app")
+
+# Refusals of admission itself: the spec says they carry no rate-limit headers.
+_NO_RATE_HEADERS = {"invalid_api_key", "scope_denied", "invalid_tags", "missing_tags"}
+# Werkzeug's HTTP errors that can reach us before a handler runs.
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+def create_app(runtime: Runtime) -> QuartTrio:
+    app = QuartTrio("svc-gateway")
+    app.config.update(
+        RUNTIME=runtime,
+        MAX_CONTENT_LENGTH=runtime.config.server.max_body_bytes,
+        # Quart cuts any answer after RESPONSE_TIMEOUT (60 s) silently; we own deadlines.
+        RESPONSE_TIMEOUT=None,
+        BODY_TIMEOUT=None,
+        PROVIDE_AUTOMATIC_OPTIONS=False,
+    )
+
+    @app.before_request
+    async def _assign_request_id() -> None:
+        g.request_id = new_request_id()
+
+    @app.after_request
+    async def _common_headers(response: Response) -> Response:
+        request_id = getattr(g, "request_id", None)
+        if request_id is not None:
+            response.headers["X-Request-Id"] = request_id
+        for name, value in getattr(g, "rate_headers", {}).items():
+            response.headers.setdefault(name, value)
+        return response
+
+    @app.errorhandler(GatewayError)
+    async def _gateway_error(error: GatewayError) -> Response:
+        if error.code in _NO_RATE_HEADERS:
+            g.rate_headers = {}
+        if error.svc is not None:
+            error.svc.setdefault("request_id", getattr(g, "request_id", None))
+        body, status, headers = render(error)
+        return Response(body, status=status, headers=headers)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(error: HTTPException) -> Response:
+        code = _HTTP_CODES.get(error.code or 500)
+        if code is None:
+            code = "invalid_request" if (error.code or 500) < 500 else "internal_error"
+        message = {
+            "not_found": "No such endpoint.",
+            "method_not_allowed": "This method is not allowed on this path.",
+        }.get(code)
+        return await _gateway_error(GatewayError(code, message))
+
+    @app.errorhandler(Exception)
+    async def _unexpected(error: Exception) -> Response:
+        log.exception("unhandled error in a handler", exc_info=error)
+        return await _gateway_error(GatewayError("internal_error"))
+
+    for module in (models, key, admin, pending):
+        module.register(app)
+    return app

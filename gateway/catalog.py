@@ -1,0 +1,88 @@
+"""The model catalog: models of the configuration, their capabilities and prices."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.config import Config, ModelConfig
+
+NANOS_PER_USD = 1_000_000_000
+CATALOG_CREATED = 1_700_000_000  # a fixed 'created' stamp: the catalog has no history
+
+
+def usd_to_nanos(usd: float) -> int:
+    return round(usd * NANOS_PER_USD)
+
+
+def nanos_to_usd(nanos: int) -> float:
+    return round(nanos / NANOS_PER_USD, 9)
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    config: ModelConfig
+
+    @property
+    def id(self) -> str:
+        return self.config.id
+
+    @property
+    def kind(self) -> str:
+        return self.config.kind
+
+    @property
+    def priced(self) -> bool:
+        return self.config.input_usd_per_mtok is not None and (
+            self.config.output_usd_per_mtok is not None
+        )
+
+    def has(self, capability: str) -> bool:
+        return capability in self.config.capabilities
+
+    def cost_nanos(self, input_tokens: int, output_tokens: int) -> int:
+        """Cost in nano-USD, rounded up so a reservation never falls short."""
+        in_price = self.config.input_usd_per_mtok or 0.0
+        out_price = self.config.output_usd_per_mtok or 0.0
+        # USD per Mtok == nano-USD per 1000 tokens
+        return math.ceil((input_tokens * in_price + output_tokens * out_price) * 1000)
+
+    def public(self) -> dict[str, Any]:
+        cfg = self.config
+        return {
+            "id": cfg.id,
+            "object": "model",
+            "created": CATALOG_CREATED,
+            "owned_by": cfg.provider,
+            "kind": cfg.kind,
+            "capabilities": {cap: cap in cfg.capabilities for cap in _CAPS},
+            "tools": "tools" in cfg.capabilities,
+            "structured_output": "structured_output" in cfg.capabilities,
+            "vision": "vision" in cfg.capabilities,
+            "web_search": "web_search" in cfg.capabilities,
+            "zero_retention_available": cfg.zero_retention_available,
+            "byok_available": cfg.byok_available,
+            "pricing": {
+                "input_usd_per_mtok": cfg.input_usd_per_mtok,
+                "output_usd_per_mtok": cfg.output_usd_per_mtok,
+            },
+        }
+
+
+_CAPS = ("tools", "structured_output", "vision", "web_search")
+
+
+class Catalog:
+    def __init__(self, config: Config) -> None:
+        self.models: dict[str, Model] = {m.id: Model(m) for m in config.models if m.enabled}
+
+    def get(self, model_id: str) -> Model | None:
+        return self.models.get(model_id)
+
+    def embedding_model(self) -> Model | None:
+        return next((m for m in self.models.values() if m.kind == "embedding"), None)
+
+    def listing(self, models: list[Model] | None = None) -> dict[str, Any]:
+        chosen = list(self.models.values()) if models is None else models
+        return {"object": "list", "data": [m.public() for m in chosen]}

@@ -1,0 +1,286 @@
+"""The ``svc-gateway`` command: ``serve``, and the operator verbs that call the admin API.
+
+Every operator verb accepts ``--json`` and then prints exactly one JSON object on
+stdout. The server URL comes from ``--url`` or ``SVC_GATEWAY_URL``
+(default ``http://127.0.0.1:8080``); the admin token from ``SVC_ADMIN_TOKEN``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+import httpx
+import orjson
+import trio
+
+from gateway.config import ConfigError, load_config
+from gateway.store import StoreError
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def fail(message: str, status: int = 1) -> NoReturn:
+    click.echo(f"svc-gateway: {message}", err=True)
+    sys.exit(status)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """svc-gateway: a key-authenticated gateway for language-model calls.
+
+    `serve` runs the gateway; the other verbs manage organisations and keys of a running
+    gateway through its admin API (set SVC_ADMIN_TOKEN on both sides).
+    """
+
+
+# -- serve ---------------------------------------------------------------------------------
+
+
+@main.command()
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file.")
+@click.option("--host", help="Address to listen on (default 127.0.0.1).")
+@click.option("--port", type=int, help="Port to listen on (default 8080; 0 picks a free one).")
+@click.option("--db", help="SQLite database file (default svc-gateway.db here).")
+def serve(config_path: str | None, host: str | None, port: int | None, db: str | None) -> None:
+    """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog."""
+    from gateway.runtime import Runtime
+    from gateway.server import bind_sockets, hypercorn_config
+    from gateway.server import serve as run_server
+
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(config_path, host=host, port=port, db=db)
+    except ConfigError as exc:
+        fail(str(exc), 2)
+    try:
+        runtime = Runtime.open(config)
+    except StoreError as exc:
+        fail(str(exc))
+    token = runtime.bootstrap_demo()
+    try:
+        sockets = bind_sockets(hypercorn_config(runtime))
+    except OSError as exc:
+        fail(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}")
+
+    async def run() -> None:
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(run_server, runtime, sockets)
+            url = binds[0]
+            click.echo(f"svc-gateway listening on {url}")
+            click.echo(f"database: {Path(config.server.db).resolve()}")
+            if token:
+                click.echo(f"sandbox key (shown once): {token}")
+                click.echo(f"try: curl -H 'Authorization: Bearer {token}' {url}/v1/key")
+            else:
+                click.echo("existing database: create keys with `svc-gateway key create`")
+            sys.stdout.flush()
+
+    trio.run(run)
+    runtime.store.close()
+
+
+# -- admin client --------------------------------------------------------------------------
+
+
+def _url(url: str | None) -> str:
+    return (url or os.environ.get("SVC_GATEWAY_URL") or DEFAULT_URL).rstrip("/")
+
+
+def call_admin(url: str | None, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    token = os.environ.get("SVC_ADMIN_TOKEN")
+    if not token:
+        fail("SVC_ADMIN_TOKEN is not set (the admin API needs it on server and client)")
+    base = _url(url)
+    try:
+        response = httpx.request(
+            method,
+            f"{base}{path}",
+            headers={"Authorization": f"Bearer {token}"},
+            content=orjson.dumps(body) if body is not None else None,
+            timeout=30.0,
+        )
+    except httpx.HTTPError as exc:
+        fail(f"cannot reach the gateway at {base}: {exc}")
+    try:
+        data = response.json()
+    except ValueError:
+        data = {"error": {"message": response.text, "code": None}}
+    if response.status_code >= 400:
+        error = data.get("error", {}) if isinstance(data, dict) else {}
+        if response.status_code == 404 and error.get("message") == "No such endpoint.":
+            fail("the admin API is not enabled on that server (SVC_ADMIN_TOKEN unset there)")
+        fail(f"{response.status_code} {error.get('code')}: {error.get('message')}")
+    return data
+
+
+def emit(data: dict[str, Any], as_json: bool, fields: tuple[str, ...] = ()) -> None:
+    if as_json:
+        click.echo(orjson.dumps(data).decode())
+        return
+    rows = data.get("data") if "data" in data and isinstance(data.get("data"), list) else None
+    if rows is not None:
+        for row in rows:
+            click.echo("  ".join(f"{f}={row.get(f)}" for f in fields or tuple(row)))
+        return
+    for name, value in data.items():
+        if isinstance(value, (dict, list)):
+            value = orjson.dumps(value).decode()
+        click.echo(f"{name}: {value}")
+
+
+url_option = click.option("--url", help="Gateway URL (default $SVC_GATEWAY_URL or 127.0.0.1:8080).")
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+
+
+@main.group()
+def org() -> None:
+    """Manage organisations: create, credits, policy, BYOK."""
+
+
+@org.command("create")
+@click.argument("name")
+@click.option("--credits", type=float, default=0.0, help="Initial credits in USD.")
+@click.option("--residency", help="Residency zone (e.g. us, eu).")
+@url_option
+@json_option
+def org_create(
+    name: str, credits: float, residency: str | None, url: str | None, as_json: bool
+) -> None:
+    """Create an organisation; prints its id."""
+    body = {"name": name, "credits_usd": credits, "residency": residency}
+    emit(call_admin(url, "POST", "/admin/orgs", body), as_json)
+
+
+@org.command("credits")
+@click.argument("org_id")
+@click.option("--add", "add_usd", type=float, required=True, help="USD to add.")
+@url_option
+@json_option
+def org_credits(org_id: str, add_usd: float, url: str | None, as_json: bool) -> None:
+    """Add credits to an organisation; prints the new balance."""
+    emit(call_admin(url, "POST", f"/admin/orgs/{org_id}/credits", {"add_usd": add_usd}), as_json)
+
+
+@org.command("policy")
+@click.argument("org_id")
+@click.option("--file", "policy_file", type=click.Path(exists=True, dir_okay=False), required=True)
+@url_option
+@json_option
+def org_policy(org_id: str, policy_file: str, url: str | None, as_json: bool) -> None:
+    """Set an organisation's policy from a JSON file; prints the policy."""
+    try:
+        policy = orjson.loads(Path(policy_file).read_bytes())
+    except orjson.JSONDecodeError as exc:
+        fail(f"{policy_file} is not valid JSON: {exc}", 2)
+    emit(call_admin(url, "PUT", f"/admin/orgs/{org_id}/policy", policy), as_json)
+
+
+@org.command("byok")
+@click.argument("org_id")
+@click.option("--provider", required=True, help="Provider name of the config.")
+@click.option("--api-key-env", required=True, help="Environment variable holding the key.")
+@url_option
+@json_option
+def org_byok(org_id: str, provider: str, api_key_env: str, url: str | None, as_json: bool) -> None:
+    """Register the organisation's own provider key (by environment variable name)."""
+    body = {"provider": provider, "api_key_env": api_key_env}
+    emit(call_admin(url, "PUT", f"/admin/orgs/{org_id}/byok", body), as_json)
+
+
+@main.group()
+def key() -> None:
+    """Manage API keys: create, rotate, revoke, disable, enable, list."""
+
+
+def _tags(pairs: tuple[str, ...], option: str) -> dict[str, str]:
+    tags = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            fail(f"{option} takes k=v, got {pair!r}", 2)
+        tags[name] = value
+    return tags
+
+
+@key.command("create")
+@click.option("--org", "org_id", required=True, help="Organisation id.")
+@click.option("--name", required=True)
+@click.option("--mode", type=click.Choice(["live", "sandbox"]), required=True)
+@click.option("--environment", type=click.Choice(["production", "staging", "development", "test"]))
+@click.option("--scopes", help="Comma-separated: inference,embeddings,usage:read,keys:manage.")
+@click.option("--keys-manage", is_flag=True, help="Allow this key to manage sub-keys.")
+@click.option("--usd-day", type=float)
+@click.option("--usd-month", type=float)
+@click.option("--rpm", type=int)
+@click.option("--tpm", type=int)
+@click.option("--max-in-flight", type=int)
+@click.option("--max-output-tokens", type=int)
+@click.option("--data-mode", type=click.Choice(["standard", "zero_retention", "confidential"]))
+@click.option("--byok", is_flag=True)
+@click.option("--allowed-models", help="Comma-separated model ids.")
+@click.option("--required-tag", multiple=True, help="k=v, repeatable.")
+@click.option("--default-tag", multiple=True, help="k=v, repeatable.")
+@click.option("--expires-at", help="ISO 8601 timestamp.")
+@url_option
+@json_option
+def key_create(**opts: Any) -> None:
+    """Create a key; prints its id, prefix and token (the token is shown once)."""
+    caps = {
+        name: opts[name]
+        for name in ("usd_day", "usd_month", "rpm", "tpm", "max_in_flight", "max_output_tokens")
+        if opts[name] is not None
+    }
+    body: dict[str, Any] = {
+        "org_id": opts["org_id"],
+        "name": opts["name"],
+        "mode": opts["mode"],
+        "keys_manage": opts["keys_manage"],
+        "byok": opts["byok"],
+        "caps": caps,
+        "required_tags": _tags(opts["required_tag"], "--required-tag"),
+        "default_tags": _tags(opts["default_tag"], "--default-tag"),
+    }
+    for name in ("environment", "data_mode", "expires_at"):
+        if opts[name] is not None:
+            body[name] = opts[name]
+    if opts["scopes"]:
+        body["scopes"] = [s.strip() for s in opts["scopes"].split(",") if s.strip()]
+    if opts["allowed_models"]:
+        body["allowed_models"] = [m.strip() for m in opts["allowed_models"].split(",") if m.strip()]
+    emit(call_admin(opts["url"], "POST", "/admin/keys", body), opts["as_json"])
+
+
+def _key_action(action: str, help_text: str) -> None:
+    @key.command(action, help=help_text)
+    @click.argument("key_id")
+    @url_option
+    @json_option
+    def command(key_id: str, url: str | None, as_json: bool) -> None:
+        emit(call_admin(url, "POST", f"/admin/keys/{key_id}/{action}"), as_json)
+
+
+_key_action("rotate", "Issue a new key with the same settings; the old one expires later.")
+_key_action("revoke", "Revoke a key and its sub-keys, definitively.")
+_key_action("disable", "Disable a key (reversible with enable).")
+_key_action("enable", "Re-enable a disabled key.")
+
+
+@key.command("list")
+@click.option("--org", "org_id", required=True, help="Organisation id.")
+@url_option
+@json_option
+def key_list(org_id: str, url: str | None, as_json: bool) -> None:
+    """List the keys of an organisation."""
+    data = call_admin(url, "GET", f"/admin/keys?org_id={org_id}")
+    emit(data, as_json, ("id", "prefix", "name", "mode", "status", "parent_id"))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""API keys: token shape, fingerprints, the key record and its public view.
+
+Token: ``svc_live_<prefix>_<secret>`` or ``svc_test_<prefix>_<secret>``. The prefix is
+``<family6><id6>`` in lowercase base36: the first six characters are the key *family*
+code, shared by a root key, its rotations and its sub-keys, so a parent and its children
+always land in one shard (and a balancer could route a family by that part alone). The
+secret is 32 base62 characters from :mod:`secrets` (about 190 bits).
+
+Only ``sha256(token)`` is stored; tokens are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import string
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+SCOPES = ("inference", "embeddings", "usage:read", "keys:manage")
+STATUSES = ("active", "disabled", "revoked", "expired")
+DATA_MODES = ("standard", "zero_retention", "confidential")
+ENVIRONMENTS = ("production", "staging", "development", "test")
+MODES = {"live": "svc_live_", "sandbox": "svc_test_"}
+
+_BASE36 = string.digits + string.ascii_lowercase
+_BASE62 = string.digits + string.ascii_letters
+TOKEN_RE = re.compile(r"^svc_(live|test)_([a-z0-9]{12})_([A-Za-z0-9]{32})$")
+_DUMMY_FINGERPRINT = hashlib.sha256(b"svc-gateway-dummy").hexdigest()
+
+
+def _random(alphabet: str, length: int) -> str:
+    return "".join(secrets.choice(alphabet) for _ in range(length))
+
+
+def new_family_code() -> str:
+    return _random(_BASE36, 6)
+
+
+def new_prefix(family_id: str) -> str:
+    return family_id + _random(_BASE36, 6)
+
+
+def new_token(mode: str, prefix: str) -> str:
+    return f"{MODES[mode]}{prefix}_{_random(_BASE62, 32)}"
+
+
+def fingerprint(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def parse_token(token: str) -> tuple[str, str] | None:
+    """(mode, prefix) of a well-formed token, else None."""
+    match = TOKEN_RE.match(token)
+    if match is None:
+        return None
+    return ("live" if match.group(1) == "live" else "sandbox"), match.group(2)
+
+
+def fingerprint_matches(token: str, expected: str | None) -> bool:
+    """Constant-time check; an unknown prefix is compared against a dummy all the same."""
+    return hmac.compare_digest(fingerprint(token), expected or _DUMMY_FINGERPRINT) and (
+        expected is not None
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Caps:
+    usd_day: float | None = None
+    usd_month: float | None = None
+    rpm: int = 60
+    tpm: int | None = None
+    max_in_flight: int = 20
+    max_output_tokens: int = 4096
+
+    def public(self) -> dict[str, Any]:
+        return {
+            "usd_day": self.usd_day,
+            "usd_month": self.usd_month,
+            "rpm": self.rpm,
+            "tpm": self.tpm,
+            "max_in_flight": self.max_in_flight,
+            "max_output_tokens": self.max_output_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Caps:
+        return cls(**{k: data[k] for k in cls.__slots__ if k in data})  # type: ignore[attr-defined]
+
+
+CAP_FIELDS = ("usd_day", "usd_month", "rpm", "tpm", "max_in_flight", "max_output_tokens")
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    id: str
+    org_id: str
+    family_id: str
+    prefix: str
+    fingerprint: str
+    name: str
+    mode: str
+    environment: str = "development"
+    status: str = "active"
+    scopes: tuple[str, ...] = ("inference", "embeddings", "usage:read")
+    caps: Caps = field(default_factory=Caps)
+    data_mode: str = "standard"
+    byok: bool = False
+    allowed_models: tuple[str, ...] | None = None
+    required_tags: dict[str, str] = field(default_factory=dict)
+    default_tags: dict[str, str] = field(default_factory=dict)
+    expires_at: float | None = None
+    created_at: float = 0.0
+    last_used_at: float | None = None
+    parent_id: str | None = None
+    rotated_to: str | None = None
+
+    def effective_status(self, now: float) -> str:
+        if self.status in ("revoked", "disabled", "expired"):
+            return self.status
+        if self.expires_at is not None and now >= self.expires_at:
+            return "expired"
+        return "active"
+
+    def with_changes(self, **changes: Any) -> KeyRecord:
+        return replace(self, **changes)
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "org_id": self.org_id,
+            "parent_id": self.parent_id,
+            "family_id": self.family_id,
+            "prefix": self.prefix,
+            "fingerprint": self.fingerprint,
+            "name": self.name,
+            "mode": self.mode,
+            "environment": self.environment,
+            "status": self.status,
+            "scopes": list(self.scopes),
+            "caps": self.caps.public(),
+            "data_mode": self.data_mode,
+            "byok": int(self.byok),
+            "allowed_models": list(self.allowed_models)
+            if self.allowed_models is not None
+            else None,
+            "required_tags": self.required_tags,
+            "default_tags": self.default_tags,
+            "expires_at": self.expires_at,
+            "created_at": self.created_at,
+            "last_used_at": self.last_used_at,
+            "rotated_to": self.rotated_to,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> KeyRecord:
+        allowed = row.get("allowed_models")
+        return cls(
+            id=row["id"],
+            org_id=row["org_id"],
+            parent_id=row.get("parent_id"),
+            family_id=row["family_id"],
+            prefix=row["prefix"],
+            fingerprint=row["fingerprint"],
+            name=row["name"],
+            mode=row["mode"],
+            environment=row["environment"],
+            status=row["status"],
+            scopes=tuple(row["scopes"]),
+            caps=Caps.from_dict(row["caps"]),
+            data_mode=row["data_mode"],
+            byok=bool(row["byok"]),
+            allowed_models=tuple(allowed) if allowed is not None else None,
+            required_tags=row.get("required_tags") or {},
+            default_tags=row.get("default_tags") or {},
+            expires_at=row.get("expires_at"),
+            created_at=row["created_at"],
+            last_used_at=row.get("last_used_at"),
+            rotated_to=row.get("rotated_to"),
+        )
+
+    def public(self, now: float) -> dict[str, Any]:
+        """The public fields of the spec; never the token or its fingerprint."""
+        return {
+            "object": "api_key",
+            "id": self.id,
+            "name": self.name,
+            "prefix": self.prefix,
+            "status": self.effective_status(now),
+            "mode": self.mode,
+            "environment": self.environment,
+            "data_mode": self.data_mode,
+            "scopes": list(self.scopes),
+            "allowed_model_keys": list(self.allowed_models)
+            if self.allowed_models is not None
+            else None,
+            "caps": self.caps.public(),
+            "required_tags": dict(self.required_tags),
+            "default_tags": dict(self.default_tags),
+            "expires_at": iso(self.expires_at),
+            "last_used_at": iso(self.last_used_at),
+            "created_at": iso(self.created_at),
+            "byok": self.byok,
+            "parent_id": self.parent_id,
+            "org_id": self.org_id,
+        }
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+
+
+def parse_iso(text: str) -> float:
+    """Epoch seconds of an ISO 8601 timestamp; a naive one is taken as UTC."""
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def new_id(kind: str) -> str:
+    return f"{kind}_{secrets.token_hex(12)}"

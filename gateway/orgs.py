@@ -1,0 +1,78 @@
+"""Organisations: their record, their policy document and its validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gateway.errors import GatewayError
+
+# Policy file keys of the operator contract (DESIGN.md), with the JSON type each takes.
+POLICY_KEYS: dict[str, type | tuple[type, ...]] = {
+    "contract_allowed_models": list,
+    "contract_blocked_models": list,
+    "contract_allowed_providers": list,
+    "org_api_models": list,
+    "org_api_disabled_kinds": list,
+    "max_cost_per_request_usd": (int, float),
+    "budget_usd_month": (int, float),
+    "entitlements": dict,
+    "byok_pricing": dict,
+    "org_rpm": int,
+    "web_search_models": list,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Org:
+    id: str
+    name: str
+    residency: str | None = None
+    policy: dict[str, Any] = field(default_factory=dict)
+    created_at: float = 0.0
+
+    def to_row(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "name": self.name,
+            "residency": self.residency,
+            "policy": self.policy,
+            "created_at": self.created_at,
+        }
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Org:
+        return cls(
+            id=row["id"],
+            name=row["name"],
+            residency=row.get("residency"),
+            policy=row.get("policy") or {},
+            created_at=row["created_at"],
+        )
+
+    def with_policy(self, policy: dict[str, Any]) -> Org:
+        return replace(self, policy=policy)
+
+
+def validate_policy(policy: Any) -> dict[str, Any]:
+    """Check a policy document; refuse unknown keys and wrong types with invalid_request."""
+    if not isinstance(policy, dict):
+        raise GatewayError("invalid_request", "The policy must be a JSON object.", param="policy")
+    for key, value in policy.items():
+        kind = POLICY_KEYS.get(key)
+        if kind is None:
+            raise GatewayError("invalid_request", f"Unknown policy key {key!r}.", param=key)
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise GatewayError(
+                "invalid_request", f"Policy key {key!r} has the wrong type.", param=key
+            )
+        if isinstance(value, list) and not all(isinstance(item, str) for item in value):
+            raise GatewayError(
+                "invalid_request", f"Policy key {key!r} must list strings.", param=key
+            )
+        if isinstance(value, (int, float)) and value < 0:
+            raise GatewayError(
+                "invalid_request", f"Policy key {key!r} must not be negative.", param=key
+            )
+    return dict(policy)

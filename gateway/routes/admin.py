@@ -1,0 +1,300 @@
+"""The admin API under /admin: the spec's "dashboard", used by the CLI.
+
+Bearer = ``SVC_ADMIN_TOKEN``. Without that variable every /admin path answers 404, as
+if it did not exist. Bodies and answers are JSON; errors use the same catalog.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from quart import Quart, Response, request
+
+from gateway.auth import bearer_token
+from gateway.catalog import nanos_to_usd, usd_to_nanos
+from gateway.errors import GatewayError
+from gateway.http import json_response, read_json_object, runtime
+from gateway.keys import (
+    CAP_FIELDS,
+    DATA_MODES,
+    ENVIRONMENTS,
+    MODES,
+    SCOPES,
+    Caps,
+    KeyRecord,
+    parse_iso,
+)
+from gateway.orgs import Org, validate_policy
+from gateway.store import records
+from gateway.tags import check_tag_map
+
+ROOT_SCOPES = ("inference", "embeddings", "usage:read")
+
+
+def _authorize() -> None:
+    expected = runtime().admin_token
+    if expected is None:
+        raise GatewayError("not_found", "No such endpoint.")
+    token = bearer_token() or ""
+    if not hmac.compare_digest(token.encode(), expected.encode()):
+        raise GatewayError("invalid_api_key", "The admin token is invalid.")
+
+
+def _org(org_id: str) -> Org:
+    org = runtime().orgs.get(org_id)
+    if org is None:
+        raise GatewayError("not_found", f"No organization {org_id}.")
+    return org
+
+
+def _key(key_id: str) -> KeyRecord:
+    record = runtime().keyring.get(key_id)
+    if record is None:
+        raise GatewayError("not_found", f"No key {key_id}.")
+    return record
+
+
+def _org_view(org: Org) -> dict[str, Any]:
+    account = runtime().pool.org_snapshot(org.id)
+    return {
+        "object": "organization",
+        "id": org.id,
+        "name": org.name,
+        "residency": org.residency,
+        "balance_usd": nanos_to_usd(account.balance),
+        "policy": org.policy,
+    }
+
+
+def _number(body: dict[str, Any], name: str, *, integer: bool = False) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+        kind = "a non-negative integer" if integer else "a non-negative number"
+        raise GatewayError("invalid_request", f"{name} must be {kind}.", param=name)
+    return value
+
+
+# -- organisations ---------------------------------------------------------------------------
+
+
+async def create_org() -> Response:
+    _authorize()
+    body = await read_json_object()
+    name = body.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise GatewayError("invalid_request", "name is required.", param="name")
+    residency = body.get("residency")
+    if residency is not None and not isinstance(residency, str):
+        raise GatewayError("invalid_request", "residency must be a string.", param="residency")
+    credits = _number(body, "credits_usd") or 0
+    rt = runtime()
+    org = rt.org_from_new(name.strip(), residency)
+    await rt.store.write(records.create_org, org.to_row())
+    rt.orgs[org.id] = org
+    rt.pool.set_org(org.id, credits_nanos=0, budget_month_nanos=None)
+    if credits:
+        await _add_credits(org, usd_to_nanos(credits))
+    return json_response(_org_view(org), 201)
+
+
+async def list_orgs() -> Response:
+    _authorize()
+    orgs = [_org_view(org) for org in runtime().orgs.values()]
+    return json_response({"object": "list", "data": orgs})
+
+
+async def _add_credits(org: Org, nanos: int) -> None:
+    rt = runtime()
+    await rt.store.write(records.add_ledger_row, rt.ledger_row(org.id, nanos, "purchase"))
+    rt.pool.add_org_credits(org.id, nanos)
+
+
+async def add_credits(org_id: str) -> Response:
+    _authorize()
+    org = _org(org_id)
+    body = await read_json_object()
+    amount = _number(body, "add_usd")
+    if not amount:
+        raise GatewayError("invalid_request", "add_usd must be a positive number.", param="add_usd")
+    await _add_credits(org, usd_to_nanos(amount))
+    return json_response({"org_id": org.id, "balance_usd": _org_view(org)["balance_usd"]})
+
+
+async def set_policy(org_id: str) -> Response:
+    _authorize()
+    org = _org(org_id)
+    policy = validate_policy(await read_json_object("policy"))
+    rt = runtime()
+    await rt.store.write(records.set_org_policy, org.id, policy)
+    rt.orgs[org.id] = org.with_policy(policy)
+    budget = policy.get("budget_usd_month")
+    rt.pool.set_org_budget(org.id, usd_to_nanos(budget) if budget is not None else None)
+    return json_response(policy)
+
+
+async def set_byok(org_id: str) -> Response:
+    _authorize()
+    org = _org(org_id)
+    body = await read_json_object()
+    provider, env = body.get("provider"), body.get("api_key_env")
+    if not isinstance(provider, str) or not provider:
+        raise GatewayError("invalid_request", "provider is required.", param="provider")
+    if not isinstance(env, str) or not env:
+        raise GatewayError("invalid_request", "api_key_env is required.", param="api_key_env")
+    row = {"org_id": org.id, "provider": provider, "api_key_env": env, "created_at": 0.0}
+    row["created_at"] = runtime().clock.now()
+    await runtime().store.write(records.set_provider_credential, row)
+    return json_response({"org_id": org.id, "provider": provider, "api_key_env": env})
+
+
+# -- keys ------------------------------------------------------------------------------------
+
+
+def _string_list(body: dict[str, Any], name: str) -> tuple[str, ...] | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise GatewayError("invalid_request", f"{name} must be a list of strings.", param=name)
+    return tuple(value)
+
+
+def parse_caps(raw: Any, base: Caps) -> Caps:
+    """Caps from a JSON object; fields left out keep ``base``'s values."""
+    if raw is None:
+        return base
+    if not isinstance(raw, dict):
+        raise GatewayError("invalid_request", "caps must be an object.", param="caps")
+    values = base.public()
+    for name, value in raw.items():
+        if name not in CAP_FIELDS:
+            raise GatewayError("invalid_request", f"Unknown cap {name!r}.", param=f"caps.{name}")
+        integer = name not in ("usd_day", "usd_month")
+        checked = _number({name: value}, name, integer=integer)
+        if checked is None and name in ("rpm", "max_in_flight", "max_output_tokens"):
+            raise GatewayError(
+                "invalid_request", f"caps.{name} cannot be unlimited.", f"caps.{name}"
+            )
+        if integer and checked == 0 and name != "tpm":
+            raise GatewayError("invalid_request", f"caps.{name} must be positive.", f"caps.{name}")
+        values[name] = checked
+    return Caps(**values)
+
+
+def _key_settings(body: dict[str, Any]) -> dict[str, Any]:
+    mode = body.get("mode", "sandbox")
+    if mode not in MODES:
+        raise GatewayError("invalid_request", "mode must be live or sandbox.", param="mode")
+    environment = body.get("environment", "development")
+    if environment not in ENVIRONMENTS:
+        raise GatewayError("invalid_request", "Unknown environment.", param="environment")
+    scopes = _string_list(body, "scopes") or ROOT_SCOPES
+    if any(scope not in SCOPES for scope in scopes):
+        raise GatewayError("invalid_request", "Unknown scope.", param="scopes")
+    if body.get("keys_manage") and "keys:manage" not in scopes:
+        scopes = (*scopes, "keys:manage")
+    data_mode = body.get("data_mode", "standard")
+    if data_mode not in DATA_MODES:
+        raise GatewayError("invalid_request", "Unknown data mode.", param="data_mode")
+    allowed = _string_list(body, "allowed_models")
+    if allowed is not None:
+        unknown = [m for m in allowed if runtime().catalog.get(m) is None]
+        if unknown:
+            raise GatewayError(
+                "model_not_in_catalog",
+                f"Not in the catalog: {', '.join(unknown)}.",
+                "allowed_models",
+            )
+    expires_at = body.get("expires_at")
+    if expires_at is not None:
+        try:
+            expires_at = parse_iso(expires_at)
+        except (TypeError, ValueError):
+            raise GatewayError(
+                "invalid_request", "expires_at must be ISO 8601.", "expires_at"
+            ) from None
+    return {
+        "mode": mode,
+        "environment": environment,
+        "scopes": tuple(dict.fromkeys(scopes)),
+        "caps": parse_caps(body.get("caps"), Caps()),
+        "data_mode": data_mode,
+        "byok": bool(body.get("byok", False)),
+        "allowed_models": allowed,
+        "required_tags": check_tag_map(body.get("required_tags"), "required_tags"),
+        "default_tags": check_tag_map(body.get("default_tags"), "default_tags"),
+        "expires_at": expires_at,
+    }
+
+
+def _with_token(record: KeyRecord, token: str) -> dict[str, Any]:
+    view = record.public(runtime().clock.now())
+    view["token"] = token
+    return view
+
+
+async def create_key() -> Response:
+    _authorize()
+    body = await read_json_object()
+    org = _org(str(body.get("org_id", "")))
+    name = body.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise GatewayError("invalid_request", "name is required.", param="name")
+    settings = _key_settings(body)
+    rt = runtime()
+    record, token = rt.keyring.build(org_id=org.id, name=name.strip(), **settings)
+    await rt.keyring.insert(record)
+    return json_response(_with_token(record, token), 201)
+
+
+async def list_keys() -> Response:
+    _authorize()
+    org_id = request.args.get("org_id")
+    rt = runtime()
+    now = rt.clock.now()
+    keys = [r.public(now) for r in rt.keyring.all() if org_id is None or r.org_id == org_id]
+    return json_response({"object": "list", "data": keys})
+
+
+async def key_action(key_id: str, action: str) -> Response:
+    _authorize()
+    rt = runtime()
+    record = _key(key_id)
+    if action == "rotate":
+        if record.parent_id is not None:
+            raise GatewayError(
+                "invalid_request", "A sub-key is not rotated: revoke and recreate it."
+            )
+        if record.effective_status(rt.clock.now()) in ("revoked", "expired"):
+            raise GatewayError("key_revoked", "A revoked or expired key cannot be rotated.")
+        new, token = await rt.keyring.rotate(record, rt.config.server.rotation_grace_s)
+        return json_response(_with_token(new, token), 201)
+    if action == "revoke":
+        record = await rt.keyring.revoke(record)
+    elif record.status == "revoked":
+        raise GatewayError("key_revoked", "The key is revoked; it cannot be changed.")
+    else:
+        record = await rt.keyring.change(
+            record, status="disabled" if action == "disable" else "active"
+        )
+    return json_response(record.public(rt.clock.now()))
+
+
+def register(app: Quart) -> None:
+    app.add_url_rule("/admin/orgs", "admin_create_org", create_org, methods=["POST"])
+    app.add_url_rule("/admin/orgs", "admin_list_orgs", list_orgs, methods=["GET"])
+    app.add_url_rule("/admin/orgs/<org_id>/credits", "admin_credits", add_credits, methods=["POST"])
+    app.add_url_rule("/admin/orgs/<org_id>/policy", "admin_policy", set_policy, methods=["PUT"])
+    app.add_url_rule("/admin/orgs/<org_id>/byok", "admin_byok", set_byok, methods=["PUT"])
+    app.add_url_rule("/admin/keys", "admin_create_key", create_key, methods=["POST"])
+    app.add_url_rule("/admin/keys", "admin_list_keys", list_keys, methods=["GET"])
+    app.add_url_rule(
+        "/admin/keys/<key_id>/<any(rotate, revoke, disable, enable):action>",
+        "admin_key_action",
+        key_action,
+        methods=["POST"],
+    )

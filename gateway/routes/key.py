@@ -1,0 +1,68 @@
+"""GET /v1/key: the calling key's public fields, spend windows and rate-limit state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Quart, Response
+
+from gateway.admission import admit, unavailable
+from gateway.auth import authenticate
+from gateway.catalog import nanos_to_usd, usd_to_nanos
+from gateway.http import json_response, runtime
+from gateway.keys import KeyRecord, iso
+from shards import ShardUnavailable, SpendWindow
+
+
+def _usd(nanos: int | None) -> float | None:
+    return nanos_to_usd(nanos) if nanos is not None else None
+
+
+def _window(window: SpendWindow) -> dict[str, Any]:
+    return {
+        "spent_usd": nanos_to_usd(window.spent),
+        "reserved_usd": nanos_to_usd(window.reserved),
+        "limit_usd": _usd(window.limit),
+        "remaining_usd": _usd(window.remaining),
+        "resets_at": iso(window.resets_at),
+    }
+
+
+async def key_view(record: KeyRecord) -> dict[str, Any]:
+    """Public fields plus usage and rate_limit, read from the owning shard."""
+    rt = runtime()
+    caps = record.caps
+    try:
+        status = await rt.pool.key_status(
+            record.id,
+            record.family_id,
+            rpm=caps.rpm,
+            tpm=caps.tpm,
+            max_in_flight=caps.max_in_flight,
+            usd_day=usd_to_nanos(caps.usd_day) if caps.usd_day is not None else None,
+            usd_month=usd_to_nanos(caps.usd_month) if caps.usd_month is not None else None,
+        )
+    except ShardUnavailable:
+        raise unavailable() from None
+    view = record.public(rt.clock.now())
+    view["usage"] = {"day": _window(status.day), "month": _window(status.month)}
+    view["rate_limit"] = {
+        "requests_per_minute": status.rpm,
+        "requests_this_minute": status.requests_this_minute,
+        "tokens_per_minute": status.tpm,
+        "tokens_this_minute": status.tokens_this_minute,
+        "max_in_flight": status.max_in_flight,
+        "in_flight": status.in_flight,
+    }
+    view["sub_key_count"] = len(rt.keyring.children(record.id))
+    return view
+
+
+async def get_key() -> Response:
+    record = authenticate()
+    await admit(record, take_slot=False)
+    return json_response(await key_view(record))
+
+
+def register(app: Quart) -> None:
+    app.add_url_rule("/v1/key", "key", get_key, methods=["GET"])

@@ -1,0 +1,132 @@
+"""The runtime: every long-lived part of one server, built once and handed to the app.
+
+Start-up order (see :func:`gateway.server.serve`): open the store, load organisations,
+keys and today's and this month's settled spend into memory and into the shards, create
+the demo organisation on an empty database, then start the store writer, the shards and
+the HTTP server under one root nursery.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from gateway.catalog import Catalog, usd_to_nanos
+from gateway.config import Config
+from gateway.keyring import Keyring
+from gateway.keys import KeyRecord, new_id
+from gateway.orgs import Org
+from gateway.ratelimit import PublicCatalogLimiter
+from gateway.store import Store, records
+from shards import ShardPool, SystemClock
+from shards.clock import Clock
+
+DEMO_ORG_NAME = "demo"
+DEMO_CREDITS_USD = 100.0
+
+
+@dataclass
+class Runtime:
+    config: Config
+    store: Store
+    clock: Clock = field(default_factory=SystemClock)
+    admin_token: str | None = None
+
+    def __post_init__(self) -> None:
+        self.keyring = Keyring(self.store, self.clock.now)
+        self.catalog = Catalog(self.config)
+        self.orgs: dict[str, Org] = {}
+        self.pool = ShardPool(
+            n_shards=self.config.server.shards,
+            clock=self.clock,
+            platform_rpm=self.config.server.platform_rpm,
+        )
+        self.public_limiter = PublicCatalogLimiter(
+            self.config.server.public_catalog_rpm, self.clock.now
+        )
+
+    @classmethod
+    def open(cls, config: Config, clock: Clock | None = None) -> Runtime:
+        store = Store(config.server.db)
+        runtime = cls(
+            config=config,
+            store=store,
+            clock=clock or SystemClock(),
+            admin_token=os.environ.get("SVC_ADMIN_TOKEN") or None,
+        )
+        runtime.load()
+        return runtime
+
+    def load(self) -> None:
+        """Rebuild the in-memory state from the store (start-up only)."""
+        for row in self.store.call(records.list_orgs):
+            org = Org.from_row(row)
+            self.orgs[org.id] = org
+        balances = self.store.call(records.org_balances)
+        for org in self.orgs.values():
+            self._load_org_account(org, balances.get(org.id, {}))
+        self.keyring.load(self.store.call(records.all_keys))
+        now = datetime.fromtimestamp(self.clock.now(), UTC)
+        day, month = now.strftime("%Y-%m-%d"), now.strftime("%Y-%m")
+        totals: dict[str, list[int]] = {}
+        for row in self.store.call(records.settled_spend, day, month):
+            record = self.keyring.get(row["key_id"])
+            if record is None:
+                continue
+            # a parent's windows hold its whole family's spend, as its caps count it
+            for key_id in filter(None, (record.id, record.parent_id)):
+                total = totals.setdefault(key_id, [0, 0])
+                total[0] += row["day_nanos"] or 0
+                total[1] += row["month_nanos"] or 0
+        for key_id, (day_nanos, month_nanos) in totals.items():
+            record = self.keyring.get(key_id)
+            if record is not None:
+                self.pool.load_spend(record.id, record.family_id, day_nanos, month_nanos)
+
+    def _load_org_account(self, org: Org, balance: dict[str, int]) -> None:
+        budget = org.policy.get("budget_usd_month")
+        self.pool.set_org(
+            org.id,
+            credits_nanos=balance.get("purchased", 0) - balance.get("used", 0),
+            budget_month_nanos=usd_to_nanos(budget) if budget is not None else None,
+        )
+
+    # -- organisations ---------------------------------------------------------------------
+
+    def org_from_new(self, name: str, residency: str | None) -> Org:
+        return Org(id=new_id("org"), name=name, residency=residency, created_at=time.time())
+
+    def ledger_row(self, org_id: str, amount_nanos: int, kind: str) -> dict[str, object]:
+        return {
+            "org_id": org_id,
+            "amount_nanos": amount_nanos,
+            "kind": kind,
+            "request_id": None,
+            "created_at": self.clock.now(),
+        }
+
+    def bootstrap_demo(self) -> str | None:
+        """On an empty database: a demo organisation and a sandbox key; returns its token."""
+        if self.orgs:
+            return None
+        org = self.org_from_new(DEMO_ORG_NAME, None)
+        self.store.call(records.create_org, org.to_row())
+        credits = usd_to_nanos(DEMO_CREDITS_USD)
+        self.store.call(records.add_ledger_row, self.ledger_row(org.id, credits, "purchase"))
+        self.orgs[org.id] = org
+        self._load_org_account(org, {"purchased": credits})
+        record, token = self.keyring.build(
+            org_id=org.id,
+            name="sandbox",
+            mode="sandbox",
+            environment="development",
+            scopes=("inference", "embeddings", "usage:read", "keys:manage"),
+        )
+        self.keyring.insert_now(record)
+        return token
+
+    def org_catalog(self, record: KeyRecord) -> list:
+        """Models the key's organisation can see (policy narrowing comes with issue 6)."""
+        return list(self.catalog.models.values())

@@ -1,0 +1,108 @@
+"""Serving: one root nursery holds the store writer, the shards and the HTTP server.
+
+    root nursery
+      ├─ store writer      (nursery.start: ready before any request)
+      ├─ shard pool        (nursery.start)
+      ├─ last-used flusher
+      └─ hypercorn         (nursery.start: hands back the bound addresses)
+
+Supervision is structural: if the writer or a shard dies, the exception cancels the
+root nursery and with it the HTTP server, so the process never keeps answering with
+dead actors. On SIGTERM or SIGINT hypercorn stops accepting, lets calls in progress
+finish within ``graceful_timeout_s``, and then the root nursery is cancelled.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.config import Sockets
+from hypercorn.trio.run import worker_serve
+from hypercorn.utils import wrap_app
+
+from gateway.app import create_app
+from gateway.runtime import Runtime
+
+log = logging.getLogger("gateway.server")
+LAST_USED_FLUSH_S = 30.0
+
+
+def hypercorn_config(runtime: Runtime) -> HyperConfig:
+    server = runtime.config.server
+    config = HyperConfig()
+    host = f"[{server.host}]" if ":" in server.host else server.host
+    config.bind = [f"{host}:{server.port}"]
+    config.graceful_timeout = server.graceful_timeout_s
+    config.keep_alive_max_requests = 1_000_000
+    config.accesslog = None
+    config.errorlog = logging.getLogger("hypercorn.error")
+    return config
+
+
+def bind_sockets(config: HyperConfig) -> Sockets:
+    """Bind now, so a port in use is reported before anything starts (raises OSError)."""
+    sockets = config.create_sockets()
+    for sock in (*sockets.secure_sockets, *sockets.insecure_sockets):
+        sock.listen(config.backlog)
+    return sockets
+
+
+async def wait_for_signal() -> None:
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async for signum in signals:
+            log.info("received %s, shutting down", signal.Signals(signum).name)
+            return
+
+
+async def _flush_last_used(runtime: Runtime) -> None:
+    while True:
+        await trio.sleep(LAST_USED_FLUSH_S)
+        await runtime.keyring.flush_last_used()
+
+
+async def serve(
+    runtime: Runtime,
+    sockets: Sockets | None = None,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]] = wait_for_signal,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run the gateway until ``shutdown_trigger`` returns; report the bound URLs."""
+    config = hypercorn_config(runtime)
+    if sockets is None:
+        sockets = bind_sockets(config)
+    app = wrap_app(create_app(runtime), config.wsgi_max_body_size, None)
+    async with trio.open_nursery() as root:
+        await root.start(runtime.store.run)
+        await root.start(runtime.pool.run)
+        root.start_soon(_flush_last_used, runtime)
+
+        async def http(*, task_status: trio.TaskStatus[list[str]]) -> None:
+            await worker_serve(
+                app,
+                config,
+                sockets=sockets,
+                shutdown_trigger=shutdown_trigger,
+                task_status=task_status,
+            )
+            with trio.CancelScope(shield=True):
+                await runtime.keyring.flush_last_used()
+            root.cancel_scope.cancel()
+
+        binds = await root.start(http)
+        task_status.started(binds)
+
+
+def port_of(url: str) -> int:
+    return int(url.rsplit(":", 1)[1])
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

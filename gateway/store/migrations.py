@@ -1,0 +1,128 @@
+"""Numbered schema migrations. Append a new function; never edit an applied one."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from sqlite_utils import Database
+
+
+def _m001_initial(db: Database) -> None:
+    db["orgs"].create(
+        {
+            "id": str,
+            "name": str,
+            "residency": str,
+            "policy": str,
+            "created_at": float,
+        },
+        pk="id",
+    )
+    db["keys"].create(
+        {
+            "id": str,
+            "org_id": str,
+            "parent_id": str,
+            "family_id": str,
+            "prefix": str,
+            "fingerprint": str,
+            "name": str,
+            "mode": str,
+            "environment": str,
+            "status": str,
+            "scopes": str,
+            "caps": str,
+            "data_mode": str,
+            "byok": int,
+            "allowed_models": str,
+            "required_tags": str,
+            "default_tags": str,
+            "expires_at": float,
+            "created_at": float,
+            "last_used_at": float,
+            "rotated_to": str,
+        },
+        pk="id",
+        foreign_keys=[("org_id", "orgs", "id")],
+    )
+    db["keys"].create_index(["prefix"], unique=True)
+    db["keys"].create_index(["org_id"])
+    db["keys"].create_index(["parent_id"])
+    db["provider_credentials"].create(
+        {"org_id": str, "provider": str, "api_key_env": str, "created_at": float},
+        pk=("org_id", "provider"),
+    )
+    db["requests"].create(
+        {
+            "id": str,
+            "key_id": str,
+            "org_id": str,
+            "created": float,
+            "day": str,
+            "month": str,
+            "endpoint": str,
+            "model": str,
+            "provider": str,
+            "status": str,
+            "http_status": int,
+            "stream": int,
+            "tags": str,
+            "usage": str,
+            "estimated_usd_nanos": int,
+            "reserved_usd_nanos": int,
+            "settled_usd_nanos": int,
+            "billed_usd_nanos": int,
+            "latency_ms": float,
+            "error_code": str,
+            "mode": str,
+        },
+        pk="id",
+    )
+    db["requests"].create_index(["key_id", "day"])
+    db["requests"].create_index(["org_id", "day"])
+    db["idempotency"].create(
+        {
+            "key_id": str,
+            "idem_key": str,
+            "body_hash": str,
+            "request_id": str,
+            "state": str,
+            "stream": int,
+            "status": int,
+            "headers": str,
+            "body": bytes,
+            "created_at": float,
+        },
+        pk=("key_id", "idem_key"),
+    )
+    db["credit_ledger"].create(
+        {
+            "id": int,
+            "org_id": str,
+            "amount_nanos": int,
+            "kind": str,
+            "request_id": str,
+            "created_at": float,
+        },
+        pk="id",
+    )
+    db["credit_ledger"].create_index(["org_id"])
+
+
+MIGRATIONS: tuple[Callable[[Database], None], ...] = (_m001_initial,)
+
+
+def migrate(db: Database) -> int:
+    """Apply every migration not yet applied, each in its own transaction; return the version."""
+    if "schema_migrations" not in db.table_names():
+        db["schema_migrations"].create({"version": int, "applied_at": float}, pk="version")
+    rows = db.query("select max(version) as v from schema_migrations")
+    current = next(iter(rows))["v"] or 0
+    for version, step in enumerate(MIGRATIONS, start=1):
+        if version <= current:
+            continue
+        with db.conn:
+            step(db)
+            db["schema_migrations"].insert({"version": version, "applied_at": time.time()})
+    return len(MIGRATIONS)

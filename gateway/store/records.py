@@ -1,0 +1,92 @@
+"""Store operations: each a function ``op(conn, *args)`` run by :class:`gateway.store.Store`."""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from gateway.store import sqlite as sq
+
+# -- organisations -------------------------------------------------------------------------
+
+
+def create_org(conn: sqlite3.Connection, org: dict[str, Any]) -> dict[str, Any]:
+    sq.insert(conn, "orgs", org)
+    return org
+
+
+def get_org(conn: sqlite3.Connection, org_id: str) -> dict[str, Any] | None:
+    return sq.select_one(conn, "orgs", "WHERE id = ?", (org_id,))
+
+
+def list_orgs(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    return sq.select(conn, "orgs", "ORDER BY created_at")
+
+
+def set_org_policy(conn: sqlite3.Connection, org_id: str, policy: dict[str, Any]) -> int:
+    return sq.update(conn, "orgs", {"id": org_id}, {"policy": policy})
+
+
+def set_provider_credential(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
+    sq.upsert(conn, "provider_credentials", row)
+
+
+def list_provider_credentials(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    return sq.select(conn, "provider_credentials")
+
+
+# -- credit ledger -------------------------------------------------------------------------
+
+
+def add_ledger_row(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
+    sq.insert(conn, "credit_ledger", row)
+
+
+def org_balances(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
+    """Per organisation: purchased and used nano-USD (used is positive)."""
+    rows = sq.query(
+        conn,
+        "SELECT org_id,"
+        " SUM(CASE WHEN amount_nanos > 0 THEN amount_nanos ELSE 0 END) AS purchased,"
+        " -SUM(CASE WHEN amount_nanos < 0 THEN amount_nanos ELSE 0 END) AS used"
+        " FROM credit_ledger GROUP BY org_id",
+    )
+    return {r["org_id"]: {"purchased": r["purchased"] or 0, "used": r["used"] or 0} for r in rows}
+
+
+# -- keys ----------------------------------------------------------------------------------
+
+
+def insert_key(conn: sqlite3.Connection, key: dict[str, Any]) -> None:
+    sq.insert(conn, "keys", key)
+
+
+def update_key(conn: sqlite3.Connection, key_id: str, values: dict[str, Any]) -> int:
+    return sq.update(conn, "keys", {"id": key_id}, values)
+
+
+def all_keys(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    return sq.select(conn, "keys", "ORDER BY created_at, id")
+
+
+# -- request records -----------------------------------------------------------------------
+
+
+def insert_request(conn: sqlite3.Connection, record: dict[str, Any]) -> None:
+    sq.insert(conn, "requests", record)
+
+
+def get_request(conn: sqlite3.Connection, request_id: str, key_id: str) -> dict[str, Any] | None:
+    return sq.select_one(conn, "requests", "WHERE id = ? AND key_id = ?", (request_id, key_id))
+
+
+def settled_spend(conn: sqlite3.Connection, day: str, month: str) -> list[dict[str, Any]]:
+    """Settled nano-USD per key for one day and one month (start-up rebuild)."""
+    return sq.query(
+        conn,
+        "SELECT key_id,"
+        " SUM(CASE WHEN day = ? THEN settled_usd_nanos ELSE 0 END) AS day_nanos,"
+        " SUM(settled_usd_nanos) AS month_nanos"
+        " FROM requests WHERE month = ? GROUP BY key_id",
+        (day, month),
+    )
