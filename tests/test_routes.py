@@ -1,0 +1,102 @@
+"""Scopes (403 scope_denied), 405 on every known path, 404 on unknown paths, request ids."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.conftest import Gateway
+
+# path -> (allowed methods, scope that grants it)
+KNOWN = {
+    "/v1/models": (("GET",), "inference"),
+    "/v1/chat/completions": (("POST",), "inference"),
+    "/v1/responses": (("POST",), "inference"),
+    "/v1/embeddings": (("POST",), "embeddings"),
+    "/v1/usage": (("GET",), "usage:read"),
+    "/v1/credits": (("GET",), "usage:read"),
+    "/v1/requests/req_abc": (("GET",), "usage:read"),
+    "/v1/key": (("GET",), None),
+    "/v1/keys": (("GET", "POST"), "keys:manage"),
+    "/v1/keys/key_abc": (("PATCH", "DELETE"), "keys:manage"),
+}
+METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
+ALL_SCOPES = ("inference", "embeddings", "usage:read", "keys:manage")
+
+
+def _cases_405() -> list[tuple[str, str]]:
+    return [
+        (path, method)
+        for path, (allowed, _) in KNOWN.items()
+        for method in METHODS
+        if method not in allowed
+    ]
+
+
+@pytest.mark.parametrize(("path", "method"), _cases_405())
+async def test_other_methods_on_known_paths_are_405(
+    gateway: Gateway, path: str, method: str
+) -> None:
+    async with gateway.client(gateway.token) as client:
+        response = await client.request(method, path)
+    assert response.status_code == 405, response.text
+    assert response.json()["error"] == {
+        "message": "This method is not allowed on this path.",
+        "type": "invalid_request_error",
+        "code": "method_not_allowed",
+        "param": None,
+    }
+    assert re.fullmatch(r"req_[0-9a-f]+", response.headers["X-Request-Id"])
+
+
+@pytest.mark.parametrize("path", ["/v1/nothing", "/v2/models", "/", "/v1/keys/a/b"])
+async def test_unknown_paths_are_404(gateway: Gateway, path: str) -> None:
+    async with gateway.client(gateway.token) as client:
+        response = await client.get(path)
+    assert response.status_code == 404
+    error = response.json()["error"]
+    assert (error["code"], error["type"]) == ("not_found", "not_found_error")
+
+
+def _scope_cases() -> list[tuple[str, str, str]]:
+    return [
+        (path, allowed[0], scope)
+        for path, (allowed, scope) in KNOWN.items()
+        if scope is not None
+        for allowed in [allowed]
+    ]
+
+
+@pytest.mark.parametrize(("path", "method", "scope"), _scope_cases())
+async def test_a_key_without_the_scope_gets_403(
+    gateway: Gateway, path: str, method: str, scope: str
+) -> None:
+    others = [s for s in ALL_SCOPES if s != scope and s != "keys:manage"]
+    key = await gateway.create_key(name="narrow", scopes=others)
+    async with gateway.client(key["token"]) as client:
+        response = await client.request(method, path, json={})
+    assert response.status_code == 403, response.text
+    assert response.json()["error"] == {
+        "message": response.json()["error"]["message"],
+        "type": "permission_error",
+        "code": "scope_denied",
+        "param": None,
+    }
+    assert scope in response.json()["error"]["message"]
+    assert "X-RateLimit-Limit-Requests" not in response.headers
+
+
+async def test_key_read_needs_no_scope(gateway: Gateway) -> None:
+    key = await gateway.create_key(name="embed-only", scopes=["embeddings"])
+    async with gateway.client(key["token"]) as client:
+        assert (await client.get("/v1/key")).status_code == 200
+        models = await client.get("/v1/models")
+    assert models.status_code == 403
+    assert models.json()["error"]["code"] == "scope_denied"
+
+
+async def test_request_ids_are_unique(gateway: Gateway) -> None:
+    async with gateway.client(gateway.token) as client:
+        ids = {(await client.get("/v1/key")).headers["X-Request-Id"] for _ in range(5)}
+    assert len(ids) == 5
