@@ -1,0 +1,156 @@
+"""The provider interface: what every model provider (mock, OpenAI-compatible HTTP, ...) offers.
+
+A provider speaks OpenAI's shapes on both sides: it takes an OpenAI chat-completions
+request body and answers with a ``chat.completion`` object, or a stream of
+``chat.completion.chunk`` objects whose last chunk carries ``usage`` and empty
+``choices`` (OpenAI's ``stream_options.include_usage``). The gateway adds its own
+``svc`` block and settles the reservation from :class:`Usage`.
+
+Every failure of a provider is one of these exceptions; the gateway maps each to the
+spec's error code and settlement row, and nothing else from a provider may escape::
+
+    ProviderError                 any failure; .usage is set when the provider reported usage
+    ├── ProviderRefused           400/401/403/404/413/422 before any work (.status, .message)
+    ├── ProviderRateLimited       429 before anything was produced
+    ├── ProviderServerError       5xx (.status)
+    ├── ProviderUnreachable       connect error or reset before any output
+    └── ProviderDropped           connection lost mid-stream, after output started
+
+Deadlines are not provider errors: the gateway owns the call's time limit (its own 504)
+and cancels the provider call.
+"""
+
+from __future__ import annotations
+
+import base64
+import struct
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """Token counts as the provider reported them; ``total_tokens`` left at 0 is the sum."""
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.total_tokens:
+            object.__setattr__(self, "total_tokens", self.prompt_tokens + self.completion_tokens)
+
+    def as_dict(self) -> dict[str, int]:
+        """OpenAI's ``usage`` object of a chat completion."""
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.total_tokens,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderRequest:
+    """One chat call: the OpenAI body, sent upstream with ``model`` = ``upstream_model``."""
+
+    upstream_model: str
+    body: dict[str, Any]
+    api_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderResult:
+    completion: dict[str, Any]
+    usage: Usage | None
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddingResult:
+    vectors: list[list[float]]
+    usage: Usage
+
+
+class Provider(Protocol):
+    async def complete(self, request: ProviderRequest) -> ProviderResult:
+        """A non-streamed chat completion."""
+        ...
+
+    def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
+        """Yield ``chat.completion.chunk`` dicts; the last carries ``usage`` when reported."""
+        ...
+
+    async def embed(
+        self,
+        upstream_model: str,
+        inputs: list[Any],
+        dimensions: int | None,
+        api_key: str | None,
+    ) -> EmbeddingResult:
+        """Embed each input (a string or a token array); ``None`` dimensions: the model's own."""
+        ...
+
+    def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
+        """Chat-completions names of the parameters of ``body`` this provider ignores."""
+        ...
+
+
+class ProviderError(Exception):
+    """A provider call failed; ``usage`` is what the provider reported, if anything."""
+
+    def __init__(self, message: str = "", *, usage: Usage | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.usage = usage
+
+
+class ProviderRefused(ProviderError):
+    """The provider refused the request as written (or its credential) before any work."""
+
+    def __init__(self, status: int, message: str, *, usage: Usage | None = None) -> None:
+        super().__init__(message, usage=usage)
+        self.status = status
+
+
+class ProviderRateLimited(ProviderError):
+    """The provider answered 429 before anything was produced."""
+
+
+class ProviderServerError(ProviderError):
+    """The provider answered with a 5xx status."""
+
+    def __init__(self, status: int, message: str = "", *, usage: Usage | None = None) -> None:
+        super().__init__(message, usage=usage)
+        self.status = status
+
+
+class ProviderUnreachable(ProviderError):
+    """No answer: the connection failed or was reset before any output."""
+
+
+class ProviderDropped(ProviderError):
+    """The connection was lost mid-stream, after output had started."""
+
+
+def embedding_response(
+    result: EmbeddingResult, model: str, encoding_format: Literal["float", "base64"] = "float"
+) -> dict[str, Any]:
+    """OpenAI's ``CreateEmbeddingResponse`` for ``result``.
+
+    ``base64`` is what OpenAI sends (and what its client asks for by default): the
+    vector as little-endian float32 bytes, base64-encoded.
+    """
+    data = [
+        {
+            "object": "embedding",
+            "index": index,
+            "embedding": _base64_floats(vector) if encoding_format == "base64" else vector,
+        }
+        for index, vector in enumerate(result.vectors)
+    ]
+    usage = {"prompt_tokens": result.usage.prompt_tokens, "total_tokens": result.usage.total_tokens}
+    return {"object": "list", "data": data, "model": model, "usage": usage}
+
+
+def _base64_floats(vector: list[float]) -> str:
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")

@@ -1,0 +1,394 @@
+"""The deterministic mock provider that serves every sandbox key.
+
+Everything derives from a SHA-256 digest of the canonical JSON (sorted keys) of the
+upstream model and the parameters that shape an answer (:data:`_ANSWER_KEYS`), so the same
+body gives the same answer, streamed or not: same id, same text, same usage. ``max_tokens``
+and ``stop`` are left out of the digest: they only cut the same answer shorter.
+
+The answer, in order of precedence:
+
+1. a tool call to the first function tool, when ``tools`` is non-empty, ``tool_choice`` is
+   not ``"none"`` and the last message is not a tool result (so an agent loop ends), with
+   JSON arguments that satisfy the tool's ``parameters`` schema;
+2. a JSON value satisfying ``response_format.json_schema.schema``, or a JSON object for
+   ``json_object``;
+3. prose, mentioning how many images the messages hold.
+
+Tokens are the mock's own: a word or a punctuation mark with its leading whitespace
+(:func:`count_tokens`). Each covers at least one character, so every count here stays
+below the byte-based bound of :mod:`gateway.estimate`. The output is cut at ``max_tokens``
+of them (finish_reason ``length``); a stream sends one of them per chunk.
+
+Embeddings are unit vectors from SHAKE-256 of each input, independent of the dimensions:
+a shorter vector is the renormalised prefix of a longer one, as with OpenAI's
+``text-embedding-3`` models. Values are rounded to float32, so the ``float`` and
+``base64`` encodings carry the same numbers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import random
+import re
+import struct
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import trio
+
+from gateway.config import ModelConfig
+from gateway.estimate import IMAGE_PART_TYPES
+from gateway.providers.base import EmbeddingResult, ProviderRequest, ProviderResult, Usage
+
+DEFAULT_DIMENSIONS = 1536
+CREATED = 1_767_225_600  # 2026-01-01T00:00:00Z: fixed, so that answers are reproducible
+SYSTEM_FINGERPRINT = "fp_mock"
+MESSAGE_TOKENS = 3
+IMAGE_TOKENS = 85  # OpenAI's price of a "low" detail image
+
+_ANSWER_KEYS = (
+    "messages",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "temperature",
+    "top_p",
+    "seed",
+)
+# Parameters the mock honours, or that change no answer of any provider.
+_READ_KEYS = frozenset(
+    {*_ANSWER_KEYS, "model", "max_tokens", "max_completion_tokens", "stop", "stream"}
+    | {"stream_options", "user", "metadata", "service_tier", "parallel_tool_calls"}
+)
+_TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
+_WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india")
+_FORMATS = {
+    "date-time": "2026-01-01T00:00:00Z",
+    "date": "2026-01-01",
+    "time": "00:00:00Z",
+    "email": "mock@example.com",
+    "uri": "https://example.com/mock",
+    "uuid": "00000000-0000-4000-8000-000000000000",
+}
+_MAX_DEPTH = 6  # past this depth of $ref, only required members and minItems are generated
+
+
+def count_tokens(text: str) -> int:
+    """The mock's token count of ``text``: words and punctuation marks."""
+    return len(_TOKEN.findall(text))
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """The mock's prompt tokens of a chat body (never above the gateway's estimate)."""
+    messages = body.get("messages") or []
+    total = MESSAGE_TOKENS * (len(messages) + 1) + sum(
+        IMAGE_TOKENS if leaf is None else count_tokens(leaf) for leaf in _leaves(messages)
+    )
+    for key in ("tools", "response_format"):
+        if body.get(key):
+            total += count_tokens(orjson.dumps(body[key]).decode())
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    id: str
+    model: str
+    pieces: list[str]  # content, or the tool call's arguments
+    finish_reason: str
+    usage: Usage
+    tool_call: tuple[str, str] | None  # (call id, function name)
+
+
+class MockProvider:
+    """The deterministic provider of sandbox keys; ``chunk_delay`` slows each stream chunk."""
+
+    def __init__(
+        self, *, embedding_dimensions: Mapping[str, int] | None = None, chunk_delay: float = 0.0
+    ) -> None:
+        self._dimensions = dict(embedding_dimensions or {})
+        self._chunk_delay = chunk_delay
+
+    @classmethod
+    def for_models(cls, models: Iterable[ModelConfig], chunk_delay: float = 0.0) -> MockProvider:
+        """A mock that knows the configured dimensions of the embedding models."""
+        dimensions = {m.upstream_id: m.dimensions for m in models if m.kind == "embedding"}
+        return cls(embedding_dimensions=dimensions, chunk_delay=chunk_delay)
+
+    async def complete(self, request: ProviderRequest) -> ProviderResult:
+        await trio.lowlevel.checkpoint()
+        answer = _answer(request)
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(answer.pieces)}
+        if answer.tool_call:
+            call_id, name = answer.tool_call
+            function = {"name": name, "arguments": message["content"]}
+            message["content"] = None
+            message["tool_calls"] = [{"id": call_id, "type": "function", "function": function}]
+        choice = {"index": 0, "message": message, "finish_reason": answer.finish_reason}
+        completion = {
+            **_header(answer, "chat.completion"),
+            "choices": [{**choice, "logprobs": None}],
+            "usage": answer.usage.as_dict(),
+        }
+        return ProviderResult(completion=completion, usage=answer.usage)
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
+        answer = _answer(request)
+        header = _header(answer, "chat.completion.chunk")
+        first: dict[str, Any] = {"role": "assistant", "content": ""}
+        if answer.tool_call:
+            call_id, name = answer.tool_call
+            function = {"name": name, "arguments": ""}
+            call = {"index": 0, "id": call_id, "type": "function", "function": function}
+            first = {"role": "assistant", "content": None, "tool_calls": [call]}
+        deltas = [first]
+        for piece in answer.pieces:
+            if answer.tool_call:
+                deltas.append({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]})
+            else:
+                deltas.append({"content": piece})
+        for index, delta in enumerate([*deltas, {}]):
+            await self._pause()
+            reason = answer.finish_reason if index == len(deltas) else None
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            yield {**header, "choices": [choice]}
+        await self._pause()
+        yield {**header, "choices": [], "usage": answer.usage.as_dict()}
+
+    async def embed(
+        self,
+        upstream_model: str,
+        inputs: list[Any],
+        dimensions: int | None,
+        api_key: str | None,
+    ) -> EmbeddingResult:
+        await trio.lowlevel.checkpoint()
+        size = dimensions or self._dimensions.get(upstream_model, DEFAULT_DIMENSIONS)
+        vectors = [_unit_vector(upstream_model, item, size) for item in inputs]
+        tokens = sum(count_tokens(item) if isinstance(item, str) else len(item) for item in inputs)
+        return EmbeddingResult(vectors=vectors, usage=Usage(prompt_tokens=tokens))
+
+    def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
+        return [key for key in body if key not in _READ_KEYS]
+
+    async def _pause(self) -> None:
+        if self._chunk_delay > 0:
+            await trio.sleep(self._chunk_delay)
+        else:
+            await trio.lowlevel.checkpoint()
+
+
+# ---------------------------------------------------------------- answers
+
+
+def _answer(request: ProviderRequest) -> _Answer:
+    body = request.body
+    shaping = {key: body[key] for key in _ANSWER_KEYS if key in body}
+    canonical = orjson.dumps([request.upstream_model, shaping], option=orjson.OPT_SORT_KEYS)
+    digest = hashlib.sha256(canonical).hexdigest()
+    rng = random.Random(digest)  # only .random() is used: stable across Python versions
+    messages = body.get("messages") or []
+    tool = _tool_to_call(body, messages)
+    if tool is not None:
+        schema = tool.get("parameters") or {"type": "object"}
+        text = orjson.dumps(_from_schema(schema, rng, schema, 0)).decode()
+        tool_call: tuple[str, str] | None = (f"call_{digest[24:48]}", tool["name"])
+        reason = "tool_calls"
+    else:
+        text, tool_call, reason = _content(body, messages, rng), None, "stop"
+        text = _cut_at_stop(text, body.get("stop"))
+    pieces = _TOKEN.findall(text)
+    limit = body.get("max_completion_tokens") or body.get("max_tokens")
+    if isinstance(limit, int) and len(pieces) > limit:
+        pieces, reason = pieces[:limit], "length"
+    usage = Usage(prompt_tokens=prompt_tokens(body), completion_tokens=len(pieces))
+    answer_id = f"chatcmpl-{digest[:24]}"
+    return _Answer(answer_id, request.upstream_model, pieces, reason, usage, tool_call)
+
+
+def _header(answer: _Answer, obj: str) -> dict[str, Any]:
+    return {
+        "id": answer.id,
+        "object": obj,
+        "created": CREATED,
+        "model": answer.model,
+        "system_fingerprint": SYSTEM_FINGERPRINT,
+    }
+
+
+def _tool_to_call(body: dict[str, Any], messages: list[Any]) -> dict[str, Any] | None:
+    if body.get("tool_choice") == "none" or not isinstance(body.get("tools"), list):
+        return None
+    if messages and isinstance(messages[-1], dict) and messages[-1].get("role") == "tool":
+        return None
+    for tool in body["tools"]:
+        if isinstance(tool, dict) and tool.get("type") == "function":
+            function = tool.get("function")
+            if isinstance(function, dict) and isinstance(function.get("name"), str):
+                return function
+    return None
+
+
+def _content(body: dict[str, Any], messages: list[Any], rng: random.Random) -> str:
+    response_format = body.get("response_format")
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if kind == "json_schema":
+        schema = (response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
+        return orjson.dumps(_from_schema(schema, rng, schema, 0)).decode()
+    if kind == "json_object":
+        return orjson.dumps({"answer": _phrase(rng, 6)}).decode()
+    images = sum(leaf is None for leaf in _leaves(messages))
+    seen = f"; I see {images} image{'' if images == 1 else 's'}" if images else ""
+    return f"This is a deterministic mock reply{seen}. {_phrase(rng, 8 + _below(rng, 24))}."
+
+
+def _cut_at_stop(text: str, stop: Any) -> str:
+    sequences = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    cuts = [text.find(s) for s in sequences if isinstance(s, str) and s and s in text]
+    return text[: min(cuts)] if cuts else text
+
+
+def _leaves(value: Any) -> Iterator[str | None]:
+    """The strings inside ``value``, and ``None`` for each image part."""
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict) and value.get("type") in IMAGE_PART_TYPES:
+        yield None
+    elif isinstance(value, dict | list):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _leaves(item)
+
+
+def _below(rng: random.Random, n: int) -> int:
+    return int(rng.random() * n)
+
+
+def _phrase(rng: random.Random, words: int) -> str:
+    return " ".join(_WORDS[_below(rng, len(_WORDS))] for _ in range(words))
+
+
+def _unit_vector(model: str, item: Any, size: int) -> list[float]:
+    raw = hashlib.shake_256(orjson.dumps([model, item])).digest(4 * size)
+    ints = struct.unpack(f"<{size}i", raw)
+    norm = math.sqrt(math.fsum(float(v) * v for v in ints)) or 1.0
+    return list(struct.unpack(f"<{size}f", struct.pack(f"<{size}f", *(v / norm for v in ints))))
+
+
+# ---------------------------------------------------------------- JSON schema values
+
+
+def _from_schema(schema: Any, rng: random.Random, root: Any, depth: int) -> Any:
+    """A value valid against ``schema``: the subset OpenAI's structured outputs accept.
+
+    Not supported: ``pattern``, ``uniqueItems``, ``not``, conditional keywords.
+    """
+    if not isinstance(schema, dict):
+        return "mock"  # ``true`` (or a malformed schema): anything goes
+    if isinstance(schema.get("$ref"), str):
+        return _from_schema(_resolve(schema["$ref"], root), rng, root, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][_below(rng, len(schema["enum"]))]
+    for key in ("anyOf", "oneOf"):
+        if isinstance(schema.get(key), list) and schema[key]:
+            branches = schema[key]
+            if depth >= _MAX_DEPTH:  # prefer a branch that ends the recursion
+                branches = [b for b in branches if "$ref" not in b] or branches
+            return _from_schema(branches[0], rng, root, depth)
+    if isinstance(schema.get("allOf"), list):
+        return _from_schema(_merge(schema, root), rng, root, depth)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        kind = "array" if "items" in schema or "prefixItems" in schema else None
+        kind = "object" if "properties" in schema or "required" in schema else kind
+    if kind == "object":
+        return _object(schema, rng, root, depth)
+    if kind == "array":
+        return _array(schema, rng, root, depth)
+    if kind in ("integer", "number"):
+        return _number(schema, rng, integer=kind == "integer")
+    if kind == "boolean":
+        return rng.random() < 0.5
+    if kind == "null":
+        return None
+    return _string(schema, rng)
+
+
+def _resolve(ref: str, root: Any) -> Any:
+    node = root
+    for part in ref.removeprefix("#").strip("/").split("/"):
+        if not part:
+            continue
+        part = part.replace("~1", "/").replace("~0", "~")
+        node = node.get(part) if isinstance(node, dict) else None
+    return node if node is not None else {}
+
+
+def _merge(schema: dict[str, Any], root: Any) -> dict[str, Any]:
+    merged: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
+    for part in schema["allOf"]:
+        while isinstance(part, dict) and isinstance(part.get("$ref"), str):
+            part = _resolve(part["$ref"], root)
+        if isinstance(part, dict):
+            properties = {**merged.get("properties", {}), **part.get("properties", {})}
+            required = [*merged.get("required", []), *part.get("required", [])]
+            merged.update(part)
+            merged.update(properties=properties, required=required)
+    return merged
+
+
+def _object(schema: dict[str, Any], rng: random.Random, root: Any, depth: int) -> dict[str, Any]:
+    properties = schema.get("properties") or {}
+    required = [name for name in schema.get("required") or [] if isinstance(name, str)]
+    names = required if depth >= _MAX_DEPTH else [*properties, *required]
+    return {
+        name: _from_schema(properties.get(name, True), rng, root, depth)
+        for name in dict.fromkeys(names)
+    }
+
+
+def _array(schema: dict[str, Any], rng: random.Random, root: Any, depth: int) -> list[Any]:
+    low = schema.get("minItems") or 0
+    size = low if depth >= _MAX_DEPTH else max(low, 1 + _below(rng, 2))
+    if isinstance(schema.get("maxItems"), int):
+        size = min(size, schema["maxItems"])
+    prefix = schema.get("prefixItems") or []
+    items = schema.get("items", True)
+    return [
+        _from_schema(prefix[i] if i < len(prefix) else items, rng, root, depth)
+        for i in range(max(size, len(prefix)))
+    ]
+
+
+def _number(schema: dict[str, Any], rng: random.Random, integer: bool) -> int | float:
+    def bound(key: str) -> float | None:
+        value = schema.get(key)
+        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    lows = [b for b in (bound("minimum"), bound("exclusiveMinimum")) if b is not None]
+    highs = [b for b in (bound("maximum"), bound("exclusiveMaximum")) if b is not None]
+    low = max(lows) if lows else (min(highs) - 100 if highs else 0)
+    high = min(highs) if highs else low + 100
+    value = low + (0.25 + rng.random() / 2) * (high - low)  # strictly inside when low < high
+    step = bound("multipleOf") or (1 if integer else None)
+    if step is None:
+        return value
+    value = math.ceil(value / step) * step
+    if value > high or value == bound("exclusiveMaximum"):
+        value -= step
+    return int(value) if integer and float(value).is_integer() else value
+
+
+def _string(schema: dict[str, Any], rng: random.Random) -> str:
+    if schema.get("format") in _FORMATS:
+        return _FORMATS[schema["format"]]
+    text = _phrase(rng, 2)
+    while len(text) < (schema.get("minLength") or 0):
+        text += " " + _phrase(rng, 1)
+    return text[: schema["maxLength"]] if isinstance(schema.get("maxLength"), int) else text

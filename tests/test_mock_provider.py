@@ -1,0 +1,386 @@
+"""The mock provider: deterministic, OpenAI-shaped answers, checked with the openai types.
+
+Every answer is validated against the ``openai`` package's pydantic models; JSON that a
+schema asks for is validated by the pydantic model the schema was made from.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import json
+import math
+import re
+import uuid
+from typing import Any, Literal
+
+import pydantic
+import pytest
+import trio
+from openai._models import construct_type
+from openai._types import omit
+from openai.lib._parsing._embeddings import parse_embedding_response
+from openai.types import CreateEmbeddingResponse
+from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+from gateway.config import default_config
+from gateway.estimate import estimate_prompt_tokens
+from gateway.providers import (
+    MockProvider,
+    ProviderDropped,
+    ProviderError,
+    ProviderRateLimited,
+    ProviderRefused,
+    ProviderRequest,
+    ProviderServerError,
+    ProviderUnreachable,
+    Usage,
+    embedding_response,
+)
+from gateway.providers.mock import count_tokens, prompt_tokens
+
+HELLO = {"messages": [{"role": "user", "content": "Say hello."}]}
+
+
+async def complete(body: dict[str, Any], model: str = "gpt-4o-mini") -> ChatCompletion:
+    result = await MockProvider().complete(ProviderRequest(model, body))
+    completion = ChatCompletion.model_validate(result.completion)
+    assert result.usage is not None
+    assert completion.usage is not None
+    assert completion.usage.model_dump(exclude_none=True) == result.usage.as_dict()
+    return completion
+
+
+async def chunks(body: dict[str, Any], provider: MockProvider | None = None) -> list[Any]:
+    stream = (provider or MockProvider()).stream(ProviderRequest("gpt-4o-mini", body))
+    return [ChatCompletionChunk.model_validate(chunk) async for chunk in stream]
+
+
+def streamed_text(parts: list[ChatCompletionChunk]) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in parts if c.choices)
+
+
+def streamed_arguments(parts: list[ChatCompletionChunk]) -> str:
+    deltas = [c.choices[0].delta for c in parts if c.choices]
+    calls = [call for delta in deltas for call in delta.tool_calls or []]
+    return "".join(call.function.arguments or "" for call in calls if call.function)
+
+
+# ---------------------------------------------------------------- text answers
+
+
+async def test_completion_is_an_openai_chat_completion() -> None:
+    completion = await complete(HELLO)
+    assert re.fullmatch(r"chatcmpl-[0-9a-f]{24}", completion.id)
+    assert completion.object == "chat.completion"
+    assert completion.model == "gpt-4o-mini"
+    (choice,) = completion.choices
+    assert choice.finish_reason == "stop"
+    assert choice.message.role == "assistant"
+    assert choice.message.content and choice.message.content.startswith("This is a")
+    assert completion.usage is not None
+    assert completion.usage.prompt_tokens == prompt_tokens(HELLO) > 0
+    assert completion.usage.completion_tokens == count_tokens(choice.message.content)
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + (
+        completion.usage.completion_tokens
+    )
+
+
+async def test_same_body_same_answer_and_different_body_different_answer() -> None:
+    first, again = await complete(HELLO), await complete(json.loads(json.dumps(HELLO)))
+    assert first.model_dump() == again.model_dump()
+    other = await complete({"messages": [{"role": "user", "content": "Say goodbye."}]})
+    assert other.id != first.id
+    seeded = await complete({**HELLO, "seed": 7})
+    assert seeded.id != first.id
+    assert (await complete(HELLO, model="gpt-4o")).id != first.id
+
+
+async def test_stream_carries_the_same_answer_in_several_chunks() -> None:
+    completion = await complete(HELLO)
+    parts = await chunks(HELLO)
+    assert all(c.object == "chat.completion.chunk" and c.id == completion.id for c in parts)
+    assert parts[0].choices[0].delta.role == "assistant"
+    content_chunks = [c for c in parts if c.choices and c.choices[0].delta.content]
+    assert len(content_chunks) >= 5
+    assert streamed_text(parts) == completion.choices[0].message.content
+    finishing = [c.choices[0].finish_reason for c in parts if c.choices]
+    assert finishing[:-1] == [None] * (len(finishing) - 1)
+    assert finishing[-1] == "stop"
+    assert parts[-1].choices == []
+    assert parts[-1].usage == completion.usage
+    assert all(c.usage is None for c in parts[:-1])
+
+
+@pytest.mark.parametrize("limit", [1, 2, 5])
+async def test_max_tokens_cuts_the_answer(limit: int) -> None:
+    full = (await complete(HELLO)).choices[0].message.content or ""
+    for key in ("max_tokens", "max_completion_tokens"):
+        cut = await complete({**HELLO, key: limit})
+        content = cut.choices[0].message.content or ""
+        assert cut.usage is not None
+        assert cut.usage.completion_tokens == count_tokens(content) == limit
+        assert cut.choices[0].finish_reason == "length"
+        assert full.startswith(content) and content != full
+        parts = await chunks({**HELLO, key: limit})
+        assert streamed_text(parts) == content
+        assert parts[-2].choices[0].finish_reason == "length"
+
+
+async def test_a_generous_max_tokens_changes_nothing() -> None:
+    full = await complete(HELLO)
+    roomy = await complete({**HELLO, "max_tokens": 10_000})
+    assert roomy.choices[0].message.content == full.choices[0].message.content
+    assert roomy.choices[0].finish_reason == "stop"
+
+
+async def test_stop_sequence_ends_the_content() -> None:
+    full = (await complete(HELLO)).choices[0].message.content or ""
+    word = full.split()[-2]
+    stopped = await complete({**HELLO, "stop": ["\u2603", word]})
+    content = stopped.choices[0].message.content
+    assert content == full[: full.index(word)]
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+@pytest.mark.parametrize(("images", "phrase"), [(1, "I see 1 image."), (3, "I see 3 images.")])
+async def test_images_are_accepted_and_mentioned(images: int, phrase: str) -> None:
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "What?"}]}]}
+    body["messages"][0]["content"] += [image] * images
+    completion = await complete(body)
+    assert phrase in (completion.choices[0].message.content or "")
+    assert "image" not in ((await complete(HELLO)).choices[0].message.content or "")
+
+
+# ---------------------------------------------------------------- tools
+
+
+class Unit(enum.Enum):
+    CELSIUS = "celsius"
+    FAHRENHEIT = "fahrenheit"
+
+
+class WeatherQuery(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    city: str = pydantic.Field(min_length=3, max_length=40)
+    unit: Unit
+    days: int = pydantic.Field(ge=1, le=14)
+    hourly: bool
+
+
+def tool(name: str, model: type[pydantic.BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema()
+    return {"type": "function", "function": {"name": name, "parameters": schema}}
+
+
+TOOLS = {
+    **HELLO,
+    "tools": [tool("get_weather", WeatherQuery), tool("other", WeatherQuery)],
+}
+
+
+async def test_tools_get_a_call_to_the_first_function_with_valid_arguments() -> None:
+    completion = await complete(TOOLS)
+    (choice,) = completion.choices
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls or []
+    assert call.type == "function"
+    assert call.function.name == "get_weather"
+    assert re.fullmatch(r"call_[0-9a-f]{24}", call.id)
+    WeatherQuery.model_validate_json(call.function.arguments)
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == count_tokens(call.function.arguments)
+    assert completion.usage.prompt_tokens == prompt_tokens(TOOLS)
+
+
+async def test_streamed_tool_call_is_the_same_call_in_deltas() -> None:
+    call = ((await complete(TOOLS)).choices[0].message.tool_calls or [])[0]
+    parts = await chunks(TOOLS)
+    (opening,) = parts[0].choices[0].delta.tool_calls or []
+    assert (opening.id, opening.function and opening.function.name) == (call.id, "get_weather")
+    assert len([c for c in parts if c.choices and c.choices[0].delta.tool_calls]) >= 5
+    assert streamed_arguments(parts) == call.function.arguments
+    assert parts[-2].choices[0].finish_reason == "tool_calls"
+    assert parts[-1].usage is not None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {**TOOLS, "tool_choice": "none"},
+        {**TOOLS, "tools": []},
+        {**TOOLS, "messages": [*TOOLS["messages"], {"role": "tool", "content": "21 C"}]},
+    ],
+    ids=["tool_choice none", "no tools", "after a tool result"],
+)
+async def test_no_tool_call(body: dict[str, Any]) -> None:
+    completion = await complete(body)
+    assert completion.choices[0].message.tool_calls is None
+    assert completion.choices[0].finish_reason == "stop"
+
+
+# ---------------------------------------------------------------- structured output
+
+
+class Color(enum.Enum):
+    RED = "red"
+    GREEN = "green"
+
+
+class Address(pydantic.BaseModel):
+    street: str
+    zip_code: str = pydantic.Field(min_length=5, max_length=5)
+
+
+class Person(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="forbid")
+    name: str
+    age: int = pydantic.Field(gt=0, lt=150)
+    score: float = pydantic.Field(ge=0.0, le=1.0)
+    ratio: float = pydantic.Field(gt=0.0, lt=0.001)
+    step: int = pydantic.Field(multiple_of=7, ge=10, le=30)
+    kind: Literal["admin"]
+    color: Color
+    tags: list[str] = pydantic.Field(min_length=3)
+    pair: tuple[int, bool]
+    address: Address
+    past: list[Address] = pydantic.Field(min_length=2, max_length=2)
+    nickname: str | None
+    born: datetime.date
+    seen: datetime.datetime
+    ident: uuid.UUID
+    extra: dict[str, int]
+    nothing: None
+
+
+class Tree(pydantic.BaseModel):
+    label: str
+    children: list[Tree]
+    parent: Tree | None
+
+
+SCHEMA_MODELS = [WeatherQuery, Address, Person, Tree]
+
+
+@pytest.mark.parametrize("model", SCHEMA_MODELS, ids=lambda m: m.__name__)
+async def test_json_schema_answer_validates(model: type[pydantic.BaseModel]) -> None:
+    response_format = {
+        "type": "json_schema",
+        "json_schema": {"name": model.__name__, "schema": model.model_json_schema()},
+    }
+    for seed in range(5):  # several digests, so that several draws are checked
+        body = {**HELLO, "seed": seed, "response_format": response_format}
+        completion = await complete(body)
+        content = completion.choices[0].message.content or ""
+        model.model_validate_json(content)
+        assert streamed_text(await chunks(body)) == content
+
+
+@pytest.mark.parametrize(
+    ("schema", "check"),
+    [
+        ({"const": 42}, lambda v: v == 42),
+        ({"enum": ["a", "b"]}, lambda v: v in ("a", "b")),
+        ({"type": ["null", "integer"]}, lambda v: isinstance(v, int)),
+        ({"type": "null"}, lambda v: v is None),
+        ({"type": "array", "items": {"type": "boolean"}, "minItems": 4}, lambda v: len(v) >= 4),
+        ({"type": "integer", "exclusiveMinimum": 5, "exclusiveMaximum": 7}, lambda v: v == 6),
+        ({"items": {"type": "number"}}, lambda v: all(isinstance(x, float) for x in v)),
+        ({"required": ["x"]}, lambda v: isinstance(v, dict) and "x" in v),
+        ({"type": "string", "minLength": 50}, lambda v: len(v) >= 50),
+    ],
+)
+async def test_json_schema_keywords(schema: dict[str, Any], check: Any) -> None:
+    format_ = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    completion = await complete({**HELLO, "response_format": format_})
+    assert check(json.loads(completion.choices[0].message.content or ""))
+
+
+async def test_json_object_answer_is_an_object() -> None:
+    completion = await complete({**HELLO, "response_format": {"type": "json_object"}})
+    assert isinstance(json.loads(completion.choices[0].message.content or ""), dict)
+
+
+# ---------------------------------------------------------------- embeddings, parameters
+
+
+async def test_embeddings_are_deterministic_unit_vectors() -> None:
+    provider = MockProvider.for_models(default_config().models)
+    inputs: list[Any] = ["hello", "world", [101, 7592, 102]]
+    result = await provider.embed("text-embedding-3-small", inputs, None, None)
+    assert [len(v) for v in result.vectors] == [1536, 1536, 1536]
+    assert all(math.isclose(math.fsum(x * x for x in v), 1.0, rel_tol=1e-5) for v in result.vectors)
+    assert len({tuple(v) for v in result.vectors}) == 3
+    assert result.usage == Usage(prompt_tokens=1 + 1 + 3, total_tokens=5)
+    again = await MockProvider().embed("text-embedding-3-small", ["hello"], 256, None)
+    assert len(again.vectors[0]) == 256
+    prefix = result.vectors[0][:256]
+    norm = math.sqrt(math.fsum(x * x for x in prefix))
+    pairs = zip(again.vectors[0], prefix, strict=True)
+    assert all(math.isclose(a, b / norm, abs_tol=1e-6) for a, b in pairs)
+
+
+@pytest.mark.parametrize("encoding_format", ["float", "base64"])
+async def test_embedding_response_is_what_the_openai_client_reads(encoding_format: Any) -> None:
+    result = await MockProvider().embed("text-embedding-3-small", ["a", "b"], 64, None)
+    body = embedding_response(result, "text-embedding-3-small", encoding_format)
+    # as the client does: build the response unvalidated (a base64 vector is a string where
+    # the type says list), then decode base64 itself when its caller named no format
+    built = construct_type(type_=CreateEmbeddingResponse, value=body)
+    decoded = parse_embedding_response(built, encoding_format=omit)
+    parsed = CreateEmbeddingResponse.model_validate(decoded.model_dump())
+    assert parsed.usage.prompt_tokens == parsed.usage.total_tokens == 2
+    assert [d.index for d in parsed.data] == [0, 1]
+    assert [d.embedding for d in parsed.data] == result.vectors
+    if encoding_format == "base64":
+        assert all(isinstance(item["embedding"], str) for item in body["data"])
+
+
+def test_ignored_parameters_are_those_the_mock_does_not_read() -> None:
+    body = {
+        **HELLO,
+        "model": "m",
+        "temperature": 0.2,
+        "max_tokens": 5,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "web_search_options": {},
+        "reasoning_effort": "low",
+    }
+    assert MockProvider().ignored_parameters(body) == ["web_search_options", "reasoning_effort"]
+    assert MockProvider().ignored_parameters(TOOLS) == []
+
+
+async def test_chunk_delay_paces_the_stream(autojump_clock: trio.abc.Clock) -> None:
+    start = trio.current_time()
+    parts = await chunks(HELLO, MockProvider(chunk_delay=0.25))
+    assert trio.current_time() - start == pytest.approx(0.25 * len(parts))
+    start = trio.current_time()
+    await chunks(HELLO)
+    assert trio.current_time() == start
+
+
+async def test_mock_usage_stays_below_the_estimate() -> None:
+    completion = await complete(TOOLS)
+    assert completion.usage is not None
+    assert completion.usage.prompt_tokens <= estimate_prompt_tokens(TOOLS)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ProviderRefused(400, "bad", usage=Usage(3)),
+        ProviderRateLimited("slow down"),
+        ProviderServerError(503),
+        ProviderUnreachable("connection refused"),
+        ProviderDropped("reset", usage=Usage(3, 4)),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_every_provider_failure_is_a_provider_error(error: ProviderError) -> None:
+    assert isinstance(error, ProviderError)
+    assert error.usage in (None, Usage(3, 0, 3), Usage(3, 4, 7))
+    if isinstance(error, ProviderRefused | ProviderServerError):
+        assert error.status in (400, 503)
