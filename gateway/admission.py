@@ -8,6 +8,8 @@ admitted unchecked.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from quart import g
 
 from gateway.catalog import usd_to_nanos
@@ -22,6 +24,9 @@ from shards import (
     SettleRequest,
     ShardUnavailable,
 )
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
 
 ADMISSION_RETRY_AFTER = 1
 
@@ -130,6 +135,7 @@ def _reserve_message(code: str) -> str:
 
 
 async def settle(
+    rt: Runtime,
     record: KeyRecord,
     *,
     slot_taken: bool,
@@ -137,8 +143,11 @@ async def settle(
     cap_amount: int = 0,
     billed_amount: int = 0,
 ) -> None:
-    """Step 10: release the slot, post the settled amount (or void), exactly once."""
-    await runtime().pool.settle(
+    """Step 10: release the slot, post the settled amount (or void), exactly once.
+
+    Takes the runtime explicitly: stream pumps settle outside any request context.
+    """
+    await rt.pool.settle(
         SettleRequest(
             key_id=record.id,
             family_id=record.family_id,

@@ -60,14 +60,14 @@ def serve(config_path: str | None, host: str | None, port: int | None, db: str |
     except ConfigError as exc:
         fail(str(exc), 2)
     try:
+        sockets = bind_sockets(hypercorn_config(config))
+    except OSError as exc:
+        fail(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}")
+    try:
         runtime = Runtime.open(config)
     except StoreError as exc:
         fail(str(exc))
     token = runtime.bootstrap_demo()
-    try:
-        sockets = bind_sockets(hypercorn_config(runtime))
-    except OSError as exc:
-        fail(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}")
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

@@ -166,8 +166,17 @@ def _parse_server(table: dict[str, Any]) -> ServerConfig:
 def _validate_server(server: ServerConfig) -> None:
     if not 0 <= server.port <= 65535:
         raise ConfigError("server.port: must be between 0 and 65535")
-    for key in ("request_timeout_s", "keepalive_s", "shards", "max_body_bytes"):
+    for key in (
+        "request_timeout_s",
+        "keepalive_s",
+        "shards",
+        "max_body_bytes",
+        "public_catalog_rpm",
+    ):
         _positive(getattr(server, key), f"server.{key}")
+    for key in ("graceful_timeout_s", "rotation_grace_s"):
+        if getattr(server, key) < 0:
+            raise ConfigError(f"server.{key}: must not be negative")
     if server.platform_rpm is not None:
         _positive(server.platform_rpm, "server.platform_rpm")
     if not server.db:

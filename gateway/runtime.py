@@ -13,11 +13,17 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from gateway.catalog import Catalog, usd_to_nanos
+import trio
+
+from gateway.catalog import Catalog, Model, usd_to_nanos
 from gateway.config import Config
+from gateway.errors import GatewayError
 from gateway.keyring import Keyring
 from gateway.keys import KeyRecord, new_id
 from gateway.orgs import Org
+from gateway.providers.base import Provider
+from gateway.providers.mock import MockProvider
+from gateway.providers.registry import build_providers
 from gateway.ratelimit import PublicCatalogLimiter
 from gateway.store import Store, records
 from shards import ShardPool, SystemClock
@@ -38,6 +44,11 @@ class Runtime:
         self.keyring = Keyring(self.store, self.clock.now)
         self.catalog = Catalog(self.config)
         self.orgs: dict[str, Org] = {}
+        self.byok: dict[tuple[str, str], str] = {}
+        self.mock = MockProvider.for_models(self.config.models)
+        self.providers: dict[str, Provider] = build_providers(self.config, self.mock)
+        #: the root nursery of the server, where stream pumps run (set by serve())
+        self.nursery: trio.Nursery | None = None
         self.pool = ShardPool(
             n_shards=self.config.server.shards,
             clock=self.clock,
@@ -68,6 +79,8 @@ class Runtime:
         for org in self.orgs.values():
             self._load_org_account(org, balances.get(org.id, {}))
         self.keyring.load(self.store.call(records.all_keys))
+        for row in self.store.call(records.list_provider_credentials):
+            self.byok[(row["org_id"], row["provider"])] = row["api_key_env"]
         now = datetime.fromtimestamp(self.clock.now(), UTC)
         day, month = now.strftime("%Y-%m-%d"), now.strftime("%Y-%m")
         totals: dict[str, list[int]] = {}
@@ -127,6 +140,35 @@ class Runtime:
         self.keyring.insert_now(record)
         return token
 
-    def org_catalog(self, record: KeyRecord) -> list:
-        """Models the key's organisation can see (policy narrowing comes with issue 6)."""
-        return list(self.catalog.models.values())
+    # -- providers ---------------------------------------------------------------------------
+
+    def provider_for(self, record: KeyRecord, model: Model) -> Provider:
+        """Sandbox keys are served by the mock; live keys by the model's provider."""
+        if record.mode == "sandbox":
+            return self.mock
+        provider = self.providers.get(model.config.provider)
+        if provider is None:
+            raise GatewayError(
+                "model_unavailable", f"The provider of {model.id} is not available.", "model"
+            )
+        return provider
+
+    def provider_key(self, record: KeyRecord, model: Model) -> str | None:
+        """The upstream credential: the organisation's own for BYOK keys, else ours."""
+        if record.mode == "sandbox":
+            return None
+        if record.byok:
+            env = self.byok_env(record.org_id, model.config.provider)
+        else:
+            env = self.config.provider(model.config.provider).api_key_env
+        return os.environ.get(env) if env else None
+
+    def byok_env(self, org_id: str, provider: str) -> str | None:
+        return self.byok.get((org_id, provider))
+
+    def serves_residency(self, provider: str, residency: str | None) -> bool:
+        """A provider with no residency list serves every zone."""
+        if residency is None:
+            return True
+        zones = self.config.provider(provider).residency
+        return not zones or residency in zones

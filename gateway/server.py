@@ -4,6 +4,7 @@
       ├─ store writer      (nursery.start: ready before any request)
       ├─ shard pool        (nursery.start)
       ├─ last-used flusher
+      ├─ stream pumps      (one per streamed call, bounded by the call's deadline)
       └─ hypercorn         (nursery.start: hands back the bound addresses)
 
 Supervision is structural: if the writer or a shard dies, the exception cancels the
@@ -26,14 +27,15 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from gateway.app import create_app
+from gateway.config import Config
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.server")
 LAST_USED_FLUSH_S = 30.0
 
 
-def hypercorn_config(runtime: Runtime) -> HyperConfig:
-    server = runtime.config.server
+def hypercorn_config(gateway_config: Config) -> HyperConfig:
+    server = gateway_config.server
     config = HyperConfig()
     host = f"[{server.host}]" if ":" in server.host else server.host
     config.bind = [f"{host}:{server.port}"]
@@ -73,11 +75,12 @@ async def serve(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until ``shutdown_trigger`` returns; report the bound URLs."""
-    config = hypercorn_config(runtime)
+    config = hypercorn_config(runtime.config)
     if sockets is None:
         sockets = bind_sockets(config)
     app = wrap_app(create_app(runtime), config.wsgi_max_body_size, None)
     async with trio.open_nursery() as root:
+        runtime.nursery = root
         await root.start(runtime.store.run)
         await root.start(runtime.pool.run)
         root.start_soon(_flush_last_used, runtime)

@@ -148,6 +148,7 @@ async def set_byok(org_id: str) -> Response:
     row = {"org_id": org.id, "provider": provider, "api_key_env": env, "created_at": 0.0}
     row["created_at"] = runtime().clock.now()
     await runtime().store.write(records.set_provider_credential, row)
+    runtime().byok[(org.id, provider)] = env
     return json_response({"org_id": org.id, "provider": provider, "api_key_env": env})
 
 

@@ -8,6 +8,7 @@ from quart import Quart, Response, request
 from gateway.admission import admit
 from gateway.auth import authenticate, require_scope
 from gateway.http import json_response, runtime
+from gateway.policy import callable_models
 
 PUBLIC_CACHE_SECONDS = 300
 
@@ -19,7 +20,7 @@ async def list_models() -> Response:
     record = authenticate()
     require_scope(record, "inference")
     await admit(record, take_slot=False)
-    return json_response(rt.catalog.listing(rt.org_catalog(record)))
+    return json_response(rt.catalog.listing(callable_models(rt, record)))
 
 
 def _public() -> Response:

@@ -16,9 +16,6 @@ from gateway.errors import GatewayError
 
 # path -> (methods, scope)
 PENDING: dict[str, tuple[tuple[str, ...], str]] = {
-    "/v1/chat/completions": (("POST",), "inference"),
-    "/v1/responses": (("POST",), "inference"),
-    "/v1/embeddings": (("POST",), "embeddings"),
     "/v1/usage": (("GET",), "usage:read"),
     "/v1/credits": (("GET",), "usage:read"),
     "/v1/requests/<request_id>": (("GET",), "usage:read"),

@@ -90,3 +90,12 @@ def settled_spend(conn: sqlite3.Connection, day: str, month: str) -> list[dict[s
         " FROM requests WHERE month = ? GROUP BY key_id",
         (day, month),
     )
+
+
+def record_call(
+    conn: sqlite3.Connection, record: dict[str, Any], ledger: dict[str, Any] | None
+) -> None:
+    """A call's request record and, when it was billed, its credit debit: one transaction."""
+    sq.insert(conn, "requests", record)
+    if ledger is not None:
+        sq.insert(conn, "credit_ledger", ledger)

@@ -1,0 +1,208 @@
+"""Field checks shared by the chat-completions and responses parsers.
+
+Conventions, the same for every field:
+
+- A JSON ``null`` is the same as an absent field, except for the fields refused on
+  presence alone (``refuse_present``), where sending the name is the mistake.
+- Booleans are not numbers: ``true`` is neither an integer nor a temperature.
+- Wrong type or out-of-range value: 400 ``invalid_request`` with ``param`` naming the field.
+  A known value the service does not serve: 400 ``unsupported_parameter``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from gateway.errors import GatewayError
+
+# Known fields whose non-empty value needs a user session (both endpoints).
+SESSION_FIELDS = ("connectors", "hitl_approvals")
+# Accepted on both endpoints; tags (metadata, svc_tags) are read by the tag step.
+COMMON_FIELDS = frozenset(
+    {
+        "model",
+        "temperature",
+        "top_p",
+        "stream",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "user",
+        "service_tier",
+        "metadata",
+        "svc_tags",
+        "store",
+        "top_logprobs",
+        *SESSION_FIELDS,
+    }
+)
+# Image content parts, in chat (image_url) and responses (input_image) terms.
+IMAGE_PARTS = ("image_url", "input_image")
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def invalid(param: str, message: str) -> GatewayError:
+    return GatewayError("invalid_request", message, param=param)
+
+
+def unsupported(param: str, message: str | None = None) -> GatewayError:
+    return GatewayError(
+        "unsupported_parameter", message or f"The parameter {param} is not supported.", param=param
+    )
+
+
+def require_object(body: Any) -> dict[str, Any]:
+    if not isinstance(body, dict):
+        raise GatewayError("invalid_request", "The request body must be a JSON object.")
+    return body
+
+
+def refuse_unknown(body: dict[str, Any], known: frozenset[str]) -> None:
+    """Any top-level field the endpoint does not know, the first in body order."""
+    for name in body:
+        if name not in known:
+            raise unsupported(name, f"Unknown parameter: {name}.")
+
+
+def require_model(body: dict[str, Any]) -> str:
+    """``model``: absent (or null) is validation_failed; anything but a non-empty string
+    is invalid_request."""
+    model = body.get("model")
+    if model is None:
+        raise GatewayError("validation_failed", "model is required.", param="model")
+    if not isinstance(model, str) or not model:
+        raise invalid("model", "model must be a non-empty string.")
+    return model
+
+
+def refuse_session_fields(body: dict[str, Any]) -> None:
+    """Non-empty connectors or hitl_approvals; empty ones (null, [], {}, "") are accepted."""
+    for name in SESSION_FIELDS:
+        if body.get(name):
+            raise GatewayError(
+                "connectors_require_user_session",
+                f"{name} requires a user session; API keys cannot use it.",
+                param=name,
+            )
+
+
+def refuse_present(body: dict[str, Any], names: Iterable[str]) -> None:
+    """Fields refused whatever their value, null included."""
+    for name in names:
+        if name in body:
+            raise unsupported(name)
+
+
+def flag(body: dict[str, Any], name: str, refused: bool | None = None) -> bool:
+    """A boolean field (absent: false); ``refused`` is the value that is unsupported."""
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise invalid(name, f"{name} must be a boolean.")
+    if refused is not None and value is refused:
+        raise unsupported(name, f"{name}={str(value).lower()} is not supported.")
+    return value
+
+
+def number(body: dict[str, Any], name: str, high: float) -> float | None:
+    """A number between 0 and ``high``, both included."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not is_number(value) or not 0 <= value <= high:
+        raise invalid(name, f"{name} must be a number from 0 to {high:g}.")
+    return value
+
+
+def positive_int(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not is_int(value) or value < 1:
+        raise invalid(name, f"{name} must be a positive integer.")
+    return value
+
+
+def string(body: dict[str, Any], name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise invalid(name, f"{name} must be a string.")
+    return value
+
+
+def obj(body: dict[str, Any], name: str) -> dict[str, Any] | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, dict):
+        raise invalid(name, f"{name} must be an object.")
+    return value
+
+
+def tool_choice(body: dict[str, Any]) -> str | None:
+    """Only auto and none: anything else (required, a named tool) forces a tool."""
+    value = body.get("tool_choice")
+    if value is None or value in ("auto", "none"):
+        return value
+    raise unsupported("tool_choice", "Only tool_choice auto or none is supported.")
+
+
+def common_params(body: dict[str, Any]) -> dict[str, Any]:
+    """temperature, top_p and user (forwarded); service_tier checked, never forwarded,
+    so a caller cannot change the upstream's price tier."""
+    found = {
+        "temperature": number(body, "temperature", 2),
+        "top_p": number(body, "top_p", 1),
+        "user": string(body, "user"),
+    }
+    string(body, "service_tier")
+    return {name: value for name, value in found.items() if value is not None}
+
+
+def tool_params(
+    body: dict[str, Any], tools: list[dict[str, Any]], choice: str | None
+) -> dict[str, Any]:
+    """tools, tool_choice and parallel_tool_calls, forwarded only with a non-empty tool
+    list (OpenAI refuses the last two without tools, and an empty list)."""
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise invalid("parallel_tool_calls", "parallel_tool_calls must be a boolean.")
+    if not tools:
+        return {}
+    params: dict[str, Any] = {"tools": tools}
+    if choice is not None:
+        params["tool_choice"] = choice
+    if parallel is not None:
+        params["parallel_tool_calls"] = parallel
+    return params
+
+
+def output_budget(sent: Iterable[int | None], limit: int, param: str) -> int:
+    """The effective output ceiling: the smallest budget sent, else the key's limit.
+
+    Every budget sent must fit the limit; the error names ``param`` whichever was sent.
+    """
+    budgets = [value for value in sent if value is not None]
+    if any(value > limit for value in budgets):
+        raise GatewayError(
+            "max_tokens_exceeds_key_limit",
+            f"The output budget is above this key's limit of {limit} tokens.",
+            param=param,
+        )
+    return min(budgets, default=limit)
+
+
+def has_image(messages: list[dict[str, Any]]) -> bool:
+    return any(
+        isinstance(part, dict) and part.get("type") in IMAGE_PARTS
+        for message in messages
+        if isinstance(message.get("content"), list)
+        for part in message["content"]
+    )

@@ -1,0 +1,82 @@
+"""Provider failures → the spec's error codes and settlement rows, in one table.
+
+    provider failure                     answer                              settlement row
+    -----------------------------------  ----------------------------------  ----------------
+    refused (400/401/403/404/413/422)    400 invalid_request, fixed phrase   nothing
+      (BYOK key, 401/403)                400 byok_credential_rejected        nothing
+    429                                  429 rate_limited, Retry-After 30    nothing
+    5xx, unreachable, nothing produced   503 service_unavailable             input share
+    dropped mid-stream, other status     503 service_unavailable             full estimate
+    any of the above with usage          (same answer)                       real cost
+
+The provider's explanation is cleaned before it reaches the client: no URL, key or
+header of the upstream is echoed.
+"""
+
+from __future__ import annotations
+
+import re
+
+from gateway.errors import GatewayError
+from gateway.providers.base import (
+    ProviderDropped,
+    ProviderError,
+    ProviderRateLimited,
+    ProviderRefused,
+    ProviderServerError,
+    ProviderUnreachable,
+)
+from gateway.settlement import Ending
+
+REFUSED_PHRASE = "The provider refused the request: "
+PROVIDER_RETRY_AFTER = 30
+_MAX_EXPLANATION = 300
+_SCRUB = (
+    (re.compile(r"https?://\S+"), "[url]"),
+    (re.compile(r"\b(sk|svc_live|svc_test|key|rk|pk)[-_][A-Za-z0-9_\-]{8,}"), "[key]"),
+    (re.compile(r"(?i)bearer\s+\S+"), "Bearer [key]"),
+    (re.compile(r"(?i)(authorization|x-api-key|api-key)\s*[:=]\s*\S+"), r"\1: [redacted]"),
+)
+
+
+def clean_explanation(text: str) -> str:
+    for pattern, replacement in _SCRUB:
+        text = pattern.sub(replacement, text)
+    text = " ".join(text.split())
+    if len(text) > _MAX_EXPLANATION:
+        text = text[: _MAX_EXPLANATION - 1] + "…"
+    return text or "no explanation given"
+
+
+def map_provider_error(exc: ProviderError, *, byok: bool) -> tuple[GatewayError, Ending]:
+    """The answer and the settlement row of a provider failure."""
+    error, ending = _map(exc, byok)
+    if exc.usage is not None:
+        ending = Ending.USAGE
+    return error, ending
+
+
+def _map(exc: ProviderError, byok: bool) -> tuple[GatewayError, Ending]:
+    if isinstance(exc, ProviderRefused):
+        if byok and exc.status in (401, 403):
+            return GatewayError("byok_credential_rejected"), Ending.PROVIDER_REFUSED
+        message = REFUSED_PHRASE + clean_explanation(exc.message)
+        return GatewayError("invalid_request", message), Ending.PROVIDER_REFUSED
+    if isinstance(exc, ProviderRateLimited):
+        error = GatewayError(
+            "rate_limited",
+            "The model's provider is limiting this model; retry later.",
+            retry_after=PROVIDER_RETRY_AFTER,
+        )
+        return error, Ending.PROVIDER_REFUSED
+    unreachable = GatewayError("service_unavailable", "The model's provider could not be reached.")
+    if isinstance(exc, ProviderUnreachable):
+        return unreachable, Ending.SERVER_ERROR
+    if isinstance(exc, ProviderServerError):
+        failed = GatewayError("service_unavailable", "The model's provider failed.")
+        return failed, Ending.SERVER_ERROR if exc.status >= 500 else Ending.OTHER
+    if isinstance(exc, ProviderDropped):
+        return GatewayError("service_unavailable", "The model's provider dropped the call."), (
+            Ending.OTHER
+        )
+    return unreachable, Ending.OTHER

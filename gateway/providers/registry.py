@@ -1,0 +1,16 @@
+"""Providers by name, built from the configuration."""
+
+from __future__ import annotations
+
+from gateway.config import Config
+from gateway.providers.base import Provider
+from gateway.providers.mock import MockProvider
+
+
+def build_providers(config: Config, mock: MockProvider) -> dict[str, Provider]:
+    """One provider object per configured provider; kind mock shares the one mock."""
+    providers: dict[str, Provider] = {}
+    for provider in config.providers:
+        if provider.kind == "mock":
+            providers[provider.name] = mock
+    return providers

@@ -1,0 +1,114 @@
+"""POST /v1/chat/completions and POST /v1/responses: the model-call walk of DESIGN.md.
+
+Both endpoints share one path: the responses body is translated to a chat call, served,
+and its answer translated back, which is why svc.ignored_parameters uses chat names on
+both endpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from quart import Quart, Response, request
+
+from gateway.auth import authenticate, require_scope
+from gateway.calls import ChatCall
+from gateway.calls.chat import check_capabilities, parse_chat
+from gateway.calls.responses import ResponseStreamTranslator, chat_to_response, parse_responses
+from gateway.calls.tags import collect_tags
+from gateway.errors import GatewayError
+from gateway.estimate import estimate_prompt_tokens
+from gateway.http import json_response, read_json_object, request_id, runtime
+from gateway.pipeline import (
+    Call,
+    open_call,
+    provider_request,
+    remaining,
+    reserve_call,
+    resolve,
+    svc_block,
+)
+from gateway.provider_errors import map_provider_error
+from gateway.providers.base import ProviderError
+from gateway.settlement import Ending
+from gateway.streaming import ChatFormat, ResponsesFormat, start_stream
+
+Parser = Callable[[dict[str, Any], int], ChatCall]
+
+
+async def _serve(endpoint: str, parse: Parser) -> Response:
+    record = authenticate()
+    require_scope(record, "inference")
+    call = await open_call(runtime(), record, request_id(), endpoint)
+    try:
+        return await _walk(call, parse)
+    finally:
+        if not call.handed_off:
+            ending = Ending.OTHER if call.provider_called else Ending.NOT_CALLED
+            await call.finish(ending)
+
+
+async def _walk(call: Call, parse: Parser) -> Response:
+    record = call.record
+    body = await read_json_object()
+    call.tags = collect_tags(
+        request.headers.get("X-Svc-Tags"), body, record.default_tags, record.required_tags
+    )
+    chat = parse(body, record.caps.max_output_tokens)
+    call.stream = chat.stream
+    model = resolve(call, chat.model, "chat")
+    check_capabilities(chat, model)
+    upstream = {"messages": chat.messages, "max_tokens": chat.max_tokens, **chat.params}
+    if chat.stream:
+        upstream["stream"] = True
+        upstream["stream_options"] = {"include_usage": True}
+    await reserve_call(call, estimate_prompt_tokens(upstream), chat.max_tokens)
+    preq = provider_request(call, upstream)
+    assert call.provider is not None
+    ignored = call.provider.ignored_parameters(upstream)
+    if chat.stream:
+        fmt = (
+            ChatFormat(model.id, chat.include_usage)
+            if call.endpoint == "chat"
+            else ResponsesFormat(ResponseStreamTranslator(chat, response_id(call)))
+        )
+        return await start_stream(call, preq, fmt)
+    call.provider_called = True
+    try:
+        with trio.move_on_after(remaining(call)) as scope:
+            result = await call.provider.complete(preq)
+    except ProviderError as exc:
+        error, ending = map_provider_error(exc, byok=record.byok)
+        await call.finish(ending, usage=exc.usage, http_status=error.status, error_code=error.code)
+        raise error from None
+    if scope.cancelled_caught:
+        await call.finish(Ending.OTHER, http_status=504, error_code="request_timeout")
+        raise GatewayError("request_timeout", "The call ran out of time; retry with stream true.")
+    await call.finish(Ending.USAGE if result.usage else Ending.OTHER, usage=result.usage)
+    completion = {**result.completion, "model": model.id}
+    if call.endpoint == "responses":
+        answer = chat_to_response(completion, chat, response_id(call))
+    else:
+        answer = completion
+    answer["svc"] = svc_block(call, ignored)
+    return json_response(answer)
+
+
+def response_id(call: Call) -> str:
+    """The Responses API id of a call: its request id under the resp_ prefix."""
+    return "resp_" + call.request_id.removeprefix("req_")
+
+
+async def chat_completions() -> Response:
+    return await _serve("chat", parse_chat)
+
+
+async def responses() -> Response:
+    return await _serve("responses", parse_responses)
+
+
+def register(app: Quart) -> None:
+    app.add_url_rule("/v1/chat/completions", "chat", chat_completions, methods=["POST"])
+    app.add_url_rule("/v1/responses", "responses", responses, methods=["POST"])

@@ -1,0 +1,66 @@
+"""POST /v1/embeddings: the one served embedding model; every failure counts nothing."""
+
+from __future__ import annotations
+
+import trio
+from quart import Quart, Response, request
+
+from gateway.auth import authenticate, require_scope
+from gateway.calls.embeddings import parse_embeddings
+from gateway.calls.tags import collect_tags
+from gateway.errors import GatewayError
+from gateway.estimate import estimate_embedding_tokens
+from gateway.http import json_response, read_json_object, request_id, runtime
+from gateway.pipeline import open_call, remaining, reserve_call, resolve
+from gateway.provider_errors import map_provider_error
+from gateway.providers.base import ProviderError, embedding_response
+from gateway.settlement import Ending
+
+
+async def embeddings() -> Response:
+    record = authenticate()
+    require_scope(record, "embeddings")
+    rt = runtime()
+    call = await open_call(rt, record, request_id(), "embeddings")
+    try:
+        body = await read_json_object()
+        call.tags = collect_tags(
+            request.headers.get("X-Svc-Tags"), body, record.default_tags, record.required_tags
+        )
+        served = rt.catalog.embedding_model()
+        parsed = parse_embeddings(body, served.id if served else None)
+        model = resolve(call, parsed.model, "embedding")
+        await reserve_call(call, estimate_embedding_tokens(parsed.inputs), 0)
+        assert call.provider is not None
+        call.provider_called = True
+        try:
+            with trio.move_on_after(remaining(call)) as scope:
+                result = await call.provider.embed(
+                    model.config.upstream_id,
+                    parsed.inputs,
+                    parsed.dimensions,
+                    rt.provider_key(record, model),
+                )
+        except ProviderError as exc:
+            # on embeddings every failure releases the reservation and counts nothing
+            error, _ = map_provider_error(exc, byok=record.byok)
+            await call.finish(
+                Ending.PROVIDER_REFUSED, http_status=error.status, error_code=error.code
+            )
+            raise error from None
+        if scope.cancelled_caught:
+            await call.finish(
+                Ending.PROVIDER_REFUSED, http_status=504, error_code="request_timeout"
+            )
+            raise GatewayError("request_timeout", "The call ran out of time.")
+        await call.finish(Ending.USAGE, usage=result.usage)
+        answer = embedding_response(result, model.id, parsed.encoding_format)
+        answer["svc"] = {"request_id": call.request_id}
+        return json_response(answer)
+    finally:
+        # a cancelled or refused embeddings call counts nothing either
+        await call.finish(Ending.NOT_CALLED)
+
+
+def register(app: Quart) -> None:
+    app.add_url_rule("/v1/embeddings", "embeddings", embeddings, methods=["POST"])

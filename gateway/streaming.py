@@ -1,0 +1,264 @@
+"""Streamed model calls: a pump task per stream, and the server-sent-events body.
+
+    provider stream ──► pump (root nursery, deadline) ──► bounded channel ──► SSE body ──► client
+                        owns settlement                                     keep-alives
+
+Why a separate task: the body must send ``: keep-alive`` every 15 s while the provider
+is silent, and an HTTP read cannot be cancelled for a keep-alive and resumed. So the
+pump reads the provider and the body waits on the channel with a keep-alive timeout
+(each wait its own cancel scope: no scope is held across a ``yield``, PEP 789).
+
+Ownership: once handed to the pump, the call's slot and reservation are the pump's to
+settle, exactly once, whatever happens:
+
+- the provider finishes: settle from usage, then send the usage chunk and the end;
+- the provider fails: settle per the table, then an in-band error (or, when nothing
+  was sent yet, the handler answers with a plain HTTP error);
+- the deadline passes: settle, then the in-band request_timeout error;
+- the client goes away: the body cancels the pump's scope at once; the pump settles.
+
+The pump never raises: an exception escaping it would cancel the root nursery.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+import trio
+from quart import Response
+
+from gateway.calls.translate import ResponseStreamTranslator
+from gateway.errors import GatewayError, in_band
+from gateway.pipeline import Call
+from gateway.provider_errors import map_provider_error
+from gateway.providers.base import ProviderError, ProviderRequest, Usage
+from gateway.settlement import Ending
+
+log = logging.getLogger("gateway.streaming")
+
+KEEPALIVE = b": keep-alive\n\n"
+DONE = b"data: [DONE]\n\n"
+BUFFER = 64
+FINAL_SEND_S = 5.0
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+class StreamFormat(Protocol):
+    """How one endpoint writes a stream: chat chunks, or Responses events."""
+
+    def chunk(self, chunk: dict[str, Any]) -> list[bytes]: ...
+
+    def finish(self, usage_chunk: dict[str, Any] | None) -> list[bytes]: ...
+
+    def error(self, error: GatewayError) -> list[bytes]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    data: bytes = b""
+    #: a failure before anything was sent: the handler answers it as an HTTP error
+    error: GatewayError | None = None
+
+
+def _usage(chunk: dict[str, Any]) -> Usage | None:
+    usage = chunk.get("usage")
+    if not isinstance(usage, dict):
+        return None
+    return Usage(
+        prompt_tokens=int(usage.get("prompt_tokens") or 0),
+        completion_tokens=int(usage.get("completion_tokens") or 0),
+    )
+
+
+async def pump(
+    call: Call,
+    request: ProviderRequest,
+    fmt: StreamFormat,
+    send: trio.MemorySendChannel[Frame],
+    scope: trio.CancelScope,
+) -> None:
+    usage: Usage | None = None
+    usage_chunk: dict[str, Any] | None = None
+    failure: GatewayError | None = None
+    produced = sent = False
+    ending = Ending.OTHER
+    call.provider_called = True
+    async with send:
+        try:
+            with scope:
+                try:
+                    assert call.provider is not None
+                    async for chunk in call.provider.stream(request):
+                        if chunk.get("usage"):
+                            usage, usage_chunk = _usage(chunk), chunk
+                        if not chunk.get("choices"):
+                            continue
+                        produced = True
+                        for frame in fmt.chunk(chunk):
+                            await send.send(Frame(frame))
+                            sent = True
+                except ProviderError as exc:
+                    failure, ending = map_provider_error(exc, byok=call.record.byok)
+                    usage = usage or exc.usage
+                    if produced and ending is not Ending.USAGE:
+                        ending = Ending.OTHER
+            if scope.cancelled_caught and not call.client_gone:
+                failure = GatewayError("request_timeout", "The call reached its time limit.")
+            if failure is None or scope.cancelled_caught:
+                ending = Ending.USAGE if usage is not None else Ending.OTHER
+        except trio.BrokenResourceError:
+            call.client_gone = True
+            ending = Ending.USAGE if usage is not None else Ending.OTHER
+        except Exception:
+            log.exception("stream pump failed")
+            failure = GatewayError("service_unavailable", "The stream failed.")
+            ending = Ending.USAGE if usage is not None else Ending.OTHER
+        await call.finish(
+            ending,
+            usage=usage,
+            http_status=failure.status if failure and not sent else 200,
+            error_code=failure.code if failure else None,
+        )
+        if call.client_gone:
+            return
+        frames = (
+            [Frame(error=failure)]
+            if failure and not sent
+            else [Frame(f) for f in (fmt.error(failure) if failure else fmt.finish(usage_chunk))]
+        )
+        with trio.move_on_after(FINAL_SEND_S):
+            try:
+                for frame in frames:
+                    await send.send(frame)
+            except trio.BrokenResourceError:
+                pass
+
+
+async def _body(
+    call: Call,
+    receive: trio.MemoryReceiveChannel[Frame],
+    fmt: StreamFormat,
+    scope: trio.CancelScope,
+    first: list[Frame],
+) -> AsyncIterator[bytes]:
+    keepalive = call.runtime.config.server.keepalive_s
+    ended = False
+    try:
+        for frame in first:
+            for data in _frame_bytes(frame, fmt):
+                yield data
+        while True:
+            frame = None
+            with trio.move_on_after(keepalive):
+                try:
+                    frame = await receive.receive()
+                except trio.EndOfChannel:
+                    ended = True
+                    return
+            if frame is None:
+                yield KEEPALIVE
+                continue
+            for data in _frame_bytes(frame, fmt):
+                yield data
+    finally:
+        if not ended:
+            call.client_gone = True
+            scope.cancel()
+        receive.close()
+
+
+def _frame_bytes(frame: Frame, fmt: StreamFormat) -> list[bytes]:
+    return fmt.error(frame.error) if frame.error is not None else [frame.data]
+
+
+async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) -> Response:
+    """Hand the call to a pump and answer with the event stream.
+
+    Waits up to one keep-alive interval for the first frame, so that a refusal that
+    comes before anything is produced is answered with its real HTTP status.
+    """
+    runtime = call.runtime
+    assert runtime.nursery is not None
+    send, receive = trio.open_memory_channel[Frame](BUFFER)
+    scope = trio.CancelScope(deadline=call.deadline)
+    call.handed_off = True
+    runtime.nursery.start_soon(pump, call, request, fmt, send, scope)
+    first: list[Frame] = []
+    try:
+        with trio.move_on_after(runtime.config.server.keepalive_s), suppress(trio.EndOfChannel):
+            first.append(await receive.receive())
+    except BaseException:
+        call.client_gone = True
+        scope.cancel()
+        receive.close()
+        raise
+    if first and first[0].error is not None:
+        receive.close()
+        raise first[0].error
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return Response(
+        _body(call, receive, fmt, scope, first),
+        status=200,
+        headers=headers,
+        content_type="text/event-stream",
+    )
+
+
+class ChatFormat:
+    """OpenAI chat.completion.chunk events, ``[DONE]``; usage chunk only when asked for."""
+
+    def __init__(self, model_id: str, include_usage: bool) -> None:
+        self.model_id = model_id
+        self.include_usage = include_usage
+
+    def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
+        return [sse({**chunk, "model": self.model_id})]
+
+    def finish(self, usage_chunk: dict[str, Any] | None) -> list[bytes]:
+        frames = []
+        if self.include_usage and usage_chunk is not None:
+            frames.append(sse({**usage_chunk, "model": self.model_id, "choices": []}))
+        frames.append(DONE)
+        return frames
+
+    def error(self, error: GatewayError) -> list[bytes]:
+        return [sse({"error": in_band(error)}), DONE]
+
+
+class ResponsesFormat:
+    """Responses API events (``event:`` + ``data:``), translated from chat chunks."""
+
+    def __init__(self, translator: ResponseStreamTranslator) -> None:
+        self.translator = translator
+        self.started = False
+
+    def _start(self) -> list[dict[str, Any]]:
+        if self.started:
+            return []
+        self.started = True
+        return self.translator.start()
+
+    def _frames(self, events: list[dict[str, Any]]) -> list[bytes]:
+        return [sse(event, event["type"]) for event in events]
+
+    def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
+        return self._frames(self._start() + self.translator.feed(chunk))
+
+    def finish(self, usage_chunk: dict[str, Any] | None) -> list[bytes]:
+        events = self._start()
+        if usage_chunk is not None:
+            events += self.translator.feed(usage_chunk)
+        return self._frames(events + self.translator.finish())
+
+    def error(self, error: GatewayError) -> list[bytes]:
+        failed = self.translator.failed(error.code, error.message or error.spec.message)
+        return self._frames([*self._start(), failed])

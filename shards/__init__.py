@@ -1,0 +1,87 @@
+"""Key shards: the actors that own all per-key admission state of svc-gateway.
+
+A pure actor library (stdlib + trio; it imports nothing from ``gateway``). A
+request handler talks to it in three steps of the request walk::
+
+    pool = ShardPool(n_shards=16)
+    await nursery.start(pool.run)
+
+    adm = await pool.admit(AdmitRequest(...))       # 3: rpm, org/platform rpm, slot
+    res = await pool.reserve(ReserveRequest(...))   # 8: tpm, spend caps, credits
+    ...                                             # 9: call the provider
+    await pool.settle(SettleRequest(...))           # 10: release, post or void
+
+Where to read next: :mod:`shards.pool` (routing, supervision, the API),
+:mod:`shards.actor` (mailbox, one-shot replies, abandonment),
+:mod:`shards.state` (admission and settlement rules), :mod:`shards.org`
+(organisation accounts and the atomicity invariant), :mod:`shards.windows`
+(clock minute, UTC day and month), :mod:`shards.messages` (the vocabulary).
+
+Money is integer nano-USD (:data:`NANOS_PER_USD`), tokens are ints, ``None``
+limits mean unlimited.
+"""
+
+from .actor import ShardUnavailable
+from .clock import Clock, FakeClock, NonDecreasingClock, SystemClock
+from .messages import (
+    BUDGET_EXCEEDED,
+    INSUFFICIENT_CREDITS,
+    KEY_CAP_EXCEEDED,
+    NANOS_PER_USD,
+    RATE_LIMITED,
+    TOO_MANY_IN_FLIGHT,
+    Admission,
+    AdmitRequest,
+    KeyStatus,
+    KeyStatusRequest,
+    Reservation,
+    ReserveRefusal,
+    ReserveRequest,
+    SettleRequest,
+    SpendWindow,
+)
+from .org import OrgSnapshot
+from .pool import PoolStatistics, ShardPool, shard_index
+from .windows import (
+    day_resets_at,
+    day_window,
+    minute_resets_at,
+    minute_window,
+    month_resets_at,
+    month_window,
+    seconds_until_minute_reset,
+)
+
+__all__ = [
+    "BUDGET_EXCEEDED",
+    "INSUFFICIENT_CREDITS",
+    "KEY_CAP_EXCEEDED",
+    "NANOS_PER_USD",
+    "RATE_LIMITED",
+    "TOO_MANY_IN_FLIGHT",
+    "Admission",
+    "AdmitRequest",
+    "Clock",
+    "FakeClock",
+    "KeyStatus",
+    "KeyStatusRequest",
+    "NonDecreasingClock",
+    "OrgSnapshot",
+    "PoolStatistics",
+    "Reservation",
+    "ReserveRefusal",
+    "ReserveRequest",
+    "SettleRequest",
+    "ShardPool",
+    "ShardUnavailable",
+    "SpendWindow",
+    "SystemClock",
+    "day_resets_at",
+    "day_window",
+    "minute_resets_at",
+    "minute_window",
+    "month_resets_at",
+    "month_window",
+    "seconds_until_minute_reset",
+    "shard_index",
+]

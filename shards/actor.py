@@ -1,0 +1,335 @@
+"""One shard actor: a bounded mailbox, a run loop, and one-shot replies.
+
+The round trip of a call (handler side → actor → handler side)
+----------------------------------------------------------------
+1. The caller wraps its frozen message in a :class:`ReplySlot` (a one-shot reply:
+   a handful of slots, no channel or Event per call) and puts it in the shard's
+   bounded ``trio.open_memory_channel(queue_size)``: ``send_nowait`` when there
+   is room, else ``await send`` (back-pressure).
+2. The caller parks on the slot (``wait_task_rescheduled``) under a deadline of
+   ``reply_timeout_s``, counted from the start of the call.
+3. The actor takes slots in order. A slot whose caller gave up is skipped. Else it
+   runs the synchronous handler for the message type (:class:`~shards.state.
+   ShardState`), stores the result (or the exception) in the slot and wakes the
+   caller.
+4. The caller returns the result, or raises :class:`ShardUnavailable` when the
+   deadline passed, the shard is closed, or the handler failed.
+
+Why no effect is left behind for a caller that gave up: trio runs one task at a
+time. When the caller's wait is cancelled (its deadline, or its own cancellation),
+trio asks the slot's abort callback, which marks the slot ``abandoned``; trio only
+asks while the actor has not woken the caller, i.e. has not applied the message.
+The actor checks the flag before applying. If the actor answered first, the call
+returns normally and the caller owns the effect (a slot, a reservation).
+If cancellation hits while the caller waits for room in a full mailbox, the
+message was never queued.
+
+Settlements are must-deliver: queued even if the caller is being cancelled
+(shielded), never marked abandoned. If the reply is late the caller gets
+:class:`ShardUnavailable`, yet the settlement stays queued and will be applied.
+
+Supervision: an exception raised while handling one message is logged on logger
+``"shards"`` and sent back to that caller (who raises ``ShardUnavailable``); the
+actor keeps serving. An exception in the loop itself propagates out of
+:meth:`Shard.run` and tears down the pool's nursery: the process fails loudly
+instead of answering from a dead actor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import trio
+from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
+
+from .messages import (
+    AdmitRequest,
+    KeyStatusRequest,
+    Message,
+    ReserveRequest,
+    SettleRequest,
+)
+from .state import ShardState
+
+__all__ = ["ReplySlot", "Shard", "ShardUnavailable"]
+
+logger = logging.getLogger("shards")
+
+#: messages handled in a row before the actor yields to other tasks
+_BATCH = 128
+
+
+class ShardUnavailable(Exception):
+    """A shard could not answer in time (or failed): answer 503 admission_unavailable.
+
+    Nothing was applied for the call, except for a late settlement, which stays
+    queued and is applied later.
+    """
+
+
+class ReplySlot:
+    """A one-shot reply between one caller and the actor (single-threaded, no locks).
+
+    ``waiting`` is True exactly while the caller is parked in
+    ``wait_task_rescheduled`` on this slot; whoever wakes it (the actor's
+    :meth:`reply`, the :class:`Watchdog`'s :meth:`expire`, or trio's abort
+    callback) clears it first, so the caller is woken exactly once.
+    """
+
+    __slots__ = (
+        "abandoned",
+        "born",
+        "done",
+        "error",
+        "message",
+        "must_deliver",
+        "result",
+        "task",
+        "waiting",
+    )
+
+    def __init__(self, message: Message, must_deliver: bool = False) -> None:
+        self.message = message
+        self.must_deliver = must_deliver
+        self.task: Task | None = None
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = False
+        self.waiting = False
+        self.abandoned = False
+        self.born = 0
+
+    def reply(self, result: Any, error: BaseException | None) -> None:
+        """Actor side: store the answer and wake the caller if it waits."""
+        self.result = result
+        self.error = error
+        self.done = True
+        if self.waiting:
+            self.waiting = False
+            reschedule(self.task)  # type: ignore[arg-type]
+
+    def expire(self) -> None:
+        """Watchdog side: the deadline passed; wake the caller without an answer."""
+        if self.waiting:
+            self.waiting = False
+            if not self.must_deliver:
+                self.abandoned = True
+            reschedule(self.task)  # type: ignore[arg-type]
+
+    def abort_abandon(self, _raise_cancel: object) -> Abort:
+        """Cancelled before the actor replied: the actor must never apply it."""
+        self.waiting = False
+        self.abandoned = True
+        return Abort.SUCCEEDED
+
+    def abort_keep(self, _raise_cancel: object) -> Abort:
+        """Stop waiting, but the (must-deliver) message stays queued."""
+        self.waiting = False
+        return Abort.SUCCEEDED
+
+    def abort_refuse(self, _raise_cancel: object) -> Abort:
+        """Shield a must-deliver wait: keep waiting for the reply or the watchdog."""
+        return Abort.FAILED
+
+    def outcome(self) -> Any:
+        """The caller's view once the wait is over: the result, or raise."""
+        if not self.done:
+            raise ShardUnavailable("shard did not answer in time")
+        if self.error is not None:
+            raise ShardUnavailable(f"shard failed: {self.error!r}") from self.error
+        return self.result
+
+
+class Watchdog:
+    """Bounds every wait for a reply, without a cancel scope per call.
+
+    A trio cancel scope costs several microseconds to enter and leave, more than
+    the rest of a round trip. Instead, a parked caller registers its slot here with
+    the current tick; one task ticks every ``timeout / 4`` and wakes every slot that
+    has waited more than ``timeout`` (so a wait lasts at most 1.25 × ``timeout``).
+    While the watchdog is not running (before :meth:`ShardPool.run`), callers fall
+    back to a real cancel scope.
+    """
+
+    _TICKS = 4
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.period_s = timeout_s / self._TICKS
+        self.tick = 0
+        self.parked: set[ReplySlot] = set()
+        self.running = False
+        self.expired = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self.running = True
+        task_status.started()
+        try:
+            while True:
+                await trio.sleep(self.period_s)
+                self.tick += 1
+                oldest = self.tick - self._TICKS - 1
+                late = [slot for slot in self.parked if slot.born <= oldest]
+                for slot in late:
+                    self.parked.discard(slot)
+                    self.expired += 1
+                    slot.expire()
+        finally:
+            self.running = False
+            for slot in list(self.parked):
+                slot.expire()
+            self.parked.clear()
+
+
+class Shard:
+    """One actor task, its mailbox, and the state it alone mutates."""
+
+    def __init__(
+        self,
+        index: int,
+        state: ShardState,
+        queue_size: int,
+        watchdog: Watchdog,
+    ) -> None:
+        self.index = index
+        self.state = state
+        self.watchdog = watchdog
+        self.send_channel, self.receive_channel = trio.open_memory_channel[ReplySlot](queue_size)
+        self.handled = 0
+        self.failed = 0
+        self.skipped = 0
+        self.running = False
+        self._handlers: dict[type, Callable[[Any], Any]] = {
+            AdmitRequest: state.admit,
+            ReserveRequest: state.reserve,
+            SettleRequest: state.settle,
+            KeyStatusRequest: state.status,
+        }
+
+    # -- caller side --------------------------------------------------------------
+
+    async def call(self, message: Message) -> Any:
+        """Send ``message``, await the reply; ``ShardUnavailable`` on timeout.
+
+        If the caller is cancelled before the reply, the message is abandoned
+        (never applied) and the cancellation propagates.
+        """
+        slot = ReplySlot(message)
+        try:
+            self.send_channel.send_nowait(slot)
+        except trio.WouldBlock:
+            with trio.move_on_after(self.watchdog.timeout_s) as scope:
+                await self.send_channel.send(slot)
+            if scope.cancelled_caught:  # cancelled sends never enqueue
+                raise ShardUnavailable(f"shard {self.index} mailbox full") from None
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise ShardUnavailable(f"shard {self.index} is closed") from exc
+        if not slot.done:
+            watchdog = self.watchdog
+            slot.task = current_task()
+            slot.waiting = True
+            if watchdog.running:
+                slot.born = watchdog.tick
+                watchdog.parked.add(slot)
+                try:
+                    await wait_task_rescheduled(slot.abort_abandon)
+                finally:
+                    watchdog.parked.discard(slot)
+            else:
+                with trio.move_on_after(watchdog.timeout_s):
+                    await wait_task_rescheduled(slot.abort_abandon)
+        return slot.outcome()
+
+    async def call_must_deliver(self, message: Message) -> Any:
+        """Like :meth:`call`, but queued even under cancellation and never dropped.
+
+        The wait for the reply is shielded too (bounded by the timeout), so that
+        when this returns normally the settlement has been applied.
+        """
+        slot = ReplySlot(message, must_deliver=True)
+        try:
+            self.send_channel.send_nowait(slot)
+        except trio.WouldBlock:
+            with trio.CancelScope(shield=True):
+                await self.send_channel.send(slot)
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            raise ShardUnavailable(f"shard {self.index} is closed") from exc
+        if not slot.done:
+            watchdog = self.watchdog
+            slot.task = current_task()
+            slot.waiting = True
+            if watchdog.running:
+                slot.born = watchdog.tick
+                watchdog.parked.add(slot)
+                try:
+                    await wait_task_rescheduled(slot.abort_refuse)
+                finally:
+                    watchdog.parked.discard(slot)
+            else:
+                with trio.CancelScope(deadline=trio.current_time() + watchdog.timeout_s) as scope:
+                    scope.shield = True
+                    await wait_task_rescheduled(slot.abort_keep)
+        if not slot.done:
+            logger.warning("shard %d: settlement queued but not confirmed in time", self.index)
+        return slot.outcome()
+
+    # -- actor side ---------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """The actor loop: take slots in order, apply, reply. Runs until cancelled."""
+        if self.running:
+            raise RuntimeError(f"shard {self.index} is already running")
+        self.running = True
+        receive = self.receive_channel
+        handlers = self._handlers
+        task_status.started()
+        try:
+            in_a_row = 0
+            while True:
+                try:
+                    slot = receive.receive_nowait()
+                except trio.WouldBlock:
+                    in_a_row = 0
+                    slot = await receive.receive()
+                if slot.abandoned:
+                    self.skipped += 1
+                    continue
+                message = slot.message
+                try:
+                    result = handlers[type(message)](message)
+                except Exception as exc:
+                    self.failed += 1
+                    logger.exception(
+                        "shard %d failed handling %s", self.index, type(message).__name__
+                    )
+                    slot.reply(None, exc)
+                else:
+                    self.handled += 1
+                    slot.reply(result, None)
+                # Draining a full mailbox never yields on its own: let others run.
+                in_a_row += 1
+                if in_a_row >= _BATCH:
+                    in_a_row = 0
+                    await trio.lowlevel.checkpoint()
+        except trio.EndOfChannel:
+            return
+        finally:
+            self.running = False
+            self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        """On shutdown, answer every queued caller instead of leaving it to time out."""
+        while True:
+            try:
+                slot = self.receive_channel.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return
+            if not slot.abandoned:
+                if slot.must_deliver:
+                    logger.error("shard %d stopped with a settlement queued", self.index)
+                slot.reply(None, ShardUnavailable("shard stopped"))
+
+    def queue_length(self) -> int:
+        return self.send_channel.statistics().current_buffer_used

@@ -1,0 +1,383 @@
+"""The admission state of one shard, and the synchronous steps that change it.
+
+A :class:`ShardState` owns the :class:`KeyState` of every key whose family maps to
+its shard (a sub-key always sits beside its parent), the reservations still pending
+there, and a reference to the pool-wide :class:`~shards.org.OrgBook`. Its methods
+are plain synchronous functions: the shard actor calls them one message at a time,
+and none of them awaits, so each check-then-update is atomic under trio.
+
+Admission (step 3, :meth:`ShardState.admit`)
+--------------------------------------------
+1. Count the request in the key's clock-minute window, always (refused ones too).
+   Count > rpm → ``rate_limited`` (scope key), Retry-After = rest of the minute.
+2. Count it in the org's and the platform's minute windows; over ``org_rpm`` or the
+   platform rpm → ``rate_limited`` (scope org/platform), Retry-After 60.
+3. A model call (``take_slot``) needs ``in_flight < max_in_flight``, else
+   ``too_many_in_flight``, Retry-After 5; otherwise it takes the slot.
+
+Reservation (step 8, :meth:`ShardState.reserve`)
+------------------------------------------------
+1. Add the worst-case tokens to the key's minute window, always; over tpm →
+   ``rate_limited`` (the tokens stay counted, never corrected).
+2. Check ``posted + pending + cost <= cap`` on the key's day and month windows,
+   then the parent's day and month (a parent's windows hold the whole family's
+   spend) → ``key_cap_exceeded``.
+3. Check the org: credits (``debited + pending + org_cost <= credits``) when asked,
+   then the monthly budget → ``insufficient_credits`` / ``budget_exceeded``.
+4. Only when every check passed, add the pending amounts everywhere and record the
+   :class:`~shards.messages.Reservation`. A refusal leaves nothing pending.
+
+Settlement (step 10, :meth:`ShardState.settle`)
+-----------------------------------------------
+Release the slot, then resolve the reservation exactly once, like a two-phase
+pending transfer: the pending amount leaves every account and ``cap_amount`` (key,
+parent) / ``billed_amount`` (org) is posted; the rest is released. Zero and zero is
+a void. The reservation is looked up by id and removed, so a second settle of the
+same id changes nothing. Posted amounts are clamped to what was reserved. If a
+day or month window rolled over in between, that window's pending is already gone
+with the old window, and the amount is not posted to the new one: spend belongs to
+the day (month) it was reserved in.
+
+Hence, for every key, parent and org, at every instant: posted + pending ≤ limit
+(unless a limit was lowered, or spend loaded at start-up was already over it).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+
+from .clock import Clock
+from .messages import (
+    BUDGET_EXCEEDED,
+    INSUFFICIENT_CREDITS,
+    KEY_CAP_EXCEEDED,
+    RATE_LIMITED,
+    TOO_MANY_IN_FLIGHT,
+    Admission,
+    AdmitRequest,
+    KeyStatus,
+    KeyStatusRequest,
+    Reservation,
+    ReserveRefusal,
+    ReserveRequest,
+    SettleRequest,
+    SpendWindow,
+)
+from .org import OrgBook
+from .windows import DAY_S, MINUTE_S, month_of_day, month_resets_at
+
+__all__ = ["KeyState", "ShardState"]
+
+logger = logging.getLogger("shards")
+
+_ORG_RETRY_AFTER = 60
+_IN_FLIGHT_RETRY_AFTER = 5
+
+
+class KeyState:
+    """Mutable windows of one key. Idle, it costs about a hundred bytes."""
+
+    __slots__ = (
+        "day",
+        "day_pending",
+        "day_posted",
+        "in_flight",
+        "minute",
+        "month",
+        "month_pending",
+        "month_posted",
+        "requests",
+        "tokens",
+    )
+
+    def __init__(self) -> None:
+        self.minute = -1
+        self.requests = 0
+        self.tokens = 0
+        self.in_flight = 0
+        self.day = -1
+        self.day_posted = 0
+        self.day_pending = 0
+        self.month = -1
+        self.month_posted = 0
+        self.month_pending = 0
+
+    def roll_spend(self, day: int, month: int) -> None:
+        """Open the day/month windows containing now, dropping older ones."""
+        if day > self.day:
+            self.day = day
+            self.day_posted = 0
+            self.day_pending = 0
+        if month > self.month:
+            self.month = month
+            self.month_posted = 0
+            self.month_pending = 0
+
+    def over_cap(self, cost: int, usd_day: int | None, usd_month: int | None) -> str:
+        """Name of the first spend cap that ``cost`` would break, or ""."""
+        if usd_day is not None and self.day_posted + self.day_pending + cost > usd_day:
+            return "usd_day"
+        if usd_month is not None and self.month_posted + self.month_pending + cost > usd_month:
+            return "usd_month"
+        return ""
+
+    def resolve(self, res: Reservation, reserved: int, posted: int) -> None:
+        """Move ``reserved`` out of pending and post ``posted``, per window."""
+        if self.day == res.day:
+            self.day_pending -= reserved
+            self.day_posted += posted
+        if self.month == res.month:
+            self.month_pending -= reserved
+            self.month_posted += posted
+
+
+_IDLE = KeyState()
+
+
+class ShardState:
+    """All keys of one shard. Methods are synchronous: see the module docstring."""
+
+    def __init__(
+        self, clock: Clock, orgs: OrgBook, ids: itertools.count[int] | None = None
+    ) -> None:
+        self._clock = clock
+        self.orgs = orgs
+        self.keys: dict[str, KeyState] = {}
+        #: reservation id → reservation, while pending
+        self.pending: dict[int, Reservation] = {}
+        self._ids = ids if ids is not None else itertools.count(1)
+
+    def key(self, key_id: str) -> KeyState:
+        """The key's state, created on first use."""
+        state = self.keys.get(key_id)
+        if state is None:
+            state = self.keys[key_id] = KeyState()
+        return state
+
+    # -- step 3 -----------------------------------------------------------------
+
+    def admit(self, req: AdmitRequest) -> Admission:
+        t = self._clock.now()
+        minute = int(t // MINUTE_S)
+        key = self.key(req.key_id)
+        if minute > key.minute:
+            key.minute = minute
+            key.requests = 0
+            key.tokens = 0
+        key.requests = count = key.requests + 1
+        rpm = req.rpm
+        reset = max(1, math.ceil((minute + 1) * MINUTE_S - t))
+        remaining = rpm - count if count < rpm else 0
+        if count > rpm:
+            return Admission(
+                ok=False,
+                code=RATE_LIMITED,
+                retry_after=reset,
+                scope="key",
+                limit_requests=rpm,
+                remaining_requests=remaining,
+                reset_requests_s=reset,
+                slot_taken=False,
+            )
+        org_count = self.orgs.get(req.org_id).count_request(minute)
+        platform_count = self.orgs.count_platform_request(minute)
+        scope = None
+        if req.org_rpm is not None and org_count > req.org_rpm:
+            scope = "org"
+        elif (cap := self.orgs.platform_rpm) is not None and platform_count > cap:
+            scope = "platform"
+        if scope is not None:
+            return Admission(
+                ok=False,
+                code=RATE_LIMITED,
+                retry_after=_ORG_RETRY_AFTER,
+                scope=scope,
+                limit_requests=rpm,
+                remaining_requests=remaining,
+                reset_requests_s=reset,
+                slot_taken=False,
+            )
+        if req.take_slot:
+            if key.in_flight >= req.max_in_flight:
+                return Admission(
+                    ok=False,
+                    code=TOO_MANY_IN_FLIGHT,
+                    retry_after=_IN_FLIGHT_RETRY_AFTER,
+                    scope="key",
+                    limit_requests=rpm,
+                    remaining_requests=remaining,
+                    reset_requests_s=reset,
+                    slot_taken=False,
+                )
+            key.in_flight += 1
+        return Admission(
+            ok=True,
+            code=None,
+            retry_after=None,
+            scope=None,
+            limit_requests=rpm,
+            remaining_requests=remaining,
+            reset_requests_s=reset,
+            slot_taken=req.take_slot,
+        )
+
+    # -- step 8 -----------------------------------------------------------------
+
+    def reserve(self, req: ReserveRequest) -> Reservation | ReserveRefusal:
+        cost, org_cost, tokens = req.cost, req.org_cost, req.tokens
+        if cost < 0 or org_cost < 0 or tokens < 0:
+            raise ValueError(f"negative amount in {req!r}")
+        if req.parent_id == req.key_id:
+            raise ValueError(f"key {req.key_id!r} is its own parent")
+        t = self._clock.now()
+        minute = int(t // MINUTE_S)
+        key = self.key(req.key_id)
+        if minute > key.minute:
+            key.minute = minute
+            key.requests = 0
+            key.tokens = 0
+        key.tokens += tokens
+        if req.tpm is not None and key.tokens > req.tpm:
+            retry = max(1, math.ceil((minute + 1) * MINUTE_S - t))
+            return ReserveRefusal(code=RATE_LIMITED, scope="key", limit="tpm", retry_after=retry)
+        day = int(t // DAY_S)
+        month = month_of_day(day)
+        key.roll_spend(day, month)
+        if over := key.over_cap(cost, req.key_usd_day, req.key_usd_month):
+            return ReserveRefusal(code=KEY_CAP_EXCEEDED, scope="key", limit=over)
+        parent = None
+        if req.parent_id is not None:
+            parent = self.key(req.parent_id)
+            parent.roll_spend(day, month)
+            if over := parent.over_cap(cost, req.parent_usd_day, req.parent_usd_month):
+                return ReserveRefusal(code=KEY_CAP_EXCEEDED, scope="parent", limit=over)
+        org = self.orgs.get(req.org_id)
+        org.roll_month(month)
+        if req.check_credits and org.debited + org.pending + org_cost > org.credits:
+            return ReserveRefusal(code=INSUFFICIENT_CREDITS, scope="org", limit="credits")
+        if org.budget is not None and org.month_billed + org.month_pending + org_cost > org.budget:
+            return ReserveRefusal(code=BUDGET_EXCEEDED, scope="org", limit="budget_month")
+        # Every check passed: from here on nothing can refuse.
+        key.day_pending += cost
+        key.month_pending += cost
+        if parent is not None:
+            parent.day_pending += cost
+            parent.month_pending += cost
+        org.pending += org_cost
+        org.month_pending += org_cost
+        res = Reservation(
+            id=next(self._ids),
+            key_id=req.key_id,
+            family_id=req.family_id,
+            parent_id=req.parent_id,
+            org_id=req.org_id,
+            tokens=tokens,
+            key_nanos=cost,
+            parent_nanos=cost if parent is not None else 0,
+            org_nanos=org_cost,
+            day=day,
+            month=month,
+        )
+        self.pending[res.id] = res
+        return res
+
+    # -- step 10 ----------------------------------------------------------------
+
+    def settle(self, req: SettleRequest) -> None:
+        if req.slot_taken:
+            key = self.key(req.key_id)
+            if key.in_flight > 0:
+                key.in_flight -= 1
+            else:
+                logger.error("settle released a slot key %s did not hold", req.key_id)
+        if req.reservation is None:
+            return
+        res = self.pending.pop(req.reservation.id, None)
+        if res is None:
+            logger.debug("reservation %d already resolved", req.reservation.id)
+            return
+        cap = _clamp(req.cap_amount, res.key_nanos, res, "cap_amount")
+        billed = _clamp(req.billed_amount, res.org_nanos, res, "billed_amount")
+        t = self._clock.now()
+        day = int(t // DAY_S)
+        month = month_of_day(day)
+        key = self.key(res.key_id)
+        key.roll_spend(day, month)
+        key.resolve(res, res.key_nanos, cap)
+        if res.parent_id is not None:
+            parent = self.key(res.parent_id)
+            parent.roll_spend(day, month)
+            parent.resolve(res, res.parent_nanos, cap)
+        org = self.orgs.get(res.org_id)
+        org.pending -= res.org_nanos
+        org.debited += billed
+        org.roll_month(month)
+        if org.month == res.month:
+            org.month_pending -= res.org_nanos
+            org.month_billed += billed
+
+    # -- reads and loading ------------------------------------------------------
+
+    def status(self, req: KeyStatusRequest) -> KeyStatus:
+        t = self._clock.now()
+        minute = int(t // MINUTE_S)
+        day = int(t // DAY_S)
+        month = month_of_day(day)
+        key = self.keys.get(req.key_id, _IDLE)
+        fresh_minute = key.minute == minute
+        return KeyStatus(
+            key_id=req.key_id,
+            day=_window(
+                key.day_posted if key.day == day else 0,
+                key.day_pending if key.day == day else 0,
+                req.usd_day,
+                (day + 1) * DAY_S,
+            ),
+            month=_window(
+                key.month_posted if key.month == month else 0,
+                key.month_pending if key.month == month else 0,
+                req.usd_month,
+                month_resets_at(t),
+            ),
+            rpm=req.rpm,
+            requests_this_minute=key.requests if fresh_minute else 0,
+            tpm=req.tpm,
+            tokens_this_minute=key.tokens if fresh_minute else 0,
+            max_in_flight=req.max_in_flight,
+            in_flight=key.in_flight,
+            reset_requests_s=max(1, math.ceil((minute + 1) * MINUTE_S - t)),
+        )
+
+    def load_spend(self, key_id: str, day_spent: int, month_spent: int) -> None:
+        """Set the posted spend of the current day and month (start-up rebuild)."""
+        t = self._clock.now()
+        day = int(t // DAY_S)
+        key = self.key(key_id)
+        key.roll_spend(day, month_of_day(day))
+        key.day_posted = day_spent
+        key.month_posted = month_spent
+
+
+def _clamp(amount: int, reserved: int, res: Reservation, what: str) -> int:
+    if amount > reserved:
+        logger.warning(
+            "reservation %d: %s %d exceeds reserved %d; clamped",
+            res.id,
+            what,
+            amount,
+            reserved,
+        )
+        return reserved
+    if amount < 0:
+        logger.warning("reservation %d: negative %s %d; voided", res.id, what, amount)
+        return 0
+    return amount
+
+
+def _window(posted: int, pending: int, limit: int | None, resets: int) -> SpendWindow:
+    remaining = None if limit is None else max(0, limit - posted - pending)
+    return SpendWindow(
+        spent=posted, reserved=pending, limit=limit, remaining=remaining, resets_at=resets
+    )

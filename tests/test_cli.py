@@ -1,0 +1,320 @@
+"""The operator contract of DESIGN.md, end to end: real `svc-gateway` processes.
+
+A real `serve` subprocess on a loopback port chosen by the OS, a real SQLite file in a
+temp dir, the CLI verbs as separate processes talking to it over real HTTP, and plain
+httpx calls with the tokens the CLI hands out.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.procs import (
+    ADMIN_TOKEN,
+    Server,
+    assert_one_line_error,
+    base_env,
+    cli_json,
+    run_cli,
+    start_server,
+)
+
+# (verb words, a word its description must contain)
+VERBS: list[tuple[tuple[str, ...], str]] = [
+    (("serve",), r"run"),
+    (("org",), r"organi[sz]ation"),
+    (("org", "create"), r"create"),
+    (("org", "credits"), r"credit"),
+    (("org", "policy"), r"polic"),
+    (("org", "byok"), r"provider key|byok"),
+    (("key",), r"key"),
+    (("key", "create"), r"create"),
+    (("key", "rotate"), r"new key|rotat"),
+    (("key", "revoke"), r"revoke"),
+    (("key", "disable"), r"disable"),
+    (("key", "enable"), r"enable"),
+    (("key", "list"), r"list"),
+]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """One gateway with the admin API enabled, shared by the contract tests below."""
+    srv = start_server(tmp_path_factory.mktemp("cli-server"))
+    try:
+        yield srv
+    finally:
+        status = srv.stop(signal.SIGTERM)
+        assert status == 0, srv.stderr()
+
+
+def url_args(server: Server) -> tuple[str, ...]:
+    return ("--url", server.url)
+
+
+def new_org(server: Server, name: str = "acme", credits: str = "5") -> str:
+    data = cli_json("org", "create", name, "--credits", credits, *url_args(server))
+    assert isinstance(data["id"], str) and data["id"]
+    return data["id"]
+
+
+def new_key(server: Server, org_id: str, *extra: str) -> dict:
+    return cli_json(
+        "key", "create", "--org", org_id, "--name", "n", "--mode", "sandbox",
+        *extra, *url_args(server),
+    )  # fmt: skip
+
+
+def assert_invalid_key(server: Server, token: str) -> None:
+    response = server.get("/v1/key", token)
+    assert response.status_code == 401, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_api_key"
+    assert error["type"] == "authentication_error"
+    assert error["param"] is None
+
+
+# -- help -------------------------------------------------------------------------------
+
+
+def test_top_level_help_lists_the_verbs() -> None:
+    result = run_cli("--help")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("Usage:")
+    commands = result.stdout.split("Commands:", 1)[1]
+    for verb in ("serve", "org", "key"):
+        assert re.search(rf"^\s+{verb}\s+\S", commands, re.M), result.stdout
+
+
+@pytest.mark.parametrize(("verb", "described"), VERBS, ids=[" ".join(v) for v, _ in VERBS])
+def test_every_verb_has_help(verb: tuple[str, ...], described: str) -> None:
+    result = run_cli(*verb, "--help")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("Usage:"), result.stdout
+    assert " ".join(verb) in lines[0], lines[0]
+    # a description paragraph between the usage line and the options
+    description = result.stdout.split("\n\n", 2)[1]
+    assert not description.lstrip().startswith("Options:"), result.stdout
+    assert re.search(described, description, re.I), description
+
+
+# -- the admin verbs against a running server ----------------------------------------------
+
+
+def test_demo_sandbox_key_printed_at_start_works(server: Server) -> None:
+    assert server.token is not None and server.token.startswith("svc_test_")
+    response = server.get("/v1/key", server.token)
+    assert response.status_code == 200, response.text
+    assert response.json()["mode"] == "sandbox"
+
+
+def test_org_verbs_print_one_json_object(server: Server, tmp_path: Path) -> None:
+    created = cli_json("org", "create", "acme", "--credits", "5", *url_args(server))
+    org_id = created["id"]
+    assert org_id
+    assert created["balance_usd"] == pytest.approx(5.0)
+
+    credits = cli_json("org", "credits", org_id, "--add", "2", *url_args(server))
+    assert credits["balance_usd"] == pytest.approx(7.0)
+
+    policy = {
+        "contract_blocked_models": ["gpt-4o"],
+        "max_cost_per_request_usd": 0.5,
+        "budget_usd_month": 100,
+        "org_rpm": 30,
+    }
+    policy_file = tmp_path / "p.json"
+    policy_file.write_text(json.dumps(policy))
+    echoed = cli_json("org", "policy", org_id, "--file", str(policy_file), *url_args(server))
+    assert echoed == policy
+
+    byok = cli_json(
+        "org", "byok", org_id, "--provider", "mock", "--api-key-env", "X", *url_args(server)
+    )
+    assert byok["provider"] == "mock"
+    assert byok["api_key_env"] == "X"
+
+
+def test_org_create_without_json_is_not_json(server: Server) -> None:
+    result = run_cli("org", "create", "plain", *url_args(server))
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^id: org_\S+$", result.stdout, re.M), result.stdout
+
+
+def test_key_create_disable_enable_list(server: Server) -> None:
+    org_id = new_org(server)
+    created = new_key(server, org_id, "--rpm", "5")
+    assert {"id", "prefix", "token"} <= created.keys()
+    token = created["token"]
+    assert token.startswith("svc_test_")
+    assert created["prefix"] == token.removeprefix("svc_test_").split("_", 1)[0]
+    assert created["status"] == "active"
+
+    response = server.get("/v1/key", token)
+    assert response.status_code == 200, response.text
+    assert response.json()["caps"]["rpm"] == 5
+    assert response.json()["id"] == created["id"]
+
+    disabled = cli_json("key", "disable", created["id"], *url_args(server))
+    assert disabled["status"] == "disabled"
+    assert_invalid_key(server, token)
+
+    enabled = cli_json("key", "enable", created["id"], *url_args(server))
+    assert enabled["status"] == "active"
+    assert server.get("/v1/key", token).status_code == 200
+
+    listed = cli_json("key", "list", "--org", org_id, *url_args(server))
+    assert [row["id"] for row in listed["data"]] == [created["id"]]
+    assert "token" not in listed["data"][0]
+
+
+def test_key_revoke_is_immediate_and_final(server: Server) -> None:
+    org_id = new_org(server)
+    created = new_key(server, org_id)
+    token = created["token"]
+    assert server.get("/v1/key", token).status_code == 200
+
+    revoked = cli_json("key", "revoke", created["id"], *url_args(server))
+    assert revoked["status"] == "revoked"
+    assert_invalid_key(server, token)
+
+    result = run_cli("key", "enable", created["id"], "--json", *url_args(server))
+    assert_one_line_error(result, "key_revoked")
+    assert result.stdout == ""
+    assert_invalid_key(server, token)
+
+    listed = cli_json("key", "list", "--org", org_id, *url_args(server))
+    assert [(row["id"], row["status"]) for row in listed["data"]] == [(created["id"], "revoked")]
+
+
+def test_key_rotate_gives_a_new_token_and_keeps_the_old(server: Server) -> None:
+    org_id = new_org(server)
+    old = new_key(server, org_id, "--rpm", "7")
+    new = cli_json("key", "rotate", old["id"], *url_args(server))
+    assert {"id", "prefix", "token"} <= new.keys()
+    assert new["id"] != old["id"]
+    assert new["token"] != old["token"]
+    assert new["token"].startswith("svc_test_")
+    # the family code (first six characters of the prefix) survives rotation
+    assert new["prefix"][:6] == old["prefix"][:6]
+
+    for token, key_id in ((old["token"], old["id"]), (new["token"], new["id"])):
+        response = server.get("/v1/key", token)
+        assert response.status_code == 200, response.text
+        assert response.json()["id"] == key_id
+        assert response.json()["caps"]["rpm"] == 7
+
+    listed = cli_json("key", "list", "--org", org_id, *url_args(server))
+    assert {row["id"] for row in listed["data"]} == {old["id"], new["id"]}
+
+
+def test_key_create_with_settings(server: Server) -> None:
+    org_id = new_org(server)
+    created = new_key(
+        server, org_id,
+        "--scopes", "inference,usage:read", "--usd-day", "1.5", "--tpm", "1000",
+        "--max-output-tokens", "256", "--allowed-models", "gpt-4o-mini",
+        "--required-tag", "team=a", "--default-tag", "env=ci", "--environment", "test",
+    )  # fmt: skip
+    response = server.get("/v1/key", created["token"])
+    assert response.status_code == 200, response.text
+    view = response.json()
+    assert view["scopes"] == ["inference", "usage:read"]
+    assert view["caps"]["usd_day"] == pytest.approx(1.5)
+    assert view["caps"]["tpm"] == 1000
+    assert view["caps"]["max_output_tokens"] == 256
+    assert view["allowed_model_keys"] == ["gpt-4o-mini"]
+    assert view["required_tags"] == {"team": "a"}
+    assert view["default_tags"] == {"env": "ci"}
+    assert view["environment"] == "test"
+
+
+def test_admin_refusals_are_one_line_errors(server: Server) -> None:
+    result = run_cli("org", "credits", "org_nope", "--add", "1", *url_args(server))
+    assert_one_line_error(result, "404", "org_nope")
+    result = run_cli(
+        "key", "create", "--org", "org_nope", "--name", "n", "--mode", "live", *url_args(server)
+    )
+    assert_one_line_error(result, "404")
+    wrong = base_env(admin_token="not-the-admin-token")
+    result = run_cli("key", "list", "--org", "x", *url_args(server), env=wrong)
+    assert_one_line_error(result, "401")
+    result = run_cli("key", "list", "--org", "x", *url_args(server), env=base_env(None))
+    assert_one_line_error(result, "SVC_ADMIN_TOKEN")
+
+
+# -- the server URL ----------------------------------------------------------------------
+
+
+def test_gateway_url_from_environment(server: Server) -> None:
+    env = base_env(SVC_GATEWAY_URL=server.url)
+    data = cli_json("org", "create", "from-env", env=env)
+    assert data["id"]
+    # the flag wins over the variable
+    env = base_env(SVC_GATEWAY_URL="http://127.0.0.1:1")
+    assert cli_json("org", "create", "from-flag", *url_args(server), env=env)["id"]
+    # and the variable really is what is used without the flag
+    result = run_cli("org", "create", "nowhere", env=env)
+    assert_one_line_error(result, "http://127.0.0.1:1")
+
+
+# -- server lifecycle -----------------------------------------------------------------------
+
+
+def test_admin_api_absent_without_admin_token(tmp_path: Path) -> None:
+    srv = start_server(tmp_path, env=base_env(admin_token=None))
+    try:
+        for method, path in (("POST", "/admin/orgs"), ("GET", "/admin/keys")):
+            with srv.client(ADMIN_TOKEN) as client:
+                response = client.request(method, path, json={"name": "x"})
+            assert response.status_code == 404, response.text
+        # the CLI (which has a token) says the admin API is not enabled there
+        result = run_cli("org", "create", "x", "--json", "--url", srv.url)
+        line = assert_one_line_error(result, "admin API is not enabled")
+        assert result.stdout == "", line
+        # the rest of the server works
+        assert srv.get("/v1/key", srv.token).status_code == 200
+    finally:
+        status = srv.stop(signal.SIGTERM)
+    assert status == 0, srv.stderr()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_graceful_shutdown_when_idle(tmp_path: Path, sig: signal.Signals) -> None:
+    srv = start_server(tmp_path)
+    assert srv.get("/v1/key", srv.token).status_code == 200
+    status = srv.stop(sig)
+    assert status == 0, srv.stderr()
+    assert "Traceback" not in srv.stderr()
+
+
+def test_restart_on_same_database_keeps_state(tmp_path: Path) -> None:
+    first = start_server(tmp_path)
+    try:
+        assert first.token is not None
+        org_id = new_org(first, "survivor")
+        made = new_key(first, org_id, "--rpm", "9")
+    finally:
+        assert first.stop() == 0, first.stderr()
+
+    second = start_server(tmp_path)
+    try:
+        assert second.token is None, second.stdout_lines
+        assert not any("svc_test_" in line for line in second.stdout_lines), second.stdout_lines
+        assert any("existing database" in line for line in second.stdout_lines)
+        assert any("key create" in line for line in second.stdout_lines)
+        assert second.get("/v1/key", first.token).status_code == 200
+        response = second.get("/v1/key", made["token"])
+        assert response.status_code == 200, response.text
+        assert response.json()["caps"]["rpm"] == 9
+        listed = cli_json("key", "list", "--org", org_id, "--url", second.url)
+        assert [row["id"] for row in listed["data"]] == [made["id"]]
+    finally:
+        assert second.stop() == 0, second.stderr()
