@@ -16,11 +16,12 @@ Measured:
 - latency with one caller: median and p99 of the whole walk, in µs;
 - throughput with 100 and with 1000 concurrent callers, in admissions/s;
 - each with 10 and with 100,000 keys loaded;
-- memory per idle key (tracemalloc, over 100,000 keys created through the pool);
-- for context, one bare round trip (admit only) and the same three steps run as
-  plain synchronous calls on the shard state (what the actor hop costs).
+- memory per idle key (tracemalloc, over 50,000 keys that each made one call);
+- for context, one trio scheduler pass, one bare round trip (admit only), and the
+  same three steps run as plain synchronous calls on the shard state (what the
+  actor hop costs).
 
-Total runtime is bounded (about 30 s on 2 cores).
+Total runtime is bounded: about 40 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import trio
@@ -55,9 +57,12 @@ from shards import (  # noqa: E402
 USD = NANOS_PER_USD
 ORG = "org_bench"
 SECTION = "## Admission (shards)"
-LATENCY_CALLS = 20_000
-THROUGHPUT_SECONDS = 3.0
+LATENCY_CALLS = 10_000
+THROUGHPUT_SECONDS = 1.2
+#: each latency and throughput figure is the best of this many rounds (the machine is shared)
+REPEATS = 3
 BIG = 100_000
+MEMORY_KEYS = 50_000
 
 
 def key_ids(n: int) -> list[tuple[str, str, str]]:
@@ -78,44 +83,45 @@ def new_pool(keys: list[tuple[str, str, str]]) -> ShardPool:
     return pool
 
 
+def admit_req(key: str, family: str) -> AdmitRequest:
+    return AdmitRequest(
+        key_id=key, family_id=family, org_id=ORG, rpm=1_000_000_000, max_in_flight=10_000
+    )
+
+
+def reserve_req(key: str, family: str, parent: str) -> ReserveRequest:
+    return ReserveRequest(
+        key_id=key, family_id=family, parent_id=parent, org_id=ORG, tokens=1_200,
+        tpm=None, cost=3_000_000, key_usd_day=10**6 * USD, key_usd_month=10**7 * USD,
+        parent_usd_day=10**7 * USD, parent_usd_month=10**8 * USD, org_cost=3_000_000,
+        check_credits=True,
+    )  # fmt: skip
+
+
+def settle_req(key: str, family: str, parent: str, res: Reservation) -> SettleRequest:
+    return SettleRequest(
+        key_id=key, family_id=family, parent_id=parent, org_id=ORG, slot_taken=True,
+        reservation=res, cap_amount=1_000_000, billed_amount=1_000_000,
+    )  # fmt: skip
+
+
 async def walk(pool: ShardPool, key: str, family: str, parent: str) -> None:
     """One admission: the three steps of a model call, as the gateway sends them."""
-    admission = await pool.admit(
-        AdmitRequest(
-            key_id=key, family_id=family, org_id=ORG, rpm=1_000_000_000, max_in_flight=10_000
-        )
-    )
+    admission = await pool.admit(admit_req(key, family))
     assert admission.ok
-    reservation = await pool.reserve(
-        ReserveRequest(
-            key_id=key,
-            family_id=family,
-            parent_id=parent,
-            org_id=ORG,
-            tokens=1_200,
-            tpm=None,
-            cost=3_000_000,
-            key_usd_day=10**6 * USD,
-            key_usd_month=10**7 * USD,
-            parent_usd_day=10**7 * USD,
-            parent_usd_month=10**8 * USD,
-            org_cost=3_000_000,
-            check_credits=True,
-        )
-    )
+    reservation = await pool.reserve(reserve_req(key, family, parent))
     assert isinstance(reservation, Reservation)
-    await pool.settle(
-        SettleRequest(
-            key_id=key,
-            family_id=family,
-            parent_id=parent,
-            org_id=ORG,
-            slot_taken=True,
-            reservation=reservation,
-            cap_amount=1_000_000,
-            billed_amount=1_000_000,
-        )
-    )
+    await pool.settle(settle_req(key, family, parent, reservation))
+
+
+def sync_walk(pool: ShardPool, key: str, family: str, parent: str) -> None:
+    """The three steps as plain calls on the owning shard's state (no actor, no await)."""
+    state = pool._shards[pool.shard_index(family)].state  # the handlers themselves
+    admission = state.admit(admit_req(key, family))
+    assert admission.ok
+    reservation = state.reserve(reserve_req(key, family, parent))
+    assert isinstance(reservation, Reservation)
+    state.settle(settle_req(key, family, parent, reservation))
 
 
 def percentile(sorted_ns: list[int], q: float) -> float:
@@ -123,27 +129,33 @@ def percentile(sorted_ns: list[int], q: float) -> float:
 
 
 async def latency(n_keys: int) -> tuple[float, float]:
+    """Best median and best p99 (µs) of ``REPEATS`` rounds of one caller."""
     keys = key_ids(n_keys)
     pool = new_pool(keys)
     rng = random.Random(1)
+    clock = time.perf_counter_ns
+    medians, p99s = [], []
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         for _ in range(2_000):  # warm up
             await walk(pool, *rng.choice(keys))
-        samples = []
-        clock = time.perf_counter_ns
-        picks = [rng.choice(keys) for _ in range(LATENCY_CALLS)]
-        gc.collect()
-        for key, family, parent in picks:
-            t0 = clock()
-            await walk(pool, key, family, parent)
-            samples.append(clock() - t0)
+        for _ in range(REPEATS):
+            picks = [rng.choice(keys) for _ in range(LATENCY_CALLS)]
+            samples = []
+            gc.collect()
+            for key, family, parent in picks:
+                t0 = clock()
+                await walk(pool, key, family, parent)
+                samples.append(clock() - t0)
+            samples.sort()
+            medians.append(statistics.median(samples) / 1_000)
+            p99s.append(percentile(samples, 0.99))
         nursery.cancel_scope.cancel()
-    samples.sort()
-    return statistics.median(samples) / 1_000, percentile(samples, 0.99)
+    return min(medians), min(p99s)
 
 
 async def throughput(n_keys: int, callers: int) -> float:
+    """Best of ``REPEATS`` rounds: admissions completed per second by ``callers`` tasks."""
     keys = key_ids(n_keys)
     pool = new_pool(keys)
     done = 0
@@ -156,103 +168,107 @@ async def throughput(n_keys: int, callers: int) -> float:
             await walk(pool, *rng.choice(keys))
             done += 1
 
-    async with trio.open_nursery() as nursery:
-        await nursery.start(pool.run)
-        stop_at = trio.current_time() + 0.5  # warm up
-        async with trio.open_nursery() as group:
-            for i in range(callers):
-                group.start_soon(caller, i)
+    async def round_(seconds: float) -> float:
+        nonlocal done, stop_at
         done = 0
         gc.collect()
         start = trio.current_time()
-        stop_at = start + THROUGHPUT_SECONDS
+        stop_at = start + seconds
         async with trio.open_nursery() as group:
             for i in range(callers):
                 group.start_soon(caller, i)
-        elapsed = trio.current_time() - start
+        return done / (trio.current_time() - start)
+
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        await round_(0.3)  # warm up
+        best = max([await round_(THROUGHPUT_SECONDS) for _ in range(REPEATS)])
         stats = pool.statistics()
         assert stats.failed == 0 and stats.timed_out == 0, stats
         nursery.cancel_scope.cancel()
-    return done / elapsed
+    return best
 
 
-async def bytes_per_idle_key() -> float:
-    """Memory the pool holds per key after one full admission, then idle."""
-    keys = key_ids(BIG)
-    pool = ShardPool(n_shards=16)
-    pool.set_org(ORG, 10**9 * USD, None)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(pool.run)
-        for key, family, parent in keys[:10]:  # create parents and warm caches first
-            await walk(pool, key, family, parent)
-        gc.collect()
-        tracemalloc.start()
-        before = tracemalloc.get_traced_memory()[0]
-        for key, family, parent in keys[10:]:
-            await walk(pool, key, family, parent)
-        gc.collect()
-        after = tracemalloc.get_traced_memory()[0]
-        tracemalloc.stop()
-        nursery.cancel_scope.cancel()
-    # parents are keys too: count them
-    created = sum(pool.statistics().keys_per_shard) - 10 - len({k[2] for k in keys[:10]})
+def bytes_per_idle_key(n_keys: int = MEMORY_KEYS) -> float:
+    """Memory the pool keeps per key once a key has made one call and gone idle.
+
+    The keys are walked through the shard handlers synchronously (the very code
+    the actors run, so the same objects are retained): tracemalloc slows every
+    allocation down, and the actor hop would only add transient ones.
+    """
+    keys = key_ids(n_keys)
+    pool = new_pool([])
+    for key, family, parent in keys[:10]:  # warm up caches, create the first family
+        sync_walk(pool, key, family, parent)
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for key, family, parent in keys[10:]:
+        sync_walk(pool, key, family, parent)
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    created = sum(pool.statistics().keys_per_shard) - 11  # sub-keys and parents alike
     return (after - before) / created
 
 
-async def bare_round_trip() -> float:
-    pool = new_pool(key_ids(10))
-    request = AdmitRequest(
-        key_id="key0000000", family_id="fam000000", org_id=ORG, rpm=10**9, max_in_flight=1,
-        take_slot=False,
-    )  # fmt: skip
-    async with trio.open_nursery() as nursery:
-        await nursery.start(pool.run)
-        samples = []
-        clock = time.perf_counter_ns
-        for _ in range(LATENCY_CALLS):
-            t0 = clock()
-            await pool.admit(request)
-            samples.append(clock() - t0)
-        nursery.cancel_scope.cancel()
-    return statistics.median(samples) / 1_000
-
-
-def synchronous_steps() -> float:
-    """The same three steps as direct calls on the shard state: no actor, no await."""
-    keys = key_ids(10)
-    pool = new_pool(keys)
-    state = pool._shards[pool.shard_index(keys[0][1])].state  # the handlers themselves
-    key, family, parent = keys[0]
+async def amedian_us(step: Callable[[], Awaitable[object]]) -> float:
+    """Median time of ``await step()`` over ``LATENCY_CALLS`` calls, in µs."""
     samples = []
     clock = time.perf_counter_ns
     for _ in range(LATENCY_CALLS):
         t0 = clock()
-        state.admit(
-            AdmitRequest(key_id=key, family_id=family, org_id=ORG, rpm=10**9, max_in_flight=10**4)
-        )
-        res = state.reserve(
-            ReserveRequest(
-                key_id=key, family_id=family, parent_id=parent, org_id=ORG, tokens=1_200,
-                cost=3_000_000, key_usd_day=10**6 * USD, key_usd_month=10**7 * USD,
-                parent_usd_day=10**7 * USD, parent_usd_month=10**8 * USD,
-                org_cost=3_000_000,
-            )
-        )  # fmt: skip
-        assert isinstance(res, Reservation)
-        state.settle(
-            SettleRequest(
-                key_id=key, family_id=family, parent_id=parent, org_id=ORG, slot_taken=True,
-                reservation=res, cap_amount=1_000_000, billed_amount=1_000_000,
-            )
-        )  # fmt: skip
+        await step()
         samples.append(clock() - t0)
     return statistics.median(samples) / 1_000
+
+
+async def bare_round_trip() -> float:
+    """One admit with a prebuilt request: a single round trip to an actor."""
+    pool = new_pool(key_ids(10))
+    key, family, _ = key_ids(1)[0]
+    request = AdmitRequest(
+        key_id=key, family_id=family, org_id=ORG, rpm=10**9, max_in_flight=1, take_slot=False
+    )
+    async with trio.open_nursery() as nursery:
+        await nursery.start(pool.run)
+        result = await amedian_us(lambda: pool.admit(request))
+        nursery.cancel_scope.cancel()
+    return result
+
+
+async def scheduler_pass() -> float:
+    """One ``await trio.lowlevel.checkpoint()``: one pass of trio's scheduler."""
+    return await amedian_us(trio.lowlevel.checkpoint)
+
+
+def synchronous_steps() -> float:
+    """Median of :func:`sync_walk`: what the three steps cost without the actor hop."""
+    pool = new_pool(key_ids(10))
+    key, family, parent = key_ids(1)[0]
+    samples = []
+    clock = time.perf_counter_ns
+    for _ in range(LATENCY_CALLS):
+        t0 = clock()
+        sync_walk(pool, key, family, parent)
+        samples.append(clock() - t0)
+    return statistics.median(samples) / 1_000
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
 
 
 def machine() -> str:
     u = platform.uname()
     return (
-        f"{os.cpu_count()} cores, {platform.processor() or u.machine}, "
+        f"{os.cpu_count()} cores, {cpu_model()} ({u.machine}), "
         f"{u.system} {u.release}, Python {platform.python_version()} "
         f"({platform.python_implementation()}), trio {trio.__version__}"
     )
@@ -263,15 +279,17 @@ def progress(what: str) -> None:
 
 
 def run_all() -> str:
+    load_before = os.getloadavg()[0]
     t_start = time.perf_counter()
     progress("latency, one caller")
     lat = {n: trio.run(latency, n) for n in (10, BIG)}
     progress("throughput, 100 and 1000 callers")
     tput = {(n, c): trio.run(throughput, n, c) for n in (10, BIG) for c in (100, 1000)}
     progress("memory per idle key")
-    per_key = trio.run(bytes_per_idle_key)
+    per_key = bytes_per_idle_key()
     progress("context")
     bare = trio.run(bare_round_trip)
+    one_pass = trio.run(scheduler_pass)
     sync = synchronous_steps()
     elapsed = time.perf_counter() - t_start
 
@@ -292,12 +310,16 @@ def run_all() -> str:
         "",
         "| context | value |",
         "|---|---|",
-        f"| memory per idle key (tracemalloc, 100,000 keys) | {per_key:,.0f} B (target ≤ 2,048) |",
+        f"| memory per idle key (tracemalloc, {MEMORY_KEYS:,} keys) "
+        f"| {per_key:,.0f} B (target ≤ 2,048) |",
+        f"| one trio scheduler pass (`await checkpoint()`), median | {one_pass:.1f} µs |",
         f"| one bare round trip (admit only, request prebuilt), median | {bare:.1f} µs |",
         f"| the three steps as plain synchronous calls (no actor), median | {sync:.1f} µs |",
         "",
         f"Machine: {machine()}. Date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC. "
-        f"Benchmark runtime: {elapsed:.0f} s. Command: `python bench/admission.py`.",
+        f"Load average (1 min) before / after: {load_before:.2f} / {os.getloadavg()[0]:.2f} "
+        f"(other jobs share the machine). Benchmark runtime: {elapsed:.0f} s. "
+        "Command: `python bench/admission.py`.",
     ]
     return "\n".join(lines)
 
@@ -317,10 +339,42 @@ def write_section(table: str, notes: str) -> Path:
 
 NOTES = """
 One admission = admit (step 3) + reserve (step 8) + settle (step 10): three messages
-to a shard actor, each awaited, with the request objects built per call. Keys are
-sub-keys (parent caps checked too), chosen at random per call, over 16 shards.
-"100k vs 10" is the change from 10 to 100,000 keys loaded (flat = near 0).
-See "Reading the figures" below for where the time goes.
+to a shard actor, each awaited, with the request objects built per call as a handler
+builds them. Keys are sub-keys (so parent caps are checked too), picked at random per
+call, over 16 shards. "100k vs 10" is the change from 10 to 100,000 keys loaded.
+Each latency and throughput figure is the best of 3 rounds: the 2-core machine is
+shared with other jobs, and single runs moved by up to 50 %.
+
+### Reading the figures
+
+- **Latency floor.** A round trip to an actor takes two passes of trio's scheduler
+  (caller → actor, actor → caller); see the "scheduler pass" row. Three round trips
+  cost about six passes before any work is done, and the three steps' own work
+  (handlers plus five frozen message objects) is the "plain synchronous calls" row.
+  Those two alone come to about two thirds of the one-caller median; the rest is the
+  mailbox, the reply slot and the wake-ups (a few µs per round trip). So the 30 µs
+  target is out of reach for three actor round trips on this interpreter (pyenv
+  CPython 3.11 built without PGO/LTO: a frozen dataclass pays about 0.3 µs per
+  field). p99 is within its target.
+- **What was optimised** (measured while building, 2026-11-22): a one-shot reply
+  object (no channel or Event per call); a watchdog task bounding every wait instead
+  of a trio cancel scope per call (a `CancelScope` costs 6 to 7 µs to enter and leave
+  here, 10 µs shielded): 128 → 57 µs per admission; frozen messages built through
+  their slot descriptors (`shards.messages.fast_init`, 40 % cheaper); window indices
+  shared between keys (fewer cache misses, less memory).
+- **Throughput** amortises the scheduler passes over large batches; at 1000 callers
+  it stays just under 30,000/s on a quiet machine. With 100,000 keys it drops (the
+  "100k vs 10" column; more when the machine is busy): the keys are about 25 MB of
+  small objects read at random (L2 is 1 MB per core), while one caller's latency
+  stays flat.
+- **Memory** per idle key is far under its target: a slotted `KeyState`, its dict
+  entry, and the int objects of its counters.
+- **What would reach the latency target**: let the caller run the handler itself
+  when the shard's mailbox is empty. Under trio this keeps the guarantees (handlers
+  are synchronous, mailbox order is kept), but it changes the actor design of
+  DESIGN.md, so it is not done here. A throw-away prototype measured about 18 µs
+  per admission when the calls do not yield at all (they would then no longer be
+  trio checkpoints), and about 48 µs when each call still yields once.
 """
 
 

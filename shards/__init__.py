@@ -13,9 +13,10 @@ request handler talks to it in three steps of the request walk::
 
 Where to read next: :mod:`shards.pool` (routing, supervision, the API),
 :mod:`shards.actor` (mailbox, one-shot replies, abandonment),
-:mod:`shards.state` (admission and settlement rules), :mod:`shards.org`
-(organisation accounts and the atomicity invariant), :mod:`shards.windows`
-(clock minute, UTC day and month), :mod:`shards.messages` (the vocabulary).
+:mod:`shards.state` (admission and settlement rules), :mod:`shards.keys` (a key's
+windows), :mod:`shards.org` (organisation accounts and the atomicity invariant),
+:mod:`shards.windows` (clock minute, UTC day and month), :mod:`shards.messages`
+(the vocabulary).
 
 Money is integer nano-USD (:data:`NANOS_PER_USD`), tokens are ints, ``None``
 limits mean unlimited.

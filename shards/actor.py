@@ -5,9 +5,11 @@ The round trip of a call (handler side → actor → handler side)
 1. The caller wraps its frozen message in a :class:`ReplySlot` (a one-shot reply:
    a handful of slots, no channel or Event per call) and puts it in the shard's
    bounded ``trio.open_memory_channel(queue_size)``: ``send_nowait`` when there
-   is room, else ``await send`` (back-pressure).
-2. The caller parks on the slot (``wait_task_rescheduled``) under a deadline of
-   ``reply_timeout_s``, counted from the start of the call.
+   is room, else ``await send`` under a deadline of ``reply_timeout_s``
+   (back-pressure; a send that times out never enqueued anything).
+2. The caller parks on the slot (``wait_task_rescheduled``). The wait is bounded
+   by the pool's :class:`Watchdog` (``reply_timeout_s`` to 1.25 × that), which
+   costs a set insertion instead of a trio cancel scope per call.
 3. The actor takes slots in order. A slot whose caller gave up is skipped. Else it
    runs the synchronous handler for the message type (:class:`~shards.state.
    ShardState`), stores the result (or the exception) in the slot and wakes the
@@ -16,17 +18,19 @@ The round trip of a call (handler side → actor → handler side)
    deadline passed, the shard is closed, or the handler failed.
 
 Why no effect is left behind for a caller that gave up: trio runs one task at a
-time. When the caller's wait is cancelled (its deadline, or its own cancellation),
-trio asks the slot's abort callback, which marks the slot ``abandoned``; trio only
-asks while the actor has not woken the caller, i.e. has not applied the message.
-The actor checks the flag before applying. If the actor answered first, the call
-returns normally and the caller owns the effect (a slot, a reservation).
-If cancellation hits while the caller waits for room in a full mailbox, the
-message was never queued.
+time. A parked caller is woken exactly once, by whoever comes first: the actor's
+reply, the watchdog, or trio's abort callback when the caller is cancelled. The
+watchdog and the abort callback mark the slot ``abandoned``, and they can only run
+while the actor has not replied, i.e. has not applied the message; the actor checks
+the flag before applying. If the actor answered first, the call returns normally
+and the caller owns the effect (a slot, a reservation).
 
-Settlements are must-deliver: queued even if the caller is being cancelled
-(shielded), never marked abandoned. If the reply is late the caller gets
-:class:`ShardUnavailable`, yet the settlement stays queued and will be applied.
+Settlements are must-deliver: queued even if the caller is being cancelled, and
+never marked abandoned. The wait for the reply refuses cancellation (the abort
+callback answers ``Abort.FAILED``; the cancellation is delivered at the caller's
+next checkpoint), so when ``settle`` returns the settlement has been applied. If
+the reply is late the caller gets :class:`ShardUnavailable`, yet the settlement
+stays queued and will be applied.
 
 Supervision: an exception raised while handling one message is logged on logger
 ``"shards"`` and sent back to that caller (who raises ``ShardUnavailable``); the

@@ -90,7 +90,7 @@ def fast_init(cls: type[_T]) -> type[_T]:
     init = env["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     init.__doc__ = cls.__init__.__doc__
-    cls.__init__ = init  # type: ignore[misc]
+    cls.__init__ = init  # type: ignore[method-assign]
     return cls
 
 
@@ -200,7 +200,12 @@ class ReserveRefusal:
 @fast_init
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SettleRequest:
-    """Release the slot and resolve the reservation (post ``amount`` or void)."""
+    """Release the slot and resolve the reservation (post the amounts, or void).
+
+    Idempotent by reservation id: a settle whose reservation was already resolved
+    is a duplicate and changes nothing, its ``slot_taken`` included, so a settle
+    may be retried. (Without a reservation, the slot release is not deduplicated.)
+    """
 
     key_id: str
     family_id: str

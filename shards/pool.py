@@ -16,7 +16,8 @@ The request walk through the pool::
     10 await pool.settle(...)  ─► route (shielded) ─► release slot; resolve the
                                                        reservation exactly once
 
-Every call is bounded by ``reply_timeout_s``; past it the caller gets
+Every call is bounded by ``reply_timeout_s`` (enforced by a watchdog task, so a
+wait may last up to 1.25 × that); past it the caller gets
 :class:`~shards.actor.ShardUnavailable` (503 admission_unavailable) and the message
 is marked abandoned, so a late actor never applies it: nothing is ever admitted
 unchecked, and nothing is left behind for a caller that gave up.
@@ -27,10 +28,10 @@ which is what makes the cross-family check-and-reserve atomic. The synchronous
 methods below (``set_org``, ``add_org_credits``, ``load_spend``...) rely on the same
 rule: call them from the trio thread (or before it starts), never from another one.
 
-Supervision: :meth:`ShardPool.run` starts every actor in its own nursery. An error
-while handling one message is answered to that caller and logged; the actor goes
-on. An error that kills an actor's loop propagates and takes the pool (and the app
-nursery above it) down, loudly.
+Supervision: :meth:`ShardPool.run` starts the watchdog and every actor in its own
+nursery. An error while handling one message is answered to that caller and
+logged; the actor goes on. An error that kills an actor's loop propagates and takes
+the pool (and the app nursery above it) down, loudly.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ from .org import OrgBook, OrgSnapshot
 from .state import ShardState
 from .windows import MINUTE_S, day_window, month_of_day
 
-__all__ = ["PoolStatistics", "ShardPool", "shard_index"]
+__all__ = ["PoolStatistics", "ShardPool", "ShardUnavailable", "shard_index"]
 
 
 def shard_index(family_id: str, n_shards: int) -> int:
@@ -270,7 +271,3 @@ class ShardPool:
             abandoned=sum(s.skipped for s in shards),
             timed_out=self._watchdog.expired,
         )
-
-
-# Re-exported for ``from shards.pool import ShardUnavailable``.
-__all__ += ["ShardUnavailable"]

@@ -33,10 +33,11 @@ Release the slot, then resolve the reservation exactly once, like a two-phase
 pending transfer: the pending amount leaves every account and ``cap_amount`` (key,
 parent) / ``billed_amount`` (org) is posted; the rest is released. Zero and zero is
 a void. The reservation is looked up by id and removed, so a second settle of the
-same id changes nothing. Posted amounts are clamped to what was reserved. If a
-day or month window rolled over in between, that window's pending is already gone
-with the old window, and the amount is not posted to the new one: spend belongs to
-the day (month) it was reserved in.
+same id changes nothing, its slot release included: retrying a settle is safe.
+Posted amounts are clamped to what was reserved. If a day or month window rolled
+over in between, that window's pending is already gone with the old window, and the
+amount is not posted to the new one: spend belongs to the day (month) it was
+reserved in.
 
 Hence, for every key, parent and org, at every instant: posted + pending ≤ limit
 (unless a limit was lowered, or spend loaded at start-up was already over it).
@@ -49,6 +50,7 @@ import logging
 import math
 
 from .clock import Clock
+from .keys import KeyState
 from .messages import (
     BUDGET_EXCEEDED,
     INSUFFICIENT_CREDITS,
@@ -62,75 +64,19 @@ from .messages import (
     Reservation,
     ReserveRefusal,
     ReserveRequest,
+    Scope,
     SettleRequest,
     SpendWindow,
 )
 from .org import OrgBook
 from .windows import DAY_S, MINUTE_S, month_of_day, month_resets_at
 
-__all__ = ["KeyState", "ShardState"]
+__all__ = ["ShardState"]
 
 logger = logging.getLogger("shards")
 
 _ORG_RETRY_AFTER = 60
 _IN_FLIGHT_RETRY_AFTER = 5
-
-
-class KeyState:
-    """Mutable windows of one key. Idle, it costs about a hundred bytes."""
-
-    __slots__ = (
-        "day",
-        "day_pending",
-        "day_posted",
-        "in_flight",
-        "minute",
-        "month",
-        "month_pending",
-        "month_posted",
-        "requests",
-        "tokens",
-    )
-
-    def __init__(self) -> None:
-        self.minute = -1
-        self.requests = 0
-        self.tokens = 0
-        self.in_flight = 0
-        self.day = -1
-        self.day_posted = 0
-        self.day_pending = 0
-        self.month = -1
-        self.month_posted = 0
-        self.month_pending = 0
-
-    def roll_spend(self, day: int, month: int) -> None:
-        """Open the day/month windows containing now, dropping older ones."""
-        if day > self.day:
-            self.day = day
-            self.day_posted = 0
-            self.day_pending = 0
-        if month > self.month:
-            self.month = month
-            self.month_posted = 0
-            self.month_pending = 0
-
-    def over_cap(self, cost: int, usd_day: int | None, usd_month: int | None) -> str:
-        """Name of the first spend cap that ``cost`` would break, or ""."""
-        if usd_day is not None and self.day_posted + self.day_pending + cost > usd_day:
-            return "usd_day"
-        if usd_month is not None and self.month_posted + self.month_pending + cost > usd_month:
-            return "usd_month"
-        return ""
-
-    def resolve(self, res: Reservation, reserved: int, posted: int) -> None:
-        """Move ``reserved`` out of pending and post ``posted``, per window."""
-        if self.day == res.day:
-            self.day_pending -= reserved
-            self.day_posted += posted
-        if self.month == res.month:
-            self.month_pending -= reserved
-            self.month_posted += posted
 
 
 _IDLE = KeyState()
@@ -148,6 +94,29 @@ class ShardState:
         #: reservation id → reservation, while pending
         self.pending: dict[int, Reservation] = {}
         self._ids = ids if ids is not None else itertools.count(1)
+        self._minute = -1
+        self._day = -1
+
+    def _minute_of(self, t: float) -> int:
+        """The minute window of ``t``, as one shared int object per window.
+
+        Every key stores the window it last saw; sharing the object (instead of a
+        fresh int per message) saves memory per key and keeps the comparisons on a
+        cache-hot object when many keys are active.
+        """
+        minute = int(t // MINUTE_S)
+        if minute == self._minute:
+            return self._minute
+        self._minute = minute
+        return minute
+
+    def _day_of(self, t: float) -> int:
+        """The day window of ``t``, shared like :meth:`_minute_of`."""
+        day = int(t // DAY_S)
+        if day == self._day:
+            return self._day
+        self._day = day
+        return day
 
     def key(self, key_id: str) -> KeyState:
         """The key's state, created on first use."""
@@ -160,7 +129,7 @@ class ShardState:
 
     def admit(self, req: AdmitRequest) -> Admission:
         t = self._clock.now()
-        minute = int(t // MINUTE_S)
+        minute = self._minute_of(t)
         key = self.key(req.key_id)
         if minute > key.minute:
             key.minute = minute
@@ -183,7 +152,7 @@ class ShardState:
             )
         org_count = self.orgs.get(req.org_id).count_request(minute)
         platform_count = self.orgs.count_platform_request(minute)
-        scope = None
+        scope: Scope | None = None
         if req.org_rpm is not None and org_count > req.org_rpm:
             scope = "org"
         elif (cap := self.orgs.platform_rpm) is not None and platform_count > cap:
@@ -232,7 +201,7 @@ class ShardState:
         if req.parent_id == req.key_id:
             raise ValueError(f"key {req.key_id!r} is its own parent")
         t = self._clock.now()
-        minute = int(t // MINUTE_S)
+        minute = self._minute_of(t)
         key = self.key(req.key_id)
         if minute > key.minute:
             key.minute = minute
@@ -242,7 +211,7 @@ class ShardState:
         if req.tpm is not None and key.tokens > req.tpm:
             retry = max(1, math.ceil((minute + 1) * MINUTE_S - t))
             return ReserveRefusal(code=RATE_LIMITED, scope="key", limit="tpm", retry_after=retry)
-        day = int(t // DAY_S)
+        day = self._day_of(t)
         month = month_of_day(day)
         key.roll_spend(day, month)
         if over := key.over_cap(cost, req.key_usd_day, req.key_usd_month):
@@ -286,22 +255,24 @@ class ShardState:
     # -- step 10 ----------------------------------------------------------------
 
     def settle(self, req: SettleRequest) -> None:
+        res = None
+        if req.reservation is not None:
+            res = self.pending.pop(req.reservation.id, None)
+            if res is None:  # a duplicate (a retried settle): slot included, no-op
+                logger.debug("reservation %d already resolved", req.reservation.id)
+                return
         if req.slot_taken:
             key = self.key(req.key_id)
             if key.in_flight > 0:
                 key.in_flight -= 1
             else:
                 logger.error("settle released a slot key %s did not hold", req.key_id)
-        if req.reservation is None:
-            return
-        res = self.pending.pop(req.reservation.id, None)
         if res is None:
-            logger.debug("reservation %d already resolved", req.reservation.id)
             return
         cap = _clamp(req.cap_amount, res.key_nanos, res, "cap_amount")
         billed = _clamp(req.billed_amount, res.org_nanos, res, "billed_amount")
         t = self._clock.now()
-        day = int(t // DAY_S)
+        day = self._day_of(t)
         month = month_of_day(day)
         key = self.key(res.key_id)
         key.roll_spend(day, month)
@@ -322,8 +293,8 @@ class ShardState:
 
     def status(self, req: KeyStatusRequest) -> KeyStatus:
         t = self._clock.now()
-        minute = int(t // MINUTE_S)
-        day = int(t // DAY_S)
+        minute = self._minute_of(t)
+        day = self._day_of(t)
         month = month_of_day(day)
         key = self.keys.get(req.key_id, _IDLE)
         fresh_minute = key.minute == minute
@@ -353,7 +324,7 @@ class ShardState:
     def load_spend(self, key_id: str, day_spent: int, month_spent: int) -> None:
         """Set the posted spend of the current day and month (start-up rebuild)."""
         t = self._clock.now()
-        day = int(t // DAY_S)
+        day = self._day_of(t)
         key = self.key(key_id)
         key.roll_spend(day, month_of_day(day))
         key.day_posted = day_spent

@@ -1,15 +1,17 @@
 """The shard pool as the gateway uses it: routing, timeouts, supervision, settlement.
 
-Charter: every test runs the real pool (no mocks) under trio's ``MockClock`` with
-autojump, so a 2-second reply timeout passes instantly and nothing sleeps; the wall
-clock of the windows is a :class:`~shards.FakeClock`. Faults are real: a message the
+Charter: every test runs the real pool (no mocks). Tests that wait out a timeout
+run under trio's autojump ``MockClock``, so a 2-second reply timeout passes
+instantly and nothing sleeps; the wall clock of the windows is a
+:class:`~shards.FakeClock`. Faults are real: a message the
 handler cannot process, a shard whose actor is not running, a caller cancelled
-mid-call. Two tests reach one private attribute each (named where they do).
+mid-call. Two tests reach into private attributes, named where they do.
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import logging
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from shards import (
     FakeClock,
     KeyStatus,
     Reservation,
+    ReserveRefusal,
     ReserveRequest,
     SettleRequest,
     ShardPool,
@@ -115,7 +118,7 @@ async def test_parent_and_sub_key_share_the_family_shard(pool: ShardPool) -> Non
     refused = await pool.reserve(
         reserve_req("child2", "fam_x", parent_id="parent", parent_usd_day=1 * USD)
     )
-    assert not refused.ok and refused.scope == "parent"
+    assert isinstance(refused, ReserveRefusal) and refused.scope == "parent"
     keys = pool.statistics().keys_per_shard
     assert keys[pool.shard_index("fam_x")] == 3 and sum(keys) == 3
 
@@ -158,21 +161,17 @@ async def test_key_status_takes_no_slot_and_counts_nothing(pool: ShardPool) -> N
 async def test_load_spend_counts_against_caps(pool: ShardPool) -> None:
     pool.load_spend("k1", "f1", 9 * USD, 20 * USD)
     refused = await pool.reserve(reserve_req(cost=2 * USD, key_usd_day=10 * USD))
-    assert not refused.ok and refused.limit == "usd_day"
+    assert isinstance(refused, ReserveRefusal) and refused.limit == "usd_day"
     assert (status(pool).day.spent, status(pool).month.spent) == (9 * USD, 20 * USD)
 
 
 async def test_org_credits_can_be_topped_up(pool: ShardPool) -> None:
     pool.set_org("poor", 1 * USD, None)
-    req = reserve_req(org_cost=2 * USD)
-    refused = await pool.reserve(ReserveRequest(**{**_fields(req), "org_id": "poor"}))
-    assert not refused.ok and refused.code == "insufficient_credits"
+    req = dataclasses.replace(reserve_req(org_cost=2 * USD), org_id="poor")
+    refused = await pool.reserve(req)
+    assert isinstance(refused, ReserveRefusal) and refused.code == "insufficient_credits"
     assert pool.add_org_credits("poor", 1 * USD) == 2 * USD
-    assert (await pool.reserve(ReserveRequest(**{**_fields(req), "org_id": "poor"}))).ok
-
-
-def _fields(obj: Any) -> dict[str, Any]:
-    return {name: getattr(obj, name) for name in obj.__dataclass_fields__}
+    assert isinstance(await pool.reserve(req), Reservation)
 
 
 # ----------------------------------------------- timeouts leave no effect behind

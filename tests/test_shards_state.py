@@ -387,6 +387,21 @@ def test_settle_exactly_once() -> None:
     assert w.org() == (2 * USD, 0, 2 * USD, 0)
 
 
+def test_a_retried_settle_releases_the_slot_once(caplog: pytest.LogCaptureFixture) -> None:
+    w = World()
+    assert w.admit(max_in_flight=2).slot_taken  # call A
+    assert w.admit(max_in_flight=2).slot_taken  # call B
+    res = reserved(w.reserve())
+    with caplog.at_level(logging.DEBUG, logger="shards"):
+        for _ in range(3):  # call A settles, then retries its settlement
+            w.settle(res, 1 * USD, 1 * USD, slot_taken=True)
+    assert w.status().in_flight == 1  # call B still holds its slot
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not w.admit(max_in_flight=2, take_slot=False).slot_taken
+    assert w.admit(max_in_flight=2).slot_taken
+    assert not w.admit(max_in_flight=2).ok
+
+
 def test_settle_over_reservation_is_clamped_and_logged(caplog: pytest.LogCaptureFixture) -> None:
     w = World()
     res = reserved(w.reserve(cost=1 * USD, org_cost=1 * USD))
