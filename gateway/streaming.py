@@ -85,7 +85,10 @@ async def pump(
     fmt: StreamFormat,
     send: trio.MemorySendChannel[Frame],
     scope: trio.CancelScope,
+    answered: trio.Event,
 ) -> None:
+    """``answered`` is set once the handler has answered 200: a failure after that is
+    in-band whether or not a chunk was sent, and the record says 200."""
     usage: Usage | None = None
     usage_chunk: dict[str, Any] | None = None
     failure: GatewayError | None = None
@@ -95,9 +98,10 @@ async def pump(
     async with send:
         try:
             with scope:
+                assert call.provider is not None
+                chunks = call.provider.stream(request)
                 try:
-                    assert call.provider is not None
-                    async for chunk in call.provider.stream(request):
+                    async for chunk in chunks:
                         if chunk.get("usage"):
                             usage, usage_chunk = _usage(chunk), chunk
                         if not chunk.get("choices"):
@@ -111,6 +115,8 @@ async def pump(
                     usage = usage or exc.usage
                     if produced and ending is not Ending.USAGE:
                         ending = Ending.OTHER
+                finally:
+                    await _close(chunks)
             if scope.cancelled_caught and not call.client_gone:
                 failure = GatewayError("request_timeout", "The call reached its time limit.")
             if failure is None or scope.cancelled_caught:
@@ -125,7 +131,7 @@ async def pump(
         await call.finish(
             ending,
             usage=usage,
-            http_status=failure.status if failure and not sent else 200,
+            http_status=failure.status if failure and not (sent or answered.is_set()) else 200,
             error_code=failure.code if failure else None,
         )
         if call.client_gone:
@@ -141,6 +147,20 @@ async def pump(
                     await send.send(frame)
             except trio.BrokenResourceError:
                 pass
+
+
+async def _close(chunks: AsyncIterator[dict[str, Any]]) -> None:
+    """Close the provider's stream now, not when it is garbage collected.
+
+    The pump can stop while the stream is suspended at a ``yield`` (cancelled while
+    waiting to hand a chunk to a client that reads slowly, or the client gone): its
+    upstream response must be released at once. Shielded and bounded: the pump may be
+    cancelled already.
+    """
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        with trio.move_on_after(FINAL_SEND_S, shield=True):
+            await aclose()
 
 
 async def _body(
@@ -184,14 +204,16 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
     """Hand the call to a pump and answer with the event stream.
 
     Waits up to one keep-alive interval for the first frame, so that a refusal that
-    comes before anything is produced is answered with its real HTTP status.
+    comes before anything is produced is answered with its real HTTP status; when none
+    came, the body starts with a keep-alive.
     """
     runtime = call.runtime
     assert runtime.nursery is not None
     send, receive = trio.open_memory_channel[Frame](BUFFER)
     scope = trio.CancelScope(deadline=call.deadline)
     call.handed_off = True
-    runtime.nursery.start_soon(pump, call, request, fmt, send, scope)
+    answered = trio.Event()
+    runtime.nursery.start_soon(pump, call, request, fmt, send, scope, answered)
     first: list[Frame] = []
     try:
         with trio.move_on_after(runtime.config.server.keepalive_s), suppress(trio.EndOfChannel):
@@ -204,6 +226,11 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
     if first and first[0].error is not None:
         receive.close()
         raise first[0].error
+    if not first:
+        # a keep-alive interval passed without a byte: the body opens with a keep-alive,
+        # else the first one would come only after a second interval
+        first.append(Frame(KEEPALIVE))
+    answered.set()
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return Response(
         _body(call, receive, fmt, scope, first),

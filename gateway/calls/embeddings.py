@@ -4,6 +4,8 @@ ignored without error (metadata and svc_tags still carry tags: the tag step read
 Precedence: the body is an object, then ``model`` (invalid_request when absent or not a
 string, 400 model_not_allowed when it is not the one served embedding model), then
 ``input``, ``encoding_format``, ``dimensions`` (invalid_request, param naming the field).
+A model that is not in the catalog at all is answered before this parse by the route:
+404 model_not_found, as on every endpoint.
 """
 
 from __future__ import annotations

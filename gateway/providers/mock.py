@@ -104,7 +104,11 @@ class _Answer:
 
 
 class MockProvider:
-    """The deterministic provider of sandbox keys; ``chunk_delay`` slows each stream chunk."""
+    """The deterministic provider of sandbox keys.
+
+    ``chunk_delay`` slows each stream chunk, and a whole answer by as long as its stream
+    would take (one delay per chunk), so a slow model is slow streamed or not.
+    """
 
     def __init__(
         self, *, embedding_dimensions: Mapping[str, int] | None = None, chunk_delay: float = 0.0
@@ -119,8 +123,9 @@ class MockProvider:
         return cls(embedding_dimensions=dimensions, chunk_delay=chunk_delay)
 
     async def complete(self, request: ProviderRequest) -> ProviderResult:
-        await trio.lowlevel.checkpoint()
         answer = _answer(request)
+        # the chunks of the stream of the same answer: role, one per piece, finish, usage
+        await self._pause(len(answer.pieces) + 3)
         message: dict[str, Any] = {"role": "assistant", "content": "".join(answer.pieces)}
         if answer.tool_call:
             call_id, name = answer.tool_call
@@ -174,9 +179,9 @@ class MockProvider:
     def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
         return [key for key in body if key not in _READ_KEYS]
 
-    async def _pause(self) -> None:
+    async def _pause(self, chunks: int = 1) -> None:
         if self._chunk_delay > 0:
-            await trio.sleep(self._chunk_delay)
+            await trio.sleep(self._chunk_delay * chunks)
         else:
             await trio.lowlevel.checkpoint()
 

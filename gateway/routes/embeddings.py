@@ -27,6 +27,12 @@ async def embeddings() -> Response:
         call.tags = collect_tags(
             request.headers.get("X-Svc-Tags"), body, record.default_tags, record.required_tags
         )
+        named = body.get("model")
+        if isinstance(named, str) and rt.catalog.get(named) is None:
+            # a model that does not exist is 404 model_not_found (decision unknown_model)
+            # on every endpoint; 400 model_not_allowed is for a model of the catalog
+            # that is not the served embedding model
+            resolve(call, named, "embedding")
         served = rt.catalog.embedding_model()
         parsed = parse_embeddings(body, served.id if served else None)
         model = resolve(call, parsed.model, "embedding")
@@ -55,7 +61,9 @@ async def embeddings() -> Response:
             raise GatewayError("request_timeout", "The call ran out of time.")
         await call.finish(Ending.USAGE, usage=result.usage)
         answer = embedding_response(result, model.id, parsed.encoding_format)
-        answer["svc"] = {"request_id": call.request_id}
+        # the svc block of every successful call; no forwarded parameter is ignored here
+        # (fields other than model, input, encoding_format, dimensions are not forwarded)
+        answer["svc"] = {"request_id": call.request_id, "ignored_parameters": []}
         return json_response(answer)
     finally:
         # a cancelled or refused embeddings call counts nothing either
