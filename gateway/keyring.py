@@ -3,6 +3,10 @@
 All key records are loaded at start-up; a change (create, disable, revoke, rotate) is
 written to the store first and then swapped into memory, so the running server
 refuses a revoked key on its very next call.
+
+Lifecycle changes run one at a time (one lock) and always apply to the record as it is
+*now*, not as a handler read it before an await: two concurrent changes never undo each
+other, and a revoked key stays revoked (400 key_revoked for any later status change).
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import trio
+
 from gateway import keys as k
+from gateway.errors import GatewayError
 from gateway.keys import KeyRecord
 from gateway.store import Store, records
 
@@ -23,6 +30,7 @@ class Keyring:
         self._by_prefix: dict[str, KeyRecord] = {}
         self._by_id: dict[str, KeyRecord] = {}
         self._dirty_last_used: set[str] = set()
+        self._lifecycle = trio.Lock()
 
     # -- loading and lookups ---------------------------------------------------------------
 
@@ -42,6 +50,12 @@ class Keyring:
 
     def children(self, key_id: str) -> list[KeyRecord]:
         return [r for r in self._by_id.values() if r.parent_id == key_id]
+
+    def successor(self, record: KeyRecord) -> KeyRecord:
+        """The newest key of ``record``'s rotations (itself if never rotated)."""
+        while record.rotated_to is not None and record.rotated_to in self._by_id:
+            record = self._by_id[record.rotated_to]
+        return record
 
     def authenticate(self, token: str) -> KeyRecord | None:
         """The valid key of ``token``, or None for every kind of failure alike."""
@@ -112,6 +126,26 @@ class Keyring:
         return record, token
 
     async def insert(self, record: KeyRecord) -> None:
+        async with self._lifecycle:
+            await self._insert(record)
+
+    async def insert_child(self, record: KeyRecord) -> KeyRecord:
+        """Insert a sub-key under its parent as the parent is *now*.
+
+        A parent rotated meanwhile hands the sub-key to its successor; a parent that is
+        no longer valid (revoked while the request ran, say) refuses it with the uniform
+        401, so no sub-key is ever left behind under a dead parent.
+        """
+        assert record.parent_id is not None
+        async with self._lifecycle:
+            parent = self.successor(self._by_id[record.parent_id])
+            if not self.is_valid(parent):
+                raise GatewayError("invalid_api_key")
+            child = record.with_changes(parent_id=parent.id)
+            await self._insert(child)
+            return child
+
+    async def _insert(self, record: KeyRecord) -> None:
         await self.store.write(records.insert_key, record.to_row())
         self._put(record)
 
@@ -121,41 +155,65 @@ class Keyring:
         self._put(record)
 
     async def change(self, record: KeyRecord, **values: Any) -> KeyRecord:
-        updated = record.with_changes(**values)
-        row = updated.to_row()
-        await self.store.write(records.update_key, record.id, {name: row[name] for name in values})
+        async with self._lifecycle:
+            return await self._apply(record.id, **values)
+
+    async def _apply(self, key_id: str, **values: Any) -> KeyRecord:
+        """Write ``values`` onto the key's current record; the caller holds the lock."""
+        current = self._by_id[key_id]
+        if current.status == "revoked" and values.get("status", "revoked") != "revoked":
+            raise GatewayError("key_revoked", "The key is revoked; it cannot be changed.")
+        row = current.with_changes(**values).to_row()
+        await self.store.write(records.update_key, key_id, {name: row[name] for name in values})
+        # re-read after the write: a touch (last_used_at) may have landed meanwhile
+        updated = self._by_id[key_id].with_changes(**values)
         self._put(updated)
         return updated
 
     async def revoke(self, record: KeyRecord) -> KeyRecord:
-        """Revoke definitively, and every sub-key with it."""
-        for child in self.children(record.id):
-            if child.status != "revoked":
-                await self.change(child, status="revoked")
-        return await self.change(record, status="revoked")
+        """Revoke definitively, and every sub-key with it (idempotent)."""
+        async with self._lifecycle:
+            for child in self.children(record.id):
+                if child.status != "revoked":
+                    await self._apply(child.id, status="revoked")
+            return await self._apply(record.id, status="revoked")
 
     async def rotate(self, record: KeyRecord, grace_s: float) -> tuple[KeyRecord, str]:
-        """A new key with the same settings and fresh counters; the old one expires later."""
-        new, token = self.build(
-            org_id=record.org_id,
-            name=record.name,
-            mode=record.mode,
-            family_id=record.family_id,
-            environment=record.environment,
-            scopes=record.scopes,
-            caps=record.caps,
-            data_mode=record.data_mode,
-            byok=record.byok,
-            allowed_models=record.allowed_models,
-            required_tags=record.required_tags,
-            default_tags=record.default_tags,
-            expires_at=record.expires_at,
-        )
-        await self.insert(new)
-        for child in self.children(record.id):
-            await self.change(child, parent_id=new.id)
-        expiry = self.clock() + grace_s
-        if record.expires_at is not None:
-            expiry = min(expiry, record.expires_at)
-        await self.change(record, expires_at=expiry, rotated_to=new.id)
-        return new, token
+        """A new key with the same settings and fresh counters; the old one expires later.
+
+        The old key's sub-keys move under the new key (so their spend is reserved against
+        it); the old key keeps working, with its own counters, for ``grace_s`` at most.
+        """
+        async with self._lifecycle:
+            current = self._by_id[record.id]
+            if current.status == "revoked":
+                raise GatewayError("key_revoked", "A revoked key cannot be rotated.")
+            if current.rotated_to is not None:
+                raise GatewayError(
+                    "invalid_request",
+                    f"This key was already rotated to {current.rotated_to}; rotate that one.",
+                )
+            new, token = self.build(
+                org_id=current.org_id,
+                name=current.name,
+                mode=current.mode,
+                family_id=current.family_id,
+                status=current.status,
+                environment=current.environment,
+                scopes=current.scopes,
+                caps=current.caps,
+                data_mode=current.data_mode,
+                byok=current.byok,
+                allowed_models=current.allowed_models,
+                required_tags=current.required_tags,
+                default_tags=current.default_tags,
+                expires_at=current.expires_at,
+            )
+            await self._insert(new)
+            for child in self.children(current.id):
+                await self._apply(child.id, parent_id=new.id)
+            expiry = self.clock() + grace_s
+            if current.expires_at is not None:
+                expiry = min(expiry, current.expires_at)
+            await self._apply(current.id, expires_at=expiry, rotated_to=new.id)
+            return new, token

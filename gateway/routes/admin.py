@@ -15,16 +15,8 @@ from gateway.auth import bearer_token
 from gateway.catalog import nanos_to_usd, usd_to_nanos
 from gateway.errors import GatewayError
 from gateway.http import json_response, read_json_object, runtime
-from gateway.keys import (
-    CAP_FIELDS,
-    DATA_MODES,
-    ENVIRONMENTS,
-    MODES,
-    SCOPES,
-    Caps,
-    KeyRecord,
-    parse_iso,
-)
+from gateway.key_body import number, parse_caps, parse_expiry, parse_name, string_list
+from gateway.keys import DATA_MODES, ENVIRONMENTS, MODES, SCOPES, Caps, KeyRecord
 from gateway.orgs import Org, validate_policy
 from gateway.store import records
 from gateway.tags import check_tag_map
@@ -67,17 +59,6 @@ def _org_view(org: Org) -> dict[str, Any]:
     }
 
 
-def _number(body: dict[str, Any], name: str, *, integer: bool = False) -> Any:
-    value = body.get(name)
-    if value is None:
-        return None
-    kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
-        kind = "a non-negative integer" if integer else "a non-negative number"
-        raise GatewayError("invalid_request", f"{name} must be {kind}.", param=name)
-    return value
-
-
 # -- organisations ---------------------------------------------------------------------------
 
 
@@ -90,7 +71,7 @@ async def create_org() -> Response:
     residency = body.get("residency")
     if residency is not None and not isinstance(residency, str):
         raise GatewayError("invalid_request", "residency must be a string.", param="residency")
-    credits = _number(body, "credits_usd") or 0
+    credits = number(body, "credits_usd") or 0
     rt = runtime()
     org = rt.org_from_new(name.strip(), residency)
     await rt.store.write(records.create_org, org.to_row())
@@ -117,7 +98,7 @@ async def add_credits(org_id: str) -> Response:
     _authorize()
     org = _org(org_id)
     body = await read_json_object()
-    amount = _number(body, "add_usd")
+    amount = number(body, "add_usd")
     if not amount:
         raise GatewayError("invalid_request", "add_usd must be a positive number.", param="add_usd")
     await _add_credits(org, usd_to_nanos(amount))
@@ -155,37 +136,6 @@ async def set_byok(org_id: str) -> Response:
 # -- keys ------------------------------------------------------------------------------------
 
 
-def _string_list(body: dict[str, Any], name: str) -> tuple[str, ...] | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise GatewayError("invalid_request", f"{name} must be a list of strings.", param=name)
-    return tuple(value)
-
-
-def parse_caps(raw: Any, base: Caps) -> Caps:
-    """Caps from a JSON object; fields left out keep ``base``'s values."""
-    if raw is None:
-        return base
-    if not isinstance(raw, dict):
-        raise GatewayError("invalid_request", "caps must be an object.", param="caps")
-    values = base.public()
-    for name, value in raw.items():
-        if name not in CAP_FIELDS:
-            raise GatewayError("invalid_request", f"Unknown cap {name!r}.", param=f"caps.{name}")
-        integer = name not in ("usd_day", "usd_month")
-        checked = _number({name: value}, name, integer=integer)
-        if checked is None and name in ("rpm", "max_in_flight", "max_output_tokens"):
-            raise GatewayError(
-                "invalid_request", f"caps.{name} cannot be unlimited.", f"caps.{name}"
-            )
-        if integer and checked == 0 and name != "tpm":
-            raise GatewayError("invalid_request", f"caps.{name} must be positive.", f"caps.{name}")
-        values[name] = checked
-    return Caps(**values)
-
-
 def _key_settings(body: dict[str, Any]) -> dict[str, Any]:
     mode = body.get("mode", "sandbox")
     if mode not in MODES:
@@ -193,7 +143,7 @@ def _key_settings(body: dict[str, Any]) -> dict[str, Any]:
     environment = body.get("environment", "development")
     if environment not in ENVIRONMENTS:
         raise GatewayError("invalid_request", "Unknown environment.", param="environment")
-    scopes = _string_list(body, "scopes") or ROOT_SCOPES
+    scopes = string_list(body, "scopes") or ROOT_SCOPES
     if any(scope not in SCOPES for scope in scopes):
         raise GatewayError("invalid_request", "Unknown scope.", param="scopes")
     if body.get("keys_manage") and "keys:manage" not in scopes:
@@ -201,7 +151,7 @@ def _key_settings(body: dict[str, Any]) -> dict[str, Any]:
     data_mode = body.get("data_mode", "standard")
     if data_mode not in DATA_MODES:
         raise GatewayError("invalid_request", "Unknown data mode.", param="data_mode")
-    allowed = _string_list(body, "allowed_models")
+    allowed = string_list(body, "allowed_models")
     if allowed is not None:
         unknown = [m for m in allowed if runtime().catalog.get(m) is None]
         if unknown:
@@ -210,14 +160,6 @@ def _key_settings(body: dict[str, Any]) -> dict[str, Any]:
                 f"Not in the catalog: {', '.join(unknown)}.",
                 "allowed_models",
             )
-    expires_at = body.get("expires_at")
-    if expires_at is not None:
-        try:
-            expires_at = parse_iso(expires_at)
-        except (TypeError, ValueError):
-            raise GatewayError(
-                "invalid_request", "expires_at must be ISO 8601.", "expires_at"
-            ) from None
     return {
         "mode": mode,
         "environment": environment,
@@ -228,7 +170,7 @@ def _key_settings(body: dict[str, Any]) -> dict[str, Any]:
         "allowed_models": allowed,
         "required_tags": check_tag_map(body.get("required_tags"), "required_tags"),
         "default_tags": check_tag_map(body.get("default_tags"), "default_tags"),
-        "expires_at": expires_at,
+        "expires_at": parse_expiry(body.get("expires_at")),
     }
 
 
@@ -242,12 +184,10 @@ async def create_key() -> Response:
     _authorize()
     body = await read_json_object()
     org = _org(str(body.get("org_id", "")))
-    name = body.get("name")
-    if not isinstance(name, str) or not name.strip():
-        raise GatewayError("invalid_request", "name is required.", param="name")
+    name = parse_name(body)
     settings = _key_settings(body)
     rt = runtime()
-    record, token = rt.keyring.build(org_id=org.id, name=name.strip(), **settings)
+    record, token = rt.keyring.build(org_id=org.id, name=name, **settings)
     await rt.keyring.insert(record)
     return json_response(_with_token(record, token), 201)
 
