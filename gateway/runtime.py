@@ -76,8 +76,9 @@ class Runtime:
             org = Org.from_row(row)
             self.orgs[org.id] = org
         balances = self.store.call(records.org_balances)
+        billed = self.store.call(records.org_billed, self._month())
         for org in self.orgs.values():
-            self._load_org_account(org, balances.get(org.id, {}))
+            self._load_org_account(org, balances.get(org.id, {}), billed.get(org.id, 0))
         self.keyring.load(self.store.call(records.all_keys))
         for row in self.store.call(records.list_provider_credentials):
             self.byok[(row["org_id"], row["provider"])] = row["api_key_env"]
@@ -98,13 +99,17 @@ class Runtime:
             if record is not None:
                 self.pool.load_spend(record.id, record.family_id, day_nanos, month_nanos)
 
-    def _load_org_account(self, org: Org, balance: dict[str, int]) -> None:
+    def _load_org_account(self, org: Org, balance: dict[str, int], billed: int = 0) -> None:
         budget = org.policy.get("budget_usd_month")
         self.pool.set_org(
             org.id,
             credits_nanos=balance.get("purchased", 0) - balance.get("used", 0),
             budget_month_nanos=usd_to_nanos(budget) if budget is not None else None,
+            billed_month_nanos=billed,
         )
+
+    def _month(self) -> str:
+        return datetime.fromtimestamp(self.clock.now(), UTC).strftime("%Y-%m")
 
     # -- organisations ---------------------------------------------------------------------
 
@@ -162,6 +167,12 @@ class Runtime:
         else:
             env = self.config.provider(model.config.provider).api_key_env
         return os.environ.get(env) if env else None
+
+    async def aclose_providers(self) -> None:
+        for provider in self.providers.values():
+            aclose = getattr(provider, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
     def byok_env(self, org_id: str, provider: str) -> str | None:
         return self.byok.get((org_id, provider))

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 from collections.abc import Awaitable, Callable
 
 import trio
@@ -79,33 +78,27 @@ async def serve(
     if sockets is None:
         sockets = bind_sockets(config)
     app = wrap_app(create_app(runtime), config.wsgi_max_body_size, None)
-    async with trio.open_nursery() as root:
-        runtime.nursery = root
-        await root.start(runtime.store.run)
-        await root.start(runtime.pool.run)
-        root.start_soon(_flush_last_used, runtime)
+    try:
+        async with trio.open_nursery() as root:
+            runtime.nursery = root
+            await root.start(runtime.store.run)
+            await root.start(runtime.pool.run)
+            root.start_soon(_flush_last_used, runtime)
 
-        async def http(*, task_status: trio.TaskStatus[list[str]]) -> None:
-            await worker_serve(
-                app,
-                config,
-                sockets=sockets,
-                shutdown_trigger=shutdown_trigger,
-                task_status=task_status,
-            )
-            with trio.CancelScope(shield=True):
-                await runtime.keyring.flush_last_used()
-            root.cancel_scope.cancel()
+            async def http(*, task_status: trio.TaskStatus[list[str]]) -> None:
+                await worker_serve(
+                    app,
+                    config,
+                    sockets=sockets,
+                    shutdown_trigger=shutdown_trigger,
+                    task_status=task_status,
+                )
+                with trio.CancelScope(shield=True):
+                    await runtime.keyring.flush_last_used()
+                root.cancel_scope.cancel()
 
-        binds = await root.start(http)
-        task_status.started(binds)
-
-
-def port_of(url: str) -> int:
-    return int(url.rsplit(":", 1)[1])
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+            binds = await root.start(http)
+            task_status.started(binds)
+    finally:
+        with trio.CancelScope(shield=True):
+            await runtime.aclose_providers()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from gateway.config import Config
 from gateway.providers.base import Provider
 from gateway.providers.mock import MockProvider
+from gateway.providers.openai import OpenAIProvider
 
 
 def build_providers(config: Config, mock: MockProvider) -> dict[str, Provider]:
@@ -13,4 +14,6 @@ def build_providers(config: Config, mock: MockProvider) -> dict[str, Provider]:
     for provider in config.providers:
         if provider.kind == "mock":
             providers[provider.name] = mock
+        else:
+            providers[provider.name] = OpenAIProvider(provider)
     return providers

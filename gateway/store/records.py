@@ -72,10 +72,6 @@ def all_keys(conn: sqlite3.Connection) -> list[dict[str, Any]]:
 # -- request records -----------------------------------------------------------------------
 
 
-def insert_request(conn: sqlite3.Connection, record: dict[str, Any]) -> None:
-    sq.insert(conn, "requests", record)
-
-
 def get_request(conn: sqlite3.Connection, request_id: str, key_id: str) -> dict[str, Any] | None:
     return sq.select_one(conn, "requests", "WHERE id = ? AND key_id = ?", (request_id, key_id))
 
@@ -99,3 +95,42 @@ def record_call(
     sq.insert(conn, "requests", record)
     if ledger is not None:
         sq.insert(conn, "credit_ledger", ledger)
+
+
+def org_billed(conn: sqlite3.Connection, month: str) -> dict[str, int]:
+    """Billed nano-USD per organisation in one month (start-up rebuild of budgets)."""
+    rows = sq.query(
+        conn,
+        "SELECT org_id, SUM(billed_usd_nanos) AS billed FROM requests WHERE month = ?"
+        " GROUP BY org_id",
+        (month,),
+    )
+    return {row["org_id"]: row["billed"] or 0 for row in rows}
+
+
+def usage_rows(
+    conn: sqlite3.Connection, key_ids: list[str], start: str, end: str, group: str | None
+) -> list[dict[str, Any]]:
+    """Totals of the requests of ``key_ids`` between two days (inclusive), grouped.
+
+    ``group`` is a column name (day, model, key_id) or ``tag:<name>``; None for one total.
+    """
+    if group is None:
+        select = "NULL AS grp"
+    elif group.startswith("tag:"):
+        select = "json_extract(tags, ?) AS grp"
+    else:
+        select = f"{group} AS grp"
+    params: list[Any] = [f'$."{group[4:]}"'] if group and group.startswith("tag:") else []
+    marks = ", ".join("?" for _ in key_ids)
+    params += [*key_ids, start, end]
+    return sq.query(
+        conn,
+        f"SELECT {select}, COUNT(*) AS requests,"
+        " SUM(COALESCE(json_extract(usage, '$.prompt_tokens'), 0)) AS input_tokens,"
+        " SUM(COALESCE(json_extract(usage, '$.completion_tokens'), 0)) AS output_tokens,"
+        " SUM(billed_usd_nanos) AS billed, SUM(settled_usd_nanos) AS settled"
+        f" FROM requests WHERE key_id IN ({marks}) AND day BETWEEN ? AND ?"
+        " GROUP BY grp ORDER BY grp",
+        params,
+    )

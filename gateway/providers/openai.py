@@ -1,0 +1,207 @@
+"""Any OpenAI-compatible HTTP upstream (OpenAI, vLLM, llama.cpp, Ollama, OpenRouter, ...).
+
+One shared ``httpx.AsyncClient`` per provider keeps connections pooled. Streams are read
+line by line and passed on chunk by chunk, never buffered; the gateway always asks the
+upstream for usage on streams (``stream_options.include_usage``).
+
+httpx failures are translated at this boundary into the provider error tree of
+:mod:`gateway.providers.base`, most specific first:
+
+    upstream answer / httpx failure              raised
+    -------------------------------------------  --------------------------------------
+    400 401 403 404 413 422                      ProviderRefused(status, explanation)
+    429                                          ProviderRateLimited
+    5xx, or any other non-2xx status             ProviderServerError(status)
+    connect error, reset before any output       ProviderUnreachable
+    connection lost after output started         ProviderDropped
+
+Deadlines belong to the gateway: it cancels the call (trio cancellation closes the
+connection). httpx's own timeouts are only a backstop at the provider's ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+
+from gateway.config import ProviderConfig
+from gateway.providers.base import (
+    EmbeddingResult,
+    ProviderDropped,
+    ProviderError,
+    ProviderRateLimited,
+    ProviderRefused,
+    ProviderRequest,
+    ProviderResult,
+    ProviderServerError,
+    ProviderUnreachable,
+    Usage,
+)
+
+REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
+
+
+def _usage(data: Any) -> Usage | None:
+    if not isinstance(data, dict):
+        return None
+    try:
+        return Usage(
+            prompt_tokens=int(data.get("prompt_tokens") or 0),
+            completion_tokens=int(data.get("completion_tokens") or 0),
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+def _explanation(content: bytes) -> tuple[str, Usage | None]:
+    """The upstream's error message and any usage it reported, from an error body."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return content.decode("utf-8", "replace")[:500], None
+    if not isinstance(body, dict):
+        return str(body)[:500], None
+    error = body.get("error")
+    message = error.get("message") if isinstance(error, dict) else error
+    return str(message or body)[:500], _usage(body.get("usage"))
+
+
+def status_error(status: int, content: bytes) -> ProviderError:
+    message, usage = _explanation(content)
+    if status in REFUSAL_STATUSES:
+        return ProviderRefused(status, message, usage=usage)
+    if status == 429:
+        return ProviderRateLimited(message, usage=usage)
+    return ProviderServerError(status, message, usage=usage)
+
+
+class OpenAIProvider:
+    def __init__(self, config: ProviderConfig) -> None:
+        assert config.base_url is not None
+        self.config = config
+        self.base_url = config.base_url.rstrip("/")
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
+            limits=httpx.Limits(
+                max_connections=config.max_connections,
+                max_keepalive_connections=config.max_connections,
+            ),
+        )
+
+    def _headers(self, api_key: str | None) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["Authorization"] = f"Bearer {api_key}"
+        return headers
+
+    async def complete(self, request: ProviderRequest) -> ProviderResult:
+        body = {**request.body, "stream": False}
+        body.pop("stream_options", None)
+        try:
+            response = await self.client.post(
+                f"{self.base_url}/chat/completions",
+                content=orjson.dumps(body),
+                headers=self._headers(request.api_key),
+            )
+        except httpx.HTTPError as exc:
+            raise ProviderUnreachable(type(exc).__name__) from None
+        if response.status_code != 200:
+            raise status_error(response.status_code, response.content)
+        try:
+            completion = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            raise ProviderServerError(502, "the upstream answered with invalid JSON") from None
+        if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
+            raise ProviderServerError(502, "the upstream answer is not a chat completion")
+        return ProviderResult(completion=completion, usage=_usage(completion.get("usage")))
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
+        body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
+        produced = False
+        done = False
+        try:
+            async with self.client.stream(
+                "POST",
+                f"{self.base_url}/chat/completions",
+                content=orjson.dumps(body),
+                headers=self._headers(request.api_key),
+            ) as response:
+                if response.status_code != 200:
+                    raise status_error(response.status_code, await response.aread())
+                async for line in response.aiter_lines():
+                    chunk = _sse_data(line)
+                    if chunk is None or done:
+                        continue
+                    if chunk == "[DONE]":
+                        # read the body to its end so the pooled connection is released cleanly
+                        done = True
+                        continue
+                    if isinstance(chunk, dict) and "error" in chunk and not chunk.get("choices"):
+                        message, usage = _explanation(orjson.dumps(chunk))
+                        raise ProviderDropped(message, usage=usage)
+                    produced = True
+                    yield chunk
+        except httpx.HTTPError as exc:
+            if done:
+                return
+            if produced:
+                raise ProviderDropped(type(exc).__name__) from None
+            raise ProviderUnreachable(type(exc).__name__) from None
+        if done:
+            return
+        if produced:
+            # the upstream closed the stream without [DONE]: the connection was lost
+            raise ProviderDropped("the stream ended without [DONE]")
+        raise ProviderUnreachable("the upstream closed the stream before any output")
+
+    async def embed(
+        self, upstream_model: str, inputs: list[Any], dimensions: int | None, api_key: str | None
+    ) -> EmbeddingResult:
+        body: dict[str, Any] = {
+            "model": upstream_model,
+            "input": inputs,
+            "encoding_format": "float",
+        }
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        try:
+            response = await self.client.post(
+                f"{self.base_url}/embeddings",
+                content=orjson.dumps(body),
+                headers=self._headers(api_key),
+            )
+        except httpx.HTTPError as exc:
+            raise ProviderUnreachable(type(exc).__name__) from None
+        if response.status_code != 200:
+            raise status_error(response.status_code, response.content)
+        try:
+            data = orjson.loads(response.content)
+            rows = sorted(data["data"], key=lambda row: row["index"])
+            vectors = [[float(x) for x in row["embedding"]] for row in rows]
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise ProviderServerError(502, "the upstream embeddings answer is malformed") from None
+        usage = _usage(data.get("usage")) or Usage(prompt_tokens=0)
+        return EmbeddingResult(vectors=vectors, usage=usage)
+
+    def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
+        """An OpenAI-compatible upstream does not say what it ignored; we claim nothing."""
+        return []
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _sse_data(line: str) -> Any:
+    """The JSON of one ``data:`` line (or the string ``[DONE]``); None for anything else."""
+    if not line.startswith("data:"):
+        return None
+    payload = line[5:].strip()
+    if payload == "[DONE]":
+        return payload
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None

@@ -1,0 +1,237 @@
+"""A fake OpenAI-compatible upstream: a real HTTP/1.1 server on a loopback port.
+
+Written on trio sockets and h11 (both already in the stack) rather than Quart, because
+its faults live below HTTP: a reset before any header, a connection dropped in the
+middle of a chunked body, a stall.
+
+Faults are chosen per request by a directive in the last message's text, so concurrent
+tests never share state::
+
+    [[fault status=500]]          answer with that status and an OpenAI error body
+    [[fault status=429]]
+    [[fault reset]]               close the connection before any header
+    [[fault delay=2.5]]           wait before answering
+    [[fault drop_after=2]]        stream 2 chunks, then cut the connection
+    [[fault stall_after=1]]       stream 1 chunk, then hang until the client leaves
+    [[fault no_usage]]            report no usage
+    [[fault chunk_delay=0.2]]     pause between stream chunks
+    [[fault usage_on_error]]      an error body that reports usage
+
+``calls`` counts requests received; ``bodies`` and ``auth`` keep what came in.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import h11
+import orjson
+import trio
+
+WORDS = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
+_DIRECTIVE = re.compile(r"\[\[fault ([^\]]*)\]\]")
+ERROR_TEXT = "upstream says no: see https://internal.example/v1/x key sk-abcdefgh12345678"
+
+
+def directives(body: dict[str, Any]) -> dict[str, str]:
+    found: dict[str, str] = {}
+    for message in body.get("messages") or []:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        for match in _DIRECTIVE.finditer(content or ""):
+            for item in match.group(1).split():
+                name, _, value = item.partition("=")
+                found[name] = value
+    return found
+
+
+def prompt_tokens(body: dict[str, Any]) -> int:
+    """Words of the messages: always at most the gateway's byte-based estimate."""
+    text = orjson.dumps(body.get("messages") or []).decode()
+    return max(1, len(text.split()))
+
+
+@dataclass
+class FakeUpstream:
+    url: str = ""
+    calls: int = 0
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    auth: list[str | None] = field(default_factory=list)
+
+    async def serve(self, *, task_status: trio.TaskStatus[FakeUpstream]) -> None:
+        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+        port = listeners[0].socket.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}/v1"
+        task_status.started(self)
+        await trio.serve_listeners(self._connection, listeners)
+
+    async def _connection(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        try:
+            while True:
+                request, body = await _read_request(conn, stream)
+                if request is None:
+                    return
+                keep = await self._answer(conn, stream, request, body)
+                if not keep or conn.our_state is not h11.DONE:
+                    return
+                conn.start_next_cycle()
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+            return
+        finally:
+            await stream.aclose()
+
+    async def _answer(
+        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
+    ) -> bool:
+        self.calls += 1
+        body = orjson.loads(raw) if raw else {}
+        self.bodies.append(body)
+        headers = dict(request.headers)
+        self.auth.append(headers.get(b"authorization", b"").decode() or None)
+        faults = directives(body)
+        if "delay" in faults:
+            await trio.sleep(float(faults["delay"]))
+        if "reset" in faults:
+            return False
+        if "status" in faults:
+            error: dict[str, Any] = {"error": {"message": ERROR_TEXT, "type": "x", "code": None}}
+            if "usage_on_error" in faults:
+                error["usage"] = {"prompt_tokens": 5, "completion_tokens": 3}
+            await _send(conn, stream, int(faults["status"]), orjson.dumps(error))
+            return True
+        path = request.target.decode()
+        if path.endswith("/embeddings"):
+            return await self._embeddings(conn, stream, body)
+        if body.get("stream"):
+            return await self._stream(conn, stream, body, faults)
+        content, usage = _reply(body, faults)
+        completion = _completion(body, content, usage, "chat.completion")
+        await _send(conn, stream, 200, orjson.dumps(completion))
+        return True
+
+    async def _stream(
+        self, conn: h11.Connection, stream: trio.SocketStream, body: dict, faults: dict[str, str]
+    ) -> bool:
+        content, usage = _reply(body, faults)
+        head = h11.Response(
+            status_code=200,
+            headers=[("content-type", "text/event-stream"), ("transfer-encoding", "chunked")],
+        )
+        await stream.send_all(conn.send(head))
+        pieces = [{"role": "assistant", "content": ""}] + [
+            {"content": (" " if i else "") + word} for i, word in enumerate(content.split())
+        ]
+        delay = float(faults.get("chunk_delay", 0))
+        for index, delta in enumerate(pieces):
+            if "drop_after" in faults and index >= int(faults["drop_after"]):
+                return False  # cut: no terminating chunk
+            if "stall_after" in faults and index >= int(faults["stall_after"]):
+                await trio.sleep_forever()
+            choice = {"index": 0, "delta": delta, "finish_reason": None}
+            await _event(
+                conn, stream, _completion(body, None, None, "chat.completion.chunk", choice)
+            )
+            if delay:
+                await trio.sleep(delay)
+        final = {"index": 0, "delta": {}, "finish_reason": "stop"}
+        await _event(conn, stream, _completion(body, None, None, "chat.completion.chunk", final))
+        if usage is not None:
+            chunk = _completion(body, None, usage, "chat.completion.chunk")
+            chunk["choices"] = []
+            await _event(conn, stream, chunk)
+        await stream.send_all(conn.send(h11.Data(data=b"data: [DONE]\n\n")))
+        await stream.send_all(conn.send(h11.EndOfMessage()))
+        return True
+
+    async def _embeddings(
+        self, conn: h11.Connection, stream: trio.SocketStream, body: dict
+    ) -> bool:
+        inputs = body.get("input")
+        inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
+        size = int(body.get("dimensions") or 4)
+        data = [
+            {"object": "embedding", "index": i, "embedding": [1.0] + [0.0] * (size - 1)}
+            for i in range(len(inputs))
+        ]
+        tokens = sum(len(str(item).split()) for item in inputs)
+        answer = {
+            "object": "list",
+            "data": data,
+            "model": body.get("model"),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+        await _send(conn, stream, 200, orjson.dumps(answer))
+        return True
+
+
+def _reply(body: dict[str, Any], faults: dict[str, str]) -> tuple[str, dict[str, int] | None]:
+    limit = int(body.get("max_tokens") or 16)
+    words = [WORDS[i % len(WORDS)] for i in range(min(limit, 6))]
+    content = " ".join(words)
+    if "no_usage" in faults:
+        return content, None
+    return content, {
+        "prompt_tokens": prompt_tokens(body),
+        "completion_tokens": len(words),
+        "total_tokens": prompt_tokens(body) + len(words),
+    }
+
+
+def _completion(
+    body: dict[str, Any],
+    content: str | None,
+    usage: dict[str, int] | None,
+    kind: str,
+    choice: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    if choice is None and kind == "chat.completion":
+        message = {"role": "assistant", "content": content}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+    answer: dict[str, Any] = {
+        "id": "chatcmpl-fake",
+        "object": kind,
+        "created": 1_700_000_000,
+        "model": body.get("model", "fake"),
+        "choices": [choice] if choice else [],
+    }
+    if usage is not None:
+        answer["usage"] = usage
+    return answer
+
+
+async def _read_request(
+    conn: h11.Connection, stream: trio.SocketStream
+) -> tuple[h11.Request | None, bytes]:
+    request: h11.Request | None = None
+    body = b""
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            data = await stream.receive_some(65536)
+            conn.receive_data(data)
+            if not data and request is None:
+                return None, b""
+            continue
+        if isinstance(event, h11.Request):
+            request = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            return request, body
+        elif isinstance(event, h11.ConnectionClosed):
+            return None, b""
+
+
+async def _send(conn: h11.Connection, stream: trio.SocketStream, status: int, data: bytes) -> None:
+    headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
+    await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)))
+    await stream.send_all(conn.send(h11.Data(data=data)))
+    await stream.send_all(conn.send(h11.EndOfMessage()))
+
+
+async def _event(conn: h11.Connection, stream: trio.SocketStream, chunk: dict[str, Any]) -> None:
+    await stream.send_all(conn.send(h11.Data(data=b"data: " + orjson.dumps(chunk) + b"\n\n")))

@@ -1,0 +1,310 @@
+"""Live keys against a fake upstream: one test per settlement row and failure mapping.
+
+Each case asserts the HTTP answer AND cost.settled_usd on the request record AND the
+key's spend in GET /v1/key AND the organisation's credits in GET /v1/credits.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+import trio
+
+from gateway.catalog import NANOS_PER_USD
+from gateway.config import Config, ModelConfig, ProviderConfig
+from gateway.estimate import estimate_prompt_tokens
+from gateway.provider_errors import REFUSED_PHRASE
+from tests.conftest import Gateway, make_config, start_gateway
+from tests.fake_upstream import FakeUpstream
+
+IN_PRICE, OUT_PRICE = 3.0, 15.0  # USD per million tokens: 3000 and 15000 nano-USD a token
+MAX_TOKENS = 50
+UPSTREAM_KEY = "sk-upstream-test-0123456789"
+
+
+def live_config(tmp_path: Path, upstream: FakeUpstream, **server: Any) -> Config:
+    base = make_config(tmp_path, **server)
+    provider = ProviderConfig(
+        name="upstream", kind="openai", base_url=upstream.url, api_key_env="FAKE_UPSTREAM_KEY"
+    )
+    chat = ModelConfig("live-chat", "upstream", "up-chat", input_usd_per_mtok=IN_PRICE)
+    chat = replace(chat, output_usd_per_mtok=OUT_PRICE)
+    embed = ModelConfig("live-embed", "upstream", "up-embed", "embedding", input_usd_per_mtok=0.5)
+    models = (chat, replace(embed, output_usd_per_mtok=0.0))
+    return replace(base, providers=(*base.providers, provider), models=models)
+
+
+@pytest.fixture
+async def upstream(nursery: trio.Nursery) -> FakeUpstream:
+    return await nursery.start(FakeUpstream().serve)
+
+
+@pytest.fixture
+async def live(
+    nursery: trio.Nursery, tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[Gateway, str]]:
+    monkeypatch.setenv("FAKE_UPSTREAM_KEY", UPSTREAM_KEY)
+    gw = await start_gateway(nursery, live_config(tmp_path, upstream, request_timeout_s=2.0))
+    key = await gw.create_key(name="live", mode="live", caps={"usd_day": 10})
+    yield gw, key["token"]
+    gw.stop.set()
+
+
+def body_for(text: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": "live-chat",
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": MAX_TOKENS,
+        **extra,
+    }
+
+
+def cost(prompt: int, completion: int) -> int:
+    return math.ceil((prompt * IN_PRICE + completion * OUT_PRICE) * 1000)
+
+
+def estimate_of(body: dict[str, Any]) -> int:
+    upstream = {"messages": body["messages"], "max_tokens": MAX_TOKENS}
+    return estimate_prompt_tokens(upstream)
+
+
+async def state(gw: Gateway, token: str, request_id: str) -> dict[str, Any]:
+    async with gw.client(token) as client:
+        record = await client.get(f"/v1/requests/{request_id}")
+        key = (await client.get("/v1/key")).json()
+        credits = (await client.get("/v1/credits")).json()
+    return {
+        "record": record.json() if record.status_code == 200 else None,
+        "spent": round(key["usage"]["day"]["spent_usd"] * NANOS_PER_USD),
+        "reserved": key["usage"]["day"]["reserved_usd"],
+        "in_flight": key["rate_limit"]["in_flight"],
+        "used": round(credits["used_usd"] * NANOS_PER_USD),
+        "balance": credits["balance_usd"],
+    }
+
+
+async def call(gw: Gateway, token: str, body: dict[str, Any]) -> httpx.Response:
+    async with gw.client(token) as client:
+        return await client.post("/v1/chat/completions", json=body)
+
+
+def settled(after: dict[str, Any]) -> int:
+    return round(after["record"]["cost"]["settled_usd"] * NANOS_PER_USD)
+
+
+async def test_usage_reported_bills_the_real_cost(live: tuple[Gateway, str]) -> None:
+    gw, token = live
+    body = body_for("hello there")
+    response = await call(gw, token, body)
+    assert response.status_code == 200, response.text
+    usage = response.json()["usage"]
+    expected = cost(usage["prompt_tokens"], usage["completion_tokens"])
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == expected
+    assert after["spent"] == expected and after["used"] == expected
+    assert after["reserved"] == 0 and after["in_flight"] == 0
+    assert after["record"]["cost"]["billed_usd"] == after["record"]["cost"]["settled_usd"]
+    assert usage["prompt_tokens"] <= estimate_of(body)
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 413, 422])
+async def test_provider_refusal_costs_nothing(live: tuple[Gateway, str], status: int) -> None:
+    gw, token = live
+    response = await call(gw, token, body_for(f"[[fault status={status}]]"))
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["code"] == "invalid_request"
+    assert error["message"].startswith(REFUSED_PHRASE)
+    assert "upstream says no" in error["message"]
+    for leak in ("internal.example", "sk-abcdefgh", UPSTREAM_KEY):
+        assert leak not in response.text
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == 0 and after["spent"] == 0 and after["used"] == 0
+    assert after["in_flight"] == 0
+
+
+async def test_provider_429_is_rate_limited_with_retry_after_30(
+    live: tuple[Gateway, str],
+) -> None:
+    gw, token = live
+    response = await call(gw, token, body_for("[[fault status=429]]"))
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "rate_limited"
+    assert response.headers["Retry-After"] == "30"
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == 0 and after["spent"] == 0 and after["used"] == 0
+
+
+@pytest.mark.parametrize("fault", ["status=500", "status=503", "reset"])
+async def test_server_error_counts_the_input_share(live: tuple[Gateway, str], fault: str) -> None:
+    gw, token = live
+    body = body_for(f"[[fault {fault}]]")
+    response = await call(gw, token, body)
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "service_unavailable"
+    assert "Retry-After" in response.headers
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    share = cost(estimate_of(body), 0)
+    assert settled(after) == share and after["spent"] == share
+    assert after["used"] == 0, "no usage reported: nothing is debited from credits"
+    assert after["record"]["cost"]["billed_usd"] == 0
+
+
+async def test_error_with_usage_bills_the_reported_usage(live: tuple[Gateway, str]) -> None:
+    gw, token = live
+    response = await call(gw, token, body_for("[[fault status=500 usage_on_error]]"))
+    assert response.status_code == 503
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == cost(5, 3) == after["used"] == after["spent"]
+
+
+async def test_success_without_usage_counts_the_full_estimate(live: tuple[Gateway, str]) -> None:
+    gw, token = live
+    body = body_for("[[fault no_usage]]")
+    response = await call(gw, token, body)
+    assert response.status_code == 200
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    full = cost(estimate_of(body), MAX_TOKENS)
+    assert settled(after) == full == after["spent"]
+    assert after["used"] == 0
+
+
+async def test_own_timeout_is_504_and_counts_the_full_estimate(live: tuple[Gateway, str]) -> None:
+    gw, token = live
+    body = body_for("[[fault delay=5]]")
+    with trio.fail_after(10):
+        response = await call(gw, token, body)
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "request_timeout"
+    assert response.headers["x-should-retry"] == "false"
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == cost(estimate_of(body), MAX_TOKENS) == after["spent"]
+    assert after["used"] == 0
+
+
+async def test_stream_dropped_after_output_counts_the_full_estimate(
+    live: tuple[Gateway, str],
+) -> None:
+    gw, token = live
+    body = body_for("[[fault drop_after=3]]", stream=True)
+    async with (
+        gw.client(token) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        lines = [line async for line in response.aiter_lines() if line.startswith("data:")]
+        request_id = response.headers["X-Request-Id"]
+    error = orjson.loads(lines[-2][5:])["error"]
+    assert error["code"] == "service_unavailable"
+    assert lines[-1] == "data: [DONE]"
+    after = await state(gw, token, request_id)
+    assert settled(after) == cost(estimate_of(body), MAX_TOKENS) == after["spent"]
+    assert after["used"] == 0 and after["in_flight"] == 0
+
+
+async def test_stream_with_usage_bills_the_real_cost(live: tuple[Gateway, str]) -> None:
+    gw, token = live
+    body = body_for("stream me", stream=True, stream_options={"include_usage": True})
+    async with (
+        gw.client(token) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        chunks = [
+            orjson.loads(line[5:])
+            async for line in response.aiter_lines()
+            if line.startswith("data:") and line != "data: [DONE]"
+        ]
+        request_id = response.headers["X-Request-Id"]
+    usage = chunks[-1]["usage"]
+    after = await state(gw, token, request_id)
+    assert settled(after) == cost(usage["prompt_tokens"], usage["completion_tokens"])
+    assert after["used"] == settled(after)
+
+
+async def test_insufficient_credits_refuses_before_the_model(
+    live: tuple[Gateway, str], upstream: FakeUpstream
+) -> None:
+    gw, _ = live
+    org = (await gw.admin("POST", "/admin/orgs", {"name": "poor", "credits_usd": 0.0001})).json()
+    key = await gw.create_key(name="poor", mode="live", org_id=org["id"])
+    calls = upstream.calls
+    response = await call(gw, key["token"], body_for("hello"))
+    assert response.status_code == 402
+    assert response.json()["error"]["code"] == "insufficient_credits"
+    assert upstream.calls == calls, "a refused call never reaches the provider"
+    async with gw.client(key["token"]) as client:
+        record = await client.get(f"/v1/requests/{response.headers['X-Request-Id']}")
+    assert record.status_code == 404
+
+
+async def test_provider_key_comes_from_the_environment(
+    live: tuple[Gateway, str], upstream: FakeUpstream
+) -> None:
+    gw, token = live
+    assert (await call(gw, token, body_for("who am i"))).status_code == 200
+    assert upstream.auth[-1] == f"Bearer {UPSTREAM_KEY}"
+    assert upstream.bodies[-1]["model"] == "up-chat"
+
+
+async def test_live_embeddings(live: tuple[Gateway, str]) -> None:
+    gw, token = live
+    async with gw.client(token) as client:
+        response = await client.post(
+            "/v1/embeddings", json={"model": "live-embed", "input": ["one two", "three"]}
+        )
+    assert response.status_code == 200, response.text
+    assert len(response.json()["data"]) == 2
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == math.ceil(3 * 0.5 * 1000)
+
+
+async def test_openai_client_receives_chunks_as_they_are_sent(live: tuple[Gateway, str]) -> None:
+    gw, token = live
+
+    def stream() -> list[float]:
+        import time
+
+        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token)
+        arrivals = []
+        for chunk in client.chat.completions.create(
+            **body_for("[[fault chunk_delay=0.25]]", stream=True)
+        ):
+            if chunk.choices and chunk.choices[0].delta.content:
+                arrivals.append(time.monotonic())
+        return arrivals
+
+    with trio.fail_after(20):
+        arrivals = await trio.to_thread.run_sync(stream)
+    assert len(arrivals) >= 4
+    gaps = [b - a for a, b in itertools.pairwise(arrivals)]
+    # buffered to the end, the chunks would arrive together; streamed, ~0.25 s apart
+    assert min(gaps) > 0.15, gaps
+
+
+async def test_spend_survives_a_restart(
+    nursery: trio.Nursery, tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_UPSTREAM_KEY", UPSTREAM_KEY)
+    config = live_config(tmp_path, upstream)
+    gw = await start_gateway(nursery, config)
+    key = await gw.create_key(name="durable", mode="live", caps={"usd_day": 10})
+    response = await call(gw, key["token"], body_for("remember me"))
+    before = await state(gw, key["token"], response.headers["X-Request-Id"])
+    gw.stop.set()
+    await trio.sleep(0.2)
+    again = await start_gateway(nursery, config)
+    after = await state(again, key["token"], response.headers["X-Request-Id"])
+    assert before["spent"] > 0
+    assert after["spent"] == before["spent"]
+    assert after["balance"] == before["balance"]
+    assert after["record"] == before["record"]
+    again.stop.set()
