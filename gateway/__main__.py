@@ -1,3 +1,3 @@
 from gateway.cli import main
 
-main()
+main(prog_name="svc-gateway")

@@ -123,7 +123,7 @@ class Call:
             "endpoint": self.endpoint,
             "model": self.model.id,
             "provider": self.model.config.provider if self.live else "mock",
-            "status": "succeeded" if error is None else "failed",
+            "status": self._status(error),
             "http_status": http_status,
             "stream": int(self.stream),
             "tags": self.tags,
@@ -136,6 +136,12 @@ class Call:
             "error_code": error,
             "mode": self.record.mode,
         }
+
+    def _status(self, error: str | None) -> str:
+        """failed (with an error code), cancelled (the client went away), or succeeded."""
+        if error is not None:
+            return "failed"
+        return "cancelled" if self.client_gone else "succeeded"
 
     def _ledger_row(self, settlement: Settlement) -> dict[str, Any] | None:
         if not settlement.billed_nanos:

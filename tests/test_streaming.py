@@ -280,6 +280,7 @@ async def test_a_dropped_stream_frees_its_slot_and_counts_the_full_estimate(
     assert view["usage"]["day"]["reserved_usd"] == 0
     row = await record(gw, request_id)
     assert row["stream"] == 1
+    assert row["status"] == "cancelled"  # the client went away; billed like a drop
     assert row["usage"] is None  # the usage chunk never came
     assert row["settled_usd_nanos"] == row["reserved_usd_nanos"] > 0
     assert view["usage"]["day"]["spent_usd"] == pytest.approx(row["reserved_usd_nanos"] / 1e9)
