@@ -97,19 +97,22 @@ class OpenAIProvider:
             headers["Authorization"] = f"Bearer {api_key}"
         return headers
 
-    async def complete(self, request: ProviderRequest) -> ProviderResult:
-        body = {**request.body, "stream": False}
-        body.pop("stream_options", None)
+    async def _post(self, path: str, body: dict[str, Any], api_key: str | None) -> httpx.Response:
+        """One non-streamed upstream call: a 200 answer, or the provider error it maps to."""
         try:
             response = await self.client.post(
-                f"{self.base_url}/chat/completions",
-                content=orjson.dumps(body),
-                headers=self._headers(request.api_key),
+                f"{self.base_url}{path}", content=orjson.dumps(body), headers=self._headers(api_key)
             )
         except httpx.HTTPError as exc:
             raise ProviderUnreachable(type(exc).__name__) from None
         if response.status_code != 200:
             raise status_error(response.status_code, response.content)
+        return response
+
+    async def complete(self, request: ProviderRequest) -> ProviderResult:
+        body = {**request.body, "stream": False}
+        body.pop("stream_options", None)
+        response = await self._post("/chat/completions", body, request.api_key)
         try:
             completion = orjson.loads(response.content)
         except orjson.JSONDecodeError:
@@ -167,16 +170,7 @@ class OpenAIProvider:
         }
         if dimensions is not None:
             body["dimensions"] = dimensions
-        try:
-            response = await self.client.post(
-                f"{self.base_url}/embeddings",
-                content=orjson.dumps(body),
-                headers=self._headers(api_key),
-            )
-        except httpx.HTTPError as exc:
-            raise ProviderUnreachable(type(exc).__name__) from None
-        if response.status_code != 200:
-            raise status_error(response.status_code, response.content)
+        response = await self._post("/embeddings", body, api_key)
         try:
             data = orjson.loads(response.content)
             rows = sorted(data["data"], key=lambda row: row["index"])
