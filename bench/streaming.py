@@ -153,13 +153,18 @@ class Server:
             self.proc.stdout.close()
 
 
-def start_server(workdir: Path) -> Server:
+def start_server(
+    workdir: Path, extra_args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None
+) -> Server:
+    """A ``svc-gateway serve`` process on a free loopback port, once it says it listens."""
     env = {name: value for name, value in os.environ.items() if not name.startswith("SVC_")}
     env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", SVC_ADMIN_TOKEN=ADMIN_TOKEN)
+    env.update(extra_env or {})
     stderr_path = workdir / "server.stderr"
+    command = [sys.executable, "-m", "gateway", "serve", "--port", "0", "--db", "bench.db"]
     with stderr_path.open("w") as stderr:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--port", "0", "--db", "bench.db"],
+            [*command, *extra_args],
             cwd=workdir,
             env=env,
             stdin=subprocess.DEVNULL,
@@ -446,9 +451,11 @@ def reading(gateway: Figures, direct: Figures) -> list[str]:
 
 
 def write_section(path: Path, section: str) -> None:
-    """Add or replace this benchmark's section; every other section is kept as it is."""
+    """Add or replace a benchmark's section (found by its heading, the section's first
+    line); every other section is kept as it is."""
+    heading = section.splitlines()[0]
     text = path.read_text() if path.exists() else "# Benchmark results\n"
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(rf"^{re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
     if pattern.search(text):
         text = pattern.sub(lambda _: section + "\n", text, count=1)
     else:
