@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.config import Config, ModelConfig
@@ -36,6 +36,16 @@ class Model:
     def priced(self) -> bool:
         return self.config.input_usd_per_mtok is not None and (
             self.config.output_usd_per_mtok is not None
+        )
+
+    def priced_at(self, input_usd_per_mtok: float, output_usd_per_mtok: float) -> Model:
+        """This model at another price (an organisation's BYOK price)."""
+        return Model(
+            replace(
+                self.config,
+                input_usd_per_mtok=float(input_usd_per_mtok),
+                output_usd_per_mtok=float(output_usd_per_mtok),
+            )
         )
 
     def has(self, capability: str) -> bool:
@@ -74,11 +84,41 @@ _CAPS = ("tools", "structured_output", "vision", "web_search")
 
 
 class Catalog:
+    """The configured models: the enabled ones serve, a disabled one answers 503
+    model_unavailable (it exists, it is off for now), and aliases name models too."""
+
     def __init__(self, config: Config) -> None:
+        self._every: dict[str, Model] = {m.id: Model(m) for m in config.models}
         self.models: dict[str, Model] = {m.id: Model(m) for m in config.models if m.enabled}
+        self._aliases: dict[str, list[str]] = {}
+        for model in config.models:
+            for alias in model.aliases:
+                self._aliases.setdefault(alias, []).append(model.id)
 
     def get(self, model_id: str) -> Model | None:
         return self.models.get(model_id)
+
+    def every(self) -> list[Model]:
+        """Every configured model, enabled or not, in configuration order."""
+        return list(self._every.values())
+
+    def candidates(self, name: str) -> list[str]:
+        """The ids a requested name may mean: the model itself, else every model it aliases."""
+        if name in self._every:
+            return [name]
+        return list(self._aliases.get(name, ()))
+
+    def is_disabled(self, model_id: str) -> bool:
+        return model_id in self._every and model_id not in self.models
+
+    def set_enabled(self, model_id: str, enabled: bool) -> Model | None:
+        """Turn a configured model on or off until the next restart; None if unknown."""
+        model = self._every.get(model_id)
+        if model is None:
+            return None
+        on = {i for i in self.models if i != model_id} | ({model_id} if enabled else set())
+        self.models = {i: m for i, m in self._every.items() if i in on}  # config order
+        return model
 
     def embedding_model(self) -> Model | None:
         return next((m for m in self.models.values() if m.kind == "embedding"), None)

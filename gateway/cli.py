@@ -282,5 +282,32 @@ def key_list(org_id: str, url: str | None, as_json: bool) -> None:
     emit(data, as_json, ("id", "prefix", "name", "mode", "status", "parent_id"))
 
 
+@main.group()
+def model() -> None:
+    """Switch models of the catalog off and on (until the server restarts)."""
+
+
+def _model_action(action: str, help_text: str) -> None:
+    @model.command(action, help=help_text)
+    @click.argument("model_id")
+    @url_option
+    @json_option
+    def command(model_id: str, url: str | None, as_json: bool) -> None:
+        emit(call_admin(url, "POST", f"/admin/models/{model_id}/{action}"), as_json)
+
+
+_model_action("disable", "Switch a model off: its calls answer 503 model_unavailable.")
+_model_action("enable", "Switch a disabled model back on.")
+
+
+@model.command("list")
+@url_option
+@json_option
+def model_list(url: str | None, as_json: bool) -> None:
+    """List every configured model and whether it is enabled."""
+    data = call_admin(url, "GET", "/admin/models")
+    emit(data, as_json, ("id", "kind", "owned_by", "enabled"))
+
+
 if __name__ == "__main__":
     main()

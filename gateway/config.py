@@ -71,6 +71,8 @@ class ModelConfig:
     output_usd_per_mtok: float | None = None
     dimensions: int = 1536
     enabled: bool = True
+    #: other names clients may call the model by; one shared by two models is ambiguous
+    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,6 +245,7 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
         "output_usd_per_mtok",
         "dimensions",
         "enabled",
+        "aliases",
     }
     _check_unknown(table, allowed, where)
     for key in ("id", "provider"):
@@ -277,6 +280,10 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
     }
     dimensions = _take(table, "dimensions", where, int) if "dimensions" in table else 1536
     _positive(dimensions, f"{where}.dimensions")
+    aliases = tuple(_take(table, "aliases", where, list)) if "aliases" in table else ()
+    for alias in aliases:
+        if not isinstance(alias, str) or not _ID.match(alias):
+            raise ConfigError(f"{where}.aliases: invalid model id {alias!r}")
     return ModelConfig(
         id=model_id,
         provider=provider,
@@ -284,6 +291,7 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
         kind=kind,
         capabilities=caps,
         dimensions=dimensions,
+        aliases=aliases,
         **flags,
         **prices,
     )
@@ -315,6 +323,10 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     for i, model_id in enumerate(ids):
         if model_id in ids[:i]:
             raise ConfigError(f"models[{i}].id: duplicate model {model_id!r}")
+    for i, model in enumerate(models):
+        for alias in model.aliases:
+            if alias in ids:
+                raise ConfigError(f"models[{i}].aliases: {alias!r} is the id of a model")
     if sum(1 for m in models if m.kind == "embedding") > 1:
         raise ConfigError("models: at most one model of kind embedding is served")
     return Config(server=server, providers=providers, models=models, source=source)

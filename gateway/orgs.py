@@ -20,7 +20,21 @@ POLICY_KEYS: dict[str, type | tuple[type, ...]] = {
     "byok_pricing": dict,
     "org_rpm": int,
     "web_search_models": list,
+    "spend_paused": bool,
 }
+
+#: features an organisation's plan (policy key ``entitlements``) can turn off
+ENTITLEMENTS = (
+    "chat_completions",
+    "responses",
+    "embeddings",
+    "streaming",
+    "tools",
+    "vision",
+    "structured_output",
+    "web_search",
+)
+_PRICE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +77,7 @@ def validate_policy(policy: Any) -> dict[str, Any]:
         if kind is None:
             raise GatewayError("invalid_request", f"Unknown policy key {key!r}.", param=key)
         kinds = kind if isinstance(kind, tuple) else (kind,)
-        if isinstance(value, bool) or not isinstance(value, kinds):
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, kinds):
             raise GatewayError(
                 "invalid_request", f"Policy key {key!r} has the wrong type.", param=key
             )
@@ -75,4 +89,37 @@ def validate_policy(policy: Any) -> dict[str, Any]:
             raise GatewayError(
                 "invalid_request", f"Policy key {key!r} must not be negative.", param=key
             )
+    _check_entitlements(policy.get("entitlements"))
+    _check_byok_pricing(policy.get("byok_pricing"))
     return dict(policy)
+
+
+def _check_entitlements(plan: dict[str, Any] | None) -> None:
+    for feature, allowed in (plan or {}).items():
+        if feature not in ENTITLEMENTS:
+            raise GatewayError(
+                "invalid_request",
+                f"Unknown entitlement {feature!r}; known: {', '.join(ENTITLEMENTS)}.",
+                param="entitlements",
+            )
+        if not isinstance(allowed, bool):
+            raise GatewayError(
+                "invalid_request", f"Entitlement {feature!r} must be a boolean.", "entitlements"
+            )
+
+
+def _check_byok_pricing(pricing: dict[str, Any] | None) -> None:
+    """``{model id or "*": {"input_usd_per_mtok": n, "output_usd_per_mtok": n}}``."""
+    for model_id, price in (pricing or {}).items():
+        valid = isinstance(price, dict) and set(price) == set(_PRICE_FIELDS)
+        valid = valid and all(
+            isinstance(price[f], (int, float)) and not isinstance(price[f], bool) and price[f] >= 0
+            for f in _PRICE_FIELDS
+        )
+        if not valid:
+            raise GatewayError(
+                "invalid_request",
+                f"byok_pricing[{model_id!r}] must hold exactly input_usd_per_mtok and "
+                "output_usd_per_mtok, non-negative numbers.",
+                param="byok_pricing",
+            )

@@ -27,7 +27,7 @@ import trio
 from gateway import admission
 from gateway.catalog import Model
 from gateway.keys import KeyRecord
-from gateway.policy import check_model
+from gateway.policy import check_model, check_spend_controls
 from gateway.providers.base import Provider, ProviderRequest, Usage
 from gateway.runtime import Runtime
 from gateway.settlement import Ending, Settlement, settle_amounts
@@ -179,6 +179,7 @@ async def reserve_call(call: Call, prompt_estimate: int, max_output: int) -> Non
     assert call.model is not None
     call.prompt_estimate = prompt_estimate
     cost = call.model.cost_nanos(prompt_estimate, max_output)
+    check_spend_controls(call.runtime, call.record, cost)
     call.reservation = await admission.reserve(
         call.record,
         tokens=prompt_estimate + max_output,

@@ -2,7 +2,9 @@
 
 Checks, in order (the first failing group answers):
 
-1. the model exists in the catalog, else 404 model_not_found (decision unknown_model);
+1. the name is a model of the catalog or an alias of exactly one, else 404
+   model_not_found (decision unknown_model) or 403 model_ambiguous; a model switched
+   off by the operator is 503 model_unavailable;
 2. it is of the endpoint's kind (chat or embedding), else 400 invalid_request / model;
 3. policy rules: every rule of the organisation, its contract and the key that denies is
    listed in ``svc.policy.decisions`` of one 403 model_not_allowed;
@@ -10,8 +12,12 @@ Checks, in order (the first failing group answers):
    zero_retention_available (400 model_not_zdr);
 5. BYOK: the model must allow it (400 byok_unavailable), the organisation must have a
    credential for the provider (409 provider_credential_missing) and BYOK pricing
-   (503 admission_unavailable, Retry-After 60);
+   (503 admission_unavailable, Retry-After 60) with a price for this model (503
+   pricing_unavailable); the call is then costed at that price;
 6. a price (403 model_not_priced).
+
+Checks that need the parsed call (entitlements, web search) and the per-request cost
+ceiling are separate functions the walk calls where it has what they need.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gateway.catalog import Model
+from gateway.catalog import Model, nanos_to_usd, usd_to_nanos
 from gateway.errors import GatewayError
 from gateway.keys import KeyRecord
 from gateway.orgs import Org
@@ -92,14 +98,7 @@ def key_rules(runtime: Runtime, record: KeyRecord, model: Model) -> list[dict[st
 
 
 def check_model(runtime: Runtime, record: KeyRecord, model_id: str, kind: str) -> Model:
-    model = runtime.catalog.get(model_id)
-    if model is None:
-        raise GatewayError(
-            "model_not_found",
-            f"The model {model_id!r} does not exist or is not available to your organization.",
-            param="model",
-            svc={"policy": {"decisions": [_deny("unknown_model")]}},
-        )
+    model = _find(runtime, model_id)
     if model.kind != kind:
         expected = "an embedding" if kind == "embedding" else "a chat"
         raise GatewayError("invalid_request", f"{model_id} is not {expected} model.", "model")
@@ -122,13 +121,38 @@ def check_model(runtime: Runtime, record: KeyRecord, model_id: str, kind: str) -
             "model_not_zdr", f"{model_id} is not available under zero retention.", "model"
         )
     if record.byok:
-        _check_byok(runtime, org, model)
+        return _check_byok(runtime, org, model)
     if not model.priced:
         raise GatewayError("model_not_priced", f"{model_id} has no price yet.", "model")
     return model
 
 
-def _check_byok(runtime: Runtime, org: Org | None, model: Model) -> None:
+def _find(runtime: Runtime, name: str) -> Model:
+    """The one model a requested name means, or the refusal saying why there is none."""
+    candidates = runtime.catalog.candidates(name)
+    if len(candidates) > 1:
+        raise GatewayError(
+            "model_ambiguous",
+            f"{name!r} names several models ({', '.join(candidates)}); use one of their ids.",
+            param="model",
+        )
+    if candidates and runtime.catalog.is_disabled(candidates[0]):
+        raise GatewayError(
+            "model_unavailable", f"The model {name!r} is temporarily disabled.", param="model"
+        )
+    model = runtime.catalog.get(candidates[0]) if candidates else None
+    if model is None:
+        raise GatewayError(
+            "model_not_found",
+            f"The model {name!r} does not exist or is not available to your organization.",
+            param="model",
+            svc={"policy": {"decisions": [_deny("unknown_model")]}},
+        )
+    return model
+
+
+def _check_byok(runtime: Runtime, org: Org | None, model: Model) -> Model:
+    """The BYOK checks; the model priced at the organisation's BYOK price."""
     if not model.config.byok_available:
         raise GatewayError(
             "byok_unavailable", f"{model.id} cannot be billed on your provider key.", "model"
@@ -139,11 +163,73 @@ def _check_byok(runtime: Runtime, org: Org | None, model: Model) -> None:
             f"No provider key is set up for provider {model.config.provider!r}.",
             "model",
         )
-    if not isinstance(org.policy.get("byok_pricing"), dict):
+    pricing = org.policy.get("byok_pricing")
+    if not isinstance(pricing, dict):
         raise GatewayError(
             "admission_unavailable",
             "BYOK pricing is not set up for this organization.",
             retry_after=BYOK_SETUP_RETRY_AFTER,
+        )
+    price = pricing.get(model.id, pricing.get("*"))
+    if price is None:
+        raise GatewayError(
+            "pricing_unavailable", f"No BYOK price is configured for {model.id}.", "model"
+        )
+    return model.priced_at(price["input_usd_per_mtok"], price["output_usd_per_mtok"])
+
+
+def check_entitlements(runtime: Runtime, record: KeyRecord, features: list[str]) -> None:
+    """403 entitlement_denied for the first feature the organisation's plan turns off.
+
+    ``entitlements`` maps a feature to false to deny it; a feature left out is allowed.
+    """
+    org = runtime.orgs.get(record.org_id)
+    plan = org.policy.get("entitlements") if org else None
+    if not isinstance(plan, dict):
+        return
+    for feature in features:
+        if plan.get(feature) is False:
+            raise GatewayError(
+                "entitlement_denied",
+                f"Your organization's plan does not include {feature}.",
+                param=None,
+            )
+
+
+def check_web_search(runtime: Runtime, record: KeyRecord, model: Model, param: str) -> None:
+    """403 web_search_not_allowed: the model searches, but not for this organisation."""
+    org = runtime.orgs.get(record.org_id)
+    allowed = _listed(org.policy, "web_search_models") if org else None
+    if allowed is not None and model.id not in allowed:
+        raise GatewayError(
+            "web_search_not_allowed",
+            f"Web search is not available for {model.id} in your organization.",
+            param=param,
+        )
+
+
+def check_spend_controls(runtime: Runtime, record: KeyRecord, cost_nanos: int) -> None:
+    """The organisation's spend controls on one call's worst-case cost (before reserving).
+
+    ``spend_paused`` refuses every live call (402 spend_refused: sandbox calls cost
+    nothing); ``max_cost_per_request_usd`` refuses a call whose worst case passes it
+    (402 max_cost_per_request, with the contract rule in the svc block).
+    """
+    org = runtime.orgs.get(record.org_id)
+    if org is None:
+        return
+    if org.policy.get("spend_paused") is True and record.mode == "live":
+        raise GatewayError(
+            "spend_refused", "Your organization's spend controls paused paid calls.", None
+        )
+    ceiling = org.policy.get("max_cost_per_request_usd")
+    if ceiling is not None and cost_nanos > usd_to_nanos(ceiling):
+        raise GatewayError(
+            "max_cost_per_request",
+            f"The worst-case cost of this call (${nanos_to_usd(cost_nanos)}) is above the "
+            f"contract's maximum of ${ceiling} per request.",
+            param=None,
+            svc={"policy": {"decisions": [_deny("contract_max_cost_per_request")]}},
         )
 
 

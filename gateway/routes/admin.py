@@ -225,7 +225,33 @@ async def key_action(key_id: str, action: str) -> Response:
     return json_response(record.public(rt.clock.now()))
 
 
+async def list_models() -> Response:
+    _authorize()
+    catalog = runtime().catalog
+    rows = [
+        {**model.public(), "enabled": not catalog.is_disabled(model.id)}
+        for model in catalog.every()
+    ]
+    return json_response({"object": "list", "data": rows})
+
+
+async def model_action(model_id: str, action: str) -> Response:
+    """Switch a model off (calls answer 503 model_unavailable) or on, until a restart."""
+    _authorize()
+    model = runtime().catalog.set_enabled(model_id, action == "enable")
+    if model is None:
+        raise GatewayError("not_found", f"No model {model_id}.")
+    return json_response({**model.public(), "enabled": action == "enable"})
+
+
 def register(app: Quart) -> None:
+    app.add_url_rule("/admin/models", "admin_list_models", list_models, methods=["GET"])
+    app.add_url_rule(
+        "/admin/models/<model_id>/<any(disable, enable):action>",
+        "admin_model_action",
+        model_action,
+        methods=["POST"],
+    )
     app.add_url_rule("/admin/orgs", "admin_create_org", create_org, methods=["POST"])
     app.add_url_rule("/admin/orgs", "admin_list_orgs", list_orgs, methods=["GET"])
     app.add_url_rule("/admin/orgs/<org_id>/credits", "admin_credits", add_credits, methods=["POST"])

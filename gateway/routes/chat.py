@@ -30,6 +30,7 @@ from gateway.pipeline import (
     resolve,
     svc_block,
 )
+from gateway.policy import check_entitlements, check_web_search
 from gateway.provider_errors import map_provider_error
 from gateway.providers.base import ProviderError
 from gateway.settlement import Ending
@@ -58,8 +59,14 @@ async def _walk(call: Call, parse: Parser) -> Response:
     )
     chat = parse(body, record.caps.max_output_tokens)
     call.stream = chat.stream
+    features = ["chat_completions" if call.endpoint == "chat" else "responses"]
+    features += ["streaming"] * chat.stream + sorted(chat.needs)
+    check_entitlements(call.runtime, record, features)
     model = resolve(call, chat.model, "chat")
     check_capabilities(chat, model)
+    if "web_search" in chat.needs:
+        param = "web_search_options" if call.endpoint == "chat" else "tools"
+        check_web_search(call.runtime, record, model, param)
     upstream = {"messages": chat.messages, "max_tokens": chat.max_tokens, **chat.params}
     if chat.stream:
         upstream["stream"] = True

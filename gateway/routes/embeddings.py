@@ -12,6 +12,7 @@ from gateway.errors import GatewayError
 from gateway.estimate import estimate_embedding_tokens
 from gateway.http import json_response, read_json_object, request_id, runtime
 from gateway.pipeline import open_call, remaining, reserve_call, resolve
+from gateway.policy import check_entitlements
 from gateway.provider_errors import map_provider_error
 from gateway.providers.base import ProviderError, embedding_response
 from gateway.settlement import Ending
@@ -24,6 +25,7 @@ async def embeddings() -> Response:
     call = await open_call(rt, record, request_id(), "embeddings")
     try:
         body = await read_json_object()
+        check_entitlements(rt, record, ["embeddings"])
         call.tags = collect_tags(
             request.headers.get("X-Svc-Tags"), body, record.default_tags, record.required_tags
         )
