@@ -18,6 +18,8 @@ import trio
 from gateway.catalog import Catalog, Model, usd_to_nanos
 from gateway.config import Config
 from gateway.errors import GatewayError
+from gateway.idempotency import RETENTION_S as IDEMPOTENCY_RETENTION_S
+from gateway.idempotency import IdempotencyBook
 from gateway.keyring import Keyring
 from gateway.keys import KeyRecord, new_id
 from gateway.orgs import Org
@@ -26,6 +28,7 @@ from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers
 from gateway.ratelimit import PublicCatalogLimiter
 from gateway.store import Store, records
+from gateway.store import idempotency as idempotency_ops
 from shards import ShardPool, SystemClock
 from shards.clock import Clock
 
@@ -44,6 +47,7 @@ class Runtime:
         self.keyring = Keyring(self.store, self.clock.now)
         self.catalog = Catalog(self.config)
         self.orgs: dict[str, Org] = {}
+        self.idempotency = IdempotencyBook()
         self.byok: dict[tuple[str, str], str] = {}
         self.mock = MockProvider.for_models(self.config.models)
         self.providers: dict[str, Provider] = build_providers(self.config, self.mock)
@@ -80,6 +84,7 @@ class Runtime:
         for org in self.orgs.values():
             self._load_org_account(org, balances.get(org.id, {}), billed.get(org.id, 0))
         self.keyring.load(self.store.call(records.all_keys))
+        self.store.call(idempotency_ops.purge, self.clock.now() - IDEMPOTENCY_RETENTION_S)
         for row in self.store.call(records.list_provider_credentials):
             self.byok[(row["org_id"], row["provider"])] = row["api_key_env"]
         now = datetime.fromtimestamp(self.clock.now(), UTC)

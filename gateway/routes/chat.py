@@ -13,6 +13,7 @@ from typing import Any
 import trio
 from quart import Quart, Response, request
 
+from gateway import idempotency
 from gateway.auth import authenticate, require_scope
 from gateway.calls import ChatCall
 from gateway.calls.chat import check_capabilities, parse_chat
@@ -42,9 +43,13 @@ Parser = Callable[[dict[str, Any], int], ChatCall]
 async def _serve(endpoint: str, parse: Parser) -> Response:
     record = authenticate()
     require_scope(record, "inference")
+    idem_key = idempotency.header_value()
     call = await open_call(runtime(), record, request_id(), endpoint)
     try:
-        return await _walk(call, parse)
+        if idem_key is None:
+            return await _walk(call, parse)
+        body = await read_json_object()
+        return await idempotency.serve(call, idem_key, body, lambda: _walk(call, parse))
     finally:
         if not call.handed_off:
             ending = Ending.OTHER if call.provider_called else Ending.NOT_CALLED

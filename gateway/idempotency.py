@@ -1,0 +1,147 @@
+"""Idempotent retries: the ``Idempotency-Key`` header on chat completions and responses.
+
+A key (scoped to the calling API key, kept 24 hours) remembers the body it came with
+(canonical JSON, with the endpoint) and the outcome of its first call:
+
+    first call                          a retry with the same key and body
+    ----------------------------------  -----------------------------------------------
+    still running                       409 idempotency_conflict (retryable), names it
+    answered 200, not streamed          the stored answer again: same body, same request
+                                        id; no provider call, no charge, no record
+    streamed, or zero-retention key     409 idempotency_conflict naming the original
+                                        (its record is at GET /v1/requests/{id})
+    refused or failed (any error)       nothing kept: the retry is a new attempt
+    a different body                    422 idempotency_key_reused (param Idempotency-Key)
+
+"Still running" is a claim in memory, taken before the first ``await`` of the check,
+so concurrent retries in this process see it. Outcomes are rows of the ``idempotency``
+table, written before the answer is sent, so they survive a restart. A process that
+dies mid-call leaves no row: the retry after a restart is a new attempt (the dead call
+settled nothing, as every reservation dies with the process).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from quart import Response, g, request
+
+from gateway.errors import GatewayError
+from gateway.http import request_id
+from gateway.store import idempotency as store_ops
+
+if TYPE_CHECKING:
+    from gateway.pipeline import Call
+
+HEADER = "Idempotency-Key"
+RETENTION_S = 24 * 3600
+MAX_LENGTH = 255
+IN_PROGRESS_RETRY_AFTER = 1
+#: outcomes kept in the table: a replayable answer, or only the original's id
+STORED, NOT_STORED = "stored", "not_stored"
+
+
+@dataclass(slots=True)
+class Claim:
+    body_hash: str
+    request_id: str
+
+
+@dataclass
+class IdempotencyBook:
+    """Calls in progress under an Idempotency-Key, by (key id, Idempotency-Key)."""
+
+    running: dict[tuple[str, str], Claim] = field(default_factory=dict)
+
+
+def header_value() -> str | None:
+    """The request's Idempotency-Key, or None; 400 invalid_request when malformed."""
+    value = request.headers.get(HEADER)
+    if value is None:
+        return None
+    if not value or len(value) > MAX_LENGTH or not value.isprintable():
+        raise GatewayError(
+            "invalid_request",
+            f"{HEADER} must be 1 to {MAX_LENGTH} printable characters.",
+            param=HEADER,
+        )
+    return value
+
+
+def body_hash(endpoint: str, body: dict[str, Any]) -> str:
+    canonical = orjson.dumps([endpoint, body], option=orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(canonical).hexdigest()
+
+
+async def serve(
+    call: Call, idem_key: str, body: dict[str, Any], walk: Callable[[], Awaitable[Response]]
+) -> Response:
+    """Answer ``call`` once per (key, Idempotency-Key): replay, refuse, or run ``walk``."""
+    rt = call.runtime
+    slot = (call.record.id, idem_key)
+    digest = body_hash(call.endpoint, body)
+    running = rt.idempotency.running.get(slot)
+    if running is not None:
+        _refuse_repeat(running.body_hash, digest, running.request_id, in_progress=True)
+    rt.idempotency.running[slot] = Claim(digest, call.request_id)
+    try:
+        row = await rt.store.read(store_ops.get, *slot)
+        if row is not None and row["created_at"] > rt.clock.now() - RETENTION_S:
+            _refuse_repeat(row["body_hash"], digest, row["request_id"], in_progress=False)
+            return _replay(row)
+        response = await walk()
+        await rt.store.write(store_ops.put, await _outcome(call, idem_key, digest, response))
+        return response
+    finally:
+        del rt.idempotency.running[slot]
+
+
+def _refuse_repeat(stored_hash: str, digest: str, original: str, *, in_progress: bool) -> None:
+    """The refusals of a repeat: another body (422), or an answer that cannot be replayed."""
+    if stored_hash != digest:
+        raise GatewayError(
+            "idempotency_key_reused",
+            f"This {HEADER} was used with a different request body (request {original}).",
+            param=HEADER,
+        )
+    if in_progress:
+        raise GatewayError(
+            "idempotency_conflict",
+            f"The request {original} with this {HEADER} is still in progress.",
+            param=HEADER,
+            retry_after=IN_PROGRESS_RETRY_AFTER,
+        )
+
+
+def _replay(row: dict[str, Any]) -> Response:
+    if row["state"] != STORED:
+        why = "was streamed" if row["stream"] else "was not stored (zero retention)"
+        raise GatewayError(
+            "idempotency_conflict",
+            f"The answer to request {row['request_id']} with this {HEADER} {why}; "
+            f"see GET /v1/requests/{row['request_id']}.",
+            param=HEADER,
+        )
+    g.request_id = row["request_id"]  # the replay is the original answer, id included
+    return Response(row["body"], status=row["status"], headers=row["headers"])
+
+
+async def _outcome(call: Call, idem_key: str, digest: str, response: Response) -> dict[str, Any]:
+    """The row a finished call leaves: its answer when it may be kept, else only its id."""
+    keep = not call.stream and call.record.data_mode != "zero_retention"
+    return {
+        "key_id": call.record.id,
+        "idem_key": idem_key,
+        "body_hash": digest,
+        "request_id": request_id(),
+        "state": STORED if keep else NOT_STORED,
+        "stream": int(call.stream),
+        "status": response.status_code,
+        "headers": {"Content-Type": response.content_type} if keep else {},
+        "body": await response.get_data() if keep else None,  # never read a stream's body
+        "created_at": call.runtime.clock.now(),
+    }
