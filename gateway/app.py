@@ -16,7 +16,7 @@ from werkzeug.exceptions import HTTPException
 
 from gateway.errors import GatewayError, render
 from gateway.http import new_request_id
-from gateway.routes import admin, chat, embeddings, key, models, subkeys, usage
+from gateway.routes import admin, chat, embeddings, key, models, openapi, subkeys, usage
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.app")
@@ -76,6 +76,6 @@ def create_app(runtime: Runtime) -> QuartTrio:
         log.exception("unhandled error in a handler", exc_info=error)
         return await _gateway_error(GatewayError("internal_error"))
 
-    for module in (models, key, chat, embeddings, usage, subkeys, admin):
+    for module in (models, key, chat, embeddings, usage, subkeys, admin, openapi):
         module.register(app)
     return app

@@ -74,6 +74,19 @@ _FORMATS = {
     "uuid": "00000000-0000-4000-8000-000000000000",
 }
 _MAX_DEPTH = 6  # past this depth of $ref, only required members and minItems are generated
+# a schema's minItems / minLength are honoured up to these bounds, so that no request can
+# make the mock build an answer big enough to stall the server
+_MAX_ITEMS = 10_000
+_MAX_STRING = 100_000
+_MAX_ANSWER_CHARS = 1_000_000  # past this, arrays stop growing and strings stay short
+
+
+class _Draw(random.Random):
+    """The answer's random source, carrying how many characters the answer may still take."""
+
+    def __init__(self, seed: str) -> None:
+        super().__init__(seed)
+        self.budget = _MAX_ANSWER_CHARS
 
 
 def count_tokens(text: str) -> int:
@@ -194,7 +207,7 @@ def _answer(request: ProviderRequest) -> _Answer:
     shaping = {key: body[key] for key in _ANSWER_KEYS if key in body}
     canonical = orjson.dumps([request.upstream_model, shaping], option=orjson.OPT_SORT_KEYS)
     digest = hashlib.sha256(canonical).hexdigest()
-    rng = random.Random(digest)  # only .random() is used: stable across Python versions
+    rng = _Draw(digest)  # only .random() is used: stable across Python versions
     messages = body.get("messages") or []
     tool = _tool_to_call(body, messages)
     if tool is not None:
@@ -341,16 +354,16 @@ def _merge(schema: dict[str, Any], root: Any) -> dict[str, Any]:
         while isinstance(part, dict) and isinstance(part.get("$ref"), str):
             part = _resolve(part["$ref"], root)
         if isinstance(part, dict):
-            properties = {**merged.get("properties", {}), **part.get("properties", {})}
-            required = [*merged.get("required", []), *part.get("required", [])]
+            properties = {**_dict(merged.get("properties")), **_dict(part.get("properties"))}
+            required = [*_list(merged.get("required")), *_list(part.get("required"))]
             merged.update(part)
             merged.update(properties=properties, required=required)
     return merged
 
 
 def _object(schema: dict[str, Any], rng: random.Random, root: Any, depth: int) -> dict[str, Any]:
-    properties = schema.get("properties") or {}
-    required = [name for name in schema.get("required") or [] if isinstance(name, str)]
+    properties = _dict(schema.get("properties"))
+    required = [name for name in _list(schema.get("required")) if isinstance(name, str)]
     names = required if depth >= _MAX_DEPTH else [*properties, *required]
     return {
         name: _from_schema(properties.get(name, True), rng, root, depth)
@@ -359,16 +372,33 @@ def _object(schema: dict[str, Any], rng: random.Random, root: Any, depth: int) -
 
 
 def _array(schema: dict[str, Any], rng: random.Random, root: Any, depth: int) -> list[Any]:
-    low = schema.get("minItems") or 0
+    low = min(_int(schema.get("minItems")), _MAX_ITEMS)
     size = low if depth >= _MAX_DEPTH else max(low, 1 + _below(rng, 2))
     if isinstance(schema.get("maxItems"), int):
         size = min(size, schema["maxItems"])
-    prefix = schema.get("prefixItems") or []
+    prefix = _list(schema.get("prefixItems"))
     items = schema.get("items", True)
-    return [
-        _from_schema(prefix[i] if i < len(prefix) else items, rng, root, depth)
-        for i in range(max(size, len(prefix)))
-    ]
+    values = []
+    for i in range(max(size, len(prefix))):
+        if getattr(rng, "budget", 1) <= 0:
+            break
+        if isinstance(rng, _Draw):
+            rng.budget -= 1  # an element costs at least its separator
+        values.append(_from_schema(prefix[i] if i < len(prefix) else items, rng, root, depth))
+    return values
+
+
+def _dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _int(value: Any) -> int:
+    """A schema bound as a non-negative int (0 when absent or malformed)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _number(schema: dict[str, Any], rng: random.Random, integer: bool) -> int | float:
@@ -394,6 +424,9 @@ def _string(schema: dict[str, Any], rng: random.Random) -> str:
     if schema.get("format") in _FORMATS:
         return _FORMATS[schema["format"]]
     text = _phrase(rng, 2)
-    while len(text) < (schema.get("minLength") or 0):
+    wanted = min(_int(schema.get("minLength")), _MAX_STRING, max(0, getattr(rng, "budget", 0)))
+    while len(text) < wanted:
         text += " " + _phrase(rng, 1)
+    if isinstance(rng, _Draw):
+        rng.budget -= len(text)
     return text[: schema["maxLength"]] if isinstance(schema.get("maxLength"), int) else text

@@ -38,6 +38,12 @@ async def embeddings() -> Response:
         served = rt.catalog.embedding_model()
         parsed = parse_embeddings(body, served.id if served else None)
         model = resolve(call, parsed.model, "embedding")
+        if parsed.dimensions is not None and parsed.dimensions > model.config.dimensions:
+            raise GatewayError(
+                "invalid_request",
+                f"dimensions must be at most {model.config.dimensions} for {model.id}.",
+                param="dimensions",
+            )
         await reserve_call(call, estimate_embedding_tokens(parsed.inputs), 0)
         assert call.provider is not None
         call.provider_called = True

@@ -20,6 +20,7 @@ from gateway.errors import GatewayError
 from gateway.http import json_response, runtime
 from gateway.keys import KeyRecord, iso
 from gateway.store import records
+from gateway.tags import TAG_KEY
 
 GROUPS = {"day": "day", "model": "model", "key": "key_id"}
 EMPTY = {"requests": 0, "input_tokens": 0, "output_tokens": 0, "billed": 0, "settled": 0}
@@ -101,10 +102,12 @@ def _group() -> str | None:
         return None
     if group in GROUPS:
         return GROUPS[group]
-    if group.startswith("tag:") and len(group) > 4:
+    if group.startswith("tag:") and TAG_KEY.match(group[4:]):
         return group
     raise GatewayError(
-        "invalid_request", "group_by must be day, model, key or tag:<name>.", "group_by"
+        "invalid_request",
+        "group_by must be day, model, key or tag:<name> (a tag key).",
+        "group_by",
     )
 
 

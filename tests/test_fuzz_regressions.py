@@ -1,0 +1,56 @@
+"""Bugs the fuzzing run found, each kept as a test of its own."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from tests.conftest import Gateway
+
+
+async def test_embeddings_dimensions_above_the_models_are_400_not_a_crash(
+    gateway: Gateway,
+) -> None:
+    """dimensions = 2**40 once made the mock allocate terabytes (a 500, MemoryError)."""
+    body = {"model": "text-embedding-3-small", "input": "x", "dimensions": 2**40}
+    async with gateway.client(gateway.token) as client:
+        response = await client.post("/v1/embeddings", json=body)
+        served = await client.post("/v1/embeddings", json={**body, "dimensions": 1536})
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == ("invalid_request", "dimensions")
+    assert served.status_code == 200, served.text
+
+
+MALFORMED_SCHEMAS = [
+    {"type": "array", "minItems": "many"},
+    {"type": "array", "minItems": 2**40, "maxItems": 2**41},
+    {"type": "string", "minLength": 2**40},
+    {"type": "object", "properties": ["a", "b"]},
+    {"type": "object", "properties": {"a": {"type": "integer", "minimum": "x"}}},
+    {"type": "array", "prefixItems": {"0": {}}},
+    {"$ref": "#/nowhere"},
+    {"type": "object", "required": "a"},
+    {"allOf": [{"properties": [1]}, {"required": 7}]},
+    {"type": "array", "items": {"type": "string", "minLength": 2**40}, "minItems": 2**40},
+    {"type": "array", "minItems": 2**40, "items": {"type": "array", "minItems": 2**40}},
+]
+
+
+@pytest.mark.parametrize("schema", MALFORMED_SCHEMAS, ids=range(len(MALFORMED_SCHEMAS)))
+async def test_odd_json_schemas_never_crash_or_stall_the_mock(
+    gateway: Gateway, schema: dict
+) -> None:
+    """Structured output asks the mock for a value of the given schema: odd or huge
+    schemas get an answer (or a 4xx), never a 500 and never a stalled server."""
+    response_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    body = {
+        "model": "gpt-4o-mini",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 16,
+        "response_format": response_format,
+    }
+    with trio.fail_after(10):
+        async with gateway.client(gateway.token) as client:
+            response = await client.post("/v1/chat/completions", json=body)
+    assert response.status_code in (200, 400), response.text
