@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+
+import httpx
 import pytest
 import trio
 
@@ -54,3 +57,38 @@ async def test_odd_json_schemas_never_crash_or_stall_the_mock(
         async with gateway.client(gateway.token) as client:
             response = await client.post("/v1/chat/completions", json=body)
     assert response.status_code in (200, 400), response.text
+
+
+async def test_answers_that_skip_the_body_keep_the_connection_usable(gateway: Gateway) -> None:
+    """A 401 or 405 decided from the headers alone used to leave the request body unread
+    on the kept-alive connection, and now and then hypercorn stalled the next request on
+    it (the fuzzing run saw 30 s client timeouts). Many such requests on one connection,
+    sent by the synchronous client as the fuzzing run does."""
+    bodies = [b'"0"', b"data: ", b"{}", b"[null]", b'{"model": null, "input": ""}', b""]
+    calls = [
+        ("post", "/v1/models"),
+        ("patch", "/v1/models"),
+        ("put", "/v1/keys/0"),
+        ("post", "/v1/responses"),
+        ("get", "/v1/keys/x"),
+        ("delete", "/v1/chat/completions"),
+    ]
+
+    def run() -> list[float]:
+        slow = []
+        headers = {"Content-Type": "application/json"}
+        with httpx.Client(base_url=gateway.url, timeout=2.0) as client:
+            for i in range(1500):
+                method, path = calls[i % len(calls)]
+                body = bodies[(i // len(calls)) % len(bodies)]
+                start = time.monotonic()
+                try:
+                    response = client.request(method, path, content=body, headers=headers)
+                    assert response.status_code in (401, 405), response.text
+                except httpx.TimeoutException:
+                    slow.append(time.monotonic() - start)
+                    break
+        return slow
+
+    with trio.fail_after(60):
+        assert await trio.to_thread.run_sync(run) == []
