@@ -18,6 +18,10 @@ so concurrent retries in this process see it. Outcomes are rows of the ``idempot
 table, written before the answer is sent, so they survive a restart. A process that
 dies mid-call leaves no row: the retry after a restart is a new attempt (the dead call
 settled nothing, as every reservation dies with the process).
+
+A repeat (replay, 409 or 422) is admitted like every request: it counts in the key's
+request window and carries the rate-limit headers, but takes no in-flight slot and
+reserves nothing. Only a call that runs goes through step 3 with a slot.
 """
 
 from __future__ import annotations
@@ -30,12 +34,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from quart import Response, g, request
 
+from gateway.admission import admit
 from gateway.errors import GatewayError
-from gateway.http import request_id
+from gateway.http import request_id, runtime
 from gateway.store import idempotency as store_ops
 
 if TYPE_CHECKING:
-    from gateway.pipeline import Call
+    from gateway.keys import KeyRecord
 
 HEADER = "Idempotency-Key"
 RETENTION_S = 24 * 3600
@@ -78,23 +83,35 @@ def body_hash(endpoint: str, body: dict[str, Any]) -> str:
 
 
 async def serve(
-    call: Call, idem_key: str, body: dict[str, Any], walk: Callable[[], Awaitable[Response]]
+    record: KeyRecord,
+    endpoint: str,
+    idem_key: str,
+    body: dict[str, Any],
+    run: Callable[[], Awaitable[Response]],
 ) -> Response:
-    """Answer ``call`` once per (key, Idempotency-Key): replay, refuse, or run ``walk``."""
-    rt = call.runtime
-    slot = (call.record.id, idem_key)
-    digest = body_hash(call.endpoint, body)
+    """Answer once per (key, Idempotency-Key): ``run`` the call, or replay or refuse a repeat.
+
+    A repeat is admitted like every request (it counts in the key's request window) but
+    takes no in-flight slot and reserves nothing: with ``max_in_flight`` 1, a retry while
+    the original runs is the 409 that names it, not a 429.
+    """
+    rt = runtime()
+    slot = (record.id, idem_key)
+    digest = body_hash(endpoint, body)
     running = rt.idempotency.running.get(slot)
     if running is not None:
+        await admit(record, take_slot=False)
         _refuse_repeat(running.body_hash, digest, running.request_id, in_progress=True)
-    rt.idempotency.running[slot] = Claim(digest, call.request_id)
+    rt.idempotency.running[slot] = Claim(digest, request_id())
     try:
         row = await rt.store.read(store_ops.get, *slot)
         if row is not None and row["created_at"] > rt.clock.now() - RETENTION_S:
+            await admit(record, take_slot=False)
             _refuse_repeat(row["body_hash"], digest, row["request_id"], in_progress=False)
             return _replay(row)
-        response = await walk()
-        await rt.store.write(store_ops.put, await _outcome(call, idem_key, digest, response))
+        response = await run()
+        row = await _outcome(record, idem_key, digest, response, rt.clock.now())
+        await rt.store.write(store_ops.put, row)
         return response
     finally:
         del rt.idempotency.running[slot]
@@ -130,18 +147,21 @@ def _replay(row: dict[str, Any]) -> Response:
     return Response(row["body"], status=row["status"], headers=row["headers"])
 
 
-async def _outcome(call: Call, idem_key: str, digest: str, response: Response) -> dict[str, Any]:
+async def _outcome(
+    record: KeyRecord, idem_key: str, digest: str, response: Response, now: float
+) -> dict[str, Any]:
     """The row a finished call leaves: its answer when it may be kept, else only its id."""
-    keep = not call.stream and call.record.data_mode != "zero_retention"
+    stream = response.mimetype == "text/event-stream"
+    keep = not stream and record.data_mode != "zero_retention"
     return {
-        "key_id": call.record.id,
+        "key_id": record.id,
         "idem_key": idem_key,
         "body_hash": digest,
         "request_id": request_id(),
         "state": STORED if keep else NOT_STORED,
-        "stream": int(call.stream),
+        "stream": int(stream),
         "status": response.status_code,
         "headers": {"Content-Type": response.content_type} if keep else {},
         "body": await response.get_data() if keep else None,  # never read a stream's body
-        "created_at": call.runtime.clock.now(),
+        "created_at": now,
     }

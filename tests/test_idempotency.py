@@ -23,6 +23,7 @@ from tests.fake_upstream import FakeUpstream
 from tests.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 
 CHAT, RESP = "/v1/chat/completions", "/v1/responses"
+REUSED = ("idempotency_key_reused", "Idempotency-Key")
 
 
 @pytest.fixture
@@ -45,8 +46,9 @@ async def gw(nursery: trio.Nursery, config: Any, clock: FakeClock) -> AsyncItera
     gateway.stop.set()
 
 
-async def live_key(gw: Gateway, **settings: Any) -> str:
-    key = await gw.create_key(name="live", mode="live", caps={"rpm": 1000}, **settings)
+async def live_key(gw: Gateway, caps: dict[str, int] | None = None, **settings: Any) -> str:
+    caps = {"rpm": 1000, **(caps or {})}
+    key = await gw.create_key(name="live", mode="live", caps=caps, **settings)
     return key["token"]
 
 
@@ -62,12 +64,13 @@ async def post(
         return await client.post(path, json=body, headers=headers)
 
 
-async def charges(gw: Gateway, token: str) -> tuple[float, float]:
-    """(the key's spend today, the organisation's credits used)."""
+async def charges(gw: Gateway, token: str) -> tuple[float, float, int]:
+    """(the key's spend today, the organisation's credits used, the key's request records)."""
     async with gw.client(token) as client:
         key = (await client.get("/v1/key")).json()
         credits = (await client.get("/v1/credits")).json()
-    return key["usage"]["day"]["spent_usd"], credits["used_usd"]
+        usage = (await client.get("/v1/usage")).json()
+    return key["usage"]["day"]["spent_usd"], credits["used_usd"], usage["totals"]["requests"]
 
 
 def assert_error(response: httpx.Response, status: int, code: str, param: str | None) -> None:
@@ -88,7 +91,7 @@ async def test_a_retry_replays_the_stored_answer(
     first = await post(gw, token, body, "order-1", path)
     assert first.status_code == 200, first.text
     spent = await charges(gw, token)
-    assert spent[0] > 0 and spent[1] > 0
+    assert spent[0] > 0 and spent[1] > 0 and spent[2] == 1
     again = await post(gw, token, body, "order-1", path)
     assert again.status_code == 200, again.text
     assert again.json() == first.json()
@@ -96,7 +99,7 @@ async def test_a_retry_replays_the_stored_answer(
     assert again.json()["svc"]["request_id"] == first.headers["X-Request-Id"]
     assert "X-RateLimit-Remaining-Requests" in again.headers
     assert upstream.calls == 1
-    assert await charges(gw, token) == spent  # no second charge
+    assert await charges(gw, token) == spent  # no second charge, no second record
 
 
 async def test_the_openai_client_replays_with_extra_headers(
@@ -151,6 +154,41 @@ async def test_a_repeat_while_in_progress_is_409(gw: Gateway, upstream: FakeUpst
     assert done.json() == answers["first"].json()
 
 
+async def test_a_repeat_takes_no_in_flight_slot(gw: Gateway, upstream: FakeUpstream) -> None:
+    """With max_in_flight 1 and the original running, a repeat is its 409, not a 429."""
+    token = await live_key(gw, caps={"max_in_flight": 1})
+    done = await post(gw, token, body_for("done"), "done-1")
+    slow = body_for("[[fault delay=1.0]] slow")
+    answers: dict[str, httpx.Response] = {}
+
+    async def original() -> None:
+        answers["first"] = await post(gw, token, slow, "slow-1")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(original)
+        await trio.sleep(0.3)
+        answers["repeat"] = await post(gw, token, slow, "slow-1")
+        answers["replay"] = await post(gw, token, body_for("done"), "done-1")
+        answers["other"] = await post(gw, token, body_for("new"), "new-1")
+    assert_error(answers["repeat"], 409, "idempotency_conflict", "Idempotency-Key")
+    assert answers["replay"].status_code == 200
+    assert answers["replay"].headers["X-Request-Id"] == done.headers["X-Request-Id"]
+    assert_error(answers["other"], 429, "too_many_in_flight", None)  # a new call needs a slot
+    assert answers["first"].status_code == 200
+    assert upstream.calls == 2
+
+
+async def test_a_replay_counts_in_the_request_window(gw: Gateway, upstream: FakeUpstream) -> None:
+    token = await live_key(gw, caps={"rpm": 3})
+    first = await post(gw, token, body_for("count"), "count-1")
+    replay = await post(gw, token, body_for("count"), "count-1")
+    assert replay.headers["X-RateLimit-Remaining-Requests"] == "1"
+    assert_error(await post(gw, token, body_for("other"), "count-1"), 422, *REUSED)
+    refused = await post(gw, token, body_for("count"), "count-1")
+    assert_error(refused, 429, "rate_limited", None)
+    assert first.status_code == 200 and upstream.calls == 1
+
+
 @pytest.mark.parametrize("case", ["streamed", "zero_retention"])
 async def test_an_answer_that_was_not_stored_is_409_naming_the_original(
     gw: Gateway, upstream: FakeUpstream, case: str
@@ -195,10 +233,11 @@ async def test_twenty_concurrent_requests_make_one_upstream_call(
     ids = {r.headers["X-Request-Id"] for r in answers if r.status_code == 200}
     assert len(ids) == 1  # every 200 is the one original answer
     assert upstream.calls == 1
-    spent, used = await charges(gw, token)
+    spent, used, records = await charges(gw, token)
     async with gw.client(token) as client:
         record = (await client.get(f"/v1/requests/{ids.pop()}")).json()
     assert spent == record["cost"]["settled_usd"] and used == record["cost"]["billed_usd"]
+    assert records == 1
 
 
 async def test_a_retry_after_a_restart_still_replays(

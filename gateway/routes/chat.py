@@ -8,6 +8,7 @@ both endpoints.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import trio
@@ -22,6 +23,7 @@ from gateway.calls.tags import collect_tags
 from gateway.errors import GatewayError
 from gateway.estimate import estimate_prompt_tokens
 from gateway.http import json_response, read_json_object, request_id, runtime
+from gateway.keys import KeyRecord
 from gateway.pipeline import (
     Call,
     open_call,
@@ -44,12 +46,18 @@ async def _serve(endpoint: str, parse: Parser) -> Response:
     record = authenticate()
     require_scope(record, "inference")
     idem_key = idempotency.header_value()
+    if idem_key is None:
+        return await _call(record, endpoint, parse)
+    body = await read_json_object()
+    run = partial(_call, record, endpoint, parse)
+    return await idempotency.serve(record, endpoint, idem_key, body, run)
+
+
+async def _call(record: KeyRecord, endpoint: str, parse: Parser) -> Response:
+    """Steps 3 onwards: admit with an in-flight slot, walk, and always finish the call."""
     call = await open_call(runtime(), record, request_id(), endpoint)
     try:
-        if idem_key is None:
-            return await _walk(call, parse)
-        body = await read_json_object()
-        return await idempotency.serve(call, idem_key, body, lambda: _walk(call, parse))
+        return await _walk(call, parse)
     finally:
         if not call.handed_off:
             ending = Ending.OTHER if call.provider_called else Ending.NOT_CALLED
