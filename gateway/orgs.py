@@ -33,6 +33,7 @@ ENTITLEMENTS = (
     "vision",
     "structured_output",
     "web_search",
+    "live",
 )
 _PRICE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok")
 

@@ -182,12 +182,13 @@ def check_entitlements(runtime: Runtime, record: KeyRecord, features: list[str])
     """403 entitlement_denied for the first feature the organisation's plan turns off.
 
     ``entitlements`` maps a feature to false to deny it; a feature left out is allowed.
+    ``live`` is the plan's paid calls: every call of a live key needs it.
     """
     org = runtime.orgs.get(record.org_id)
     plan = org.policy.get("entitlements") if org else None
     if not isinstance(plan, dict):
         return
-    for feature in features:
+    for feature in features + ["live"] * (record.mode == "live"):
         if plan.get(feature) is False:
             raise GatewayError(
                 "entitlement_denied",

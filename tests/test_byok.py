@@ -111,7 +111,10 @@ async def test_the_upstream_receives_the_organisations_key_and_cost_is_at_byok_p
     assert round(record["cost"]["billed_usd"] * NANOS_PER_USD) == expected
     assert round(record["cost"]["settled_usd"] * NANOS_PER_USD) == expected
     assert round(credits["used_usd"] * NANOS_PER_USD) == expected
-    assert ORG_KEY not in key_view
+    reads = [key_view, record, credits]
+    for path in ("/admin/orgs", "/admin/keys", "/admin/models"):
+        reads.append((await gw.admin("GET", path)).text)
+    assert all(ORG_KEY not in str(read) for read in reads)
 
 
 async def test_a_default_byok_price_applies_to_every_model(gw: Gateway) -> None:

@@ -111,3 +111,17 @@ async def test_the_platform_limit_binds_every_organisation(
         }
     finally:
         gw.stop.set()
+
+
+async def test_a_keys_own_limit_waits_the_rest_of_the_minute(gw: Gateway, clock: FakeClock) -> None:
+    """The key's own rpm says when its window reopens; the org's limit always says 60."""
+    response = await gw.admin("POST", "/admin/orgs", {"name": "acme"})
+    org_id = response.json()["id"]
+    await gw.admin("PUT", f"/admin/orgs/{org_id}/policy", {"org_rpm": 100})
+    key = await gw.create_key(org_id=org_id, caps={"rpm": 2})
+    clock.advance(12)  # 10:00:42
+    async with gw.client(key["token"]) as client:
+        answers = [await client.post("/v1/chat/completions", json=BODY) for _ in range(3)]
+    assert [a.status_code for a in answers] == [200, 200, 429]
+    assert answers[2].json()["error"]["code"] == "rate_limited"
+    assert answers[2].headers["Retry-After"] == "18"

@@ -34,7 +34,7 @@ MODELS = (
     replace(model("m-unpriced"), input_usd_per_mtok=None, output_usd_per_mtok=None),
     model("m-off", enabled=False),
     model("u-chat", "upstream", capabilities=ALL_CAPS, byok_available=True, aliases=("fast",)),
-    model("emb", kind="embedding"),
+    model("emb", kind="embedding", zero_retention_available=True),
 )
 
 
@@ -62,6 +62,8 @@ class Case:
     residency: str | None = None
     decisions: list[str] | None = None  # rules in svc.policy.decisions; None: no svc block
     endpoint: str = "/v1/chat/completions"
+    # refused at the reservation step: its worst-case tokens count in the key's minute
+    reached_reservation: bool = False
 
 
 def chat(model_id: str = "m-chat", **extra: Any) -> dict[str, Any]:
@@ -72,6 +74,9 @@ def chat(model_id: str = "m-chat", **extra: Any) -> dict[str, Any]:
         **extra,
     }
 
+
+IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+SCHEMA = {"name": "s", "schema": {"type": "object"}}
 
 CASES = [
     Case(
@@ -208,6 +213,40 @@ CASES = [
         body=chat(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]),
     ),
     Case(
+        "entitlement_denied: chat_completions",
+        403,
+        "entitlement_denied",
+        policy={"entitlements": {"chat_completions": False, "responses": True}},
+    ),
+    Case(
+        "entitlement_denied: vision",
+        403,
+        "entitlement_denied",
+        policy={"entitlements": {"vision": False}},
+        body=chat(messages=[{"role": "user", "content": [IMAGE]}]),
+    ),
+    Case(
+        "entitlement_denied: structured_output",
+        403,
+        "entitlement_denied",
+        policy={"entitlements": {"structured_output": False}},
+        body=chat(response_format={"type": "json_schema", "json_schema": SCHEMA}),
+    ),
+    Case(
+        "entitlement_denied: web_search",
+        403,
+        "entitlement_denied",
+        policy={"entitlements": {"web_search": False}},
+        body=chat(web_search_options={}),
+    ),
+    Case(
+        "entitlement_denied: live",
+        403,
+        "entitlement_denied",
+        policy={"entitlements": {"live": False}},
+        key={"mode": "live"},
+    ),
+    Case(
         "web_search_not_allowed",
         403,
         "web_search_not_allowed",
@@ -238,6 +277,7 @@ CASES = [
         "budget_exceeded",
         policy={"budget_usd_month": 0.00001},
         key={"mode": "live"},
+        reached_reservation=True,
     ),
     Case(
         "spend_refused",
@@ -303,6 +343,7 @@ async def test_policy_refusals(gw: Gateway, case: Case) -> None:
         key = (await client.get("/v1/key")).json()
         assert key["usage"]["day"]["spent_usd"] == 0
         assert key["usage"]["day"]["reserved_usd"] == 0
+        assert (key["rate_limit"]["tokens_this_minute"] > 0) == case.reached_reservation
 
 
 async def test_the_same_setups_serve_what_they_allow(gw: Gateway) -> None:
@@ -359,6 +400,38 @@ async def test_max_cost_is_checked_on_the_worst_case_before_reserving(gw: Gatewa
     assert small.status_code == 200, small.text
     assert large.status_code == 402, large.text
     assert large.json()["error"]["code"] == "max_cost_per_request"
+
+
+SECRET = "a-secret-the-gateway-must-not-keep-4711"
+
+
+@pytest.mark.parametrize("data_mode", ["standard", "zero_retention"])
+async def test_request_records_hold_metadata_only(
+    gw: Gateway, tmp_path: Path, data_mode: str
+) -> None:
+    """Neither the prompt nor the answer reaches the record or the database file."""
+    token = await setup(gw, Case("", 200, "", key={"data_mode": data_mode}))
+    async with gw.client(token) as client:
+        answers = [
+            await client.post(
+                "/v1/chat/completions", json=chat(messages=[{"role": "user", "content": SECRET}])
+            ),
+            await client.post("/v1/responses", json={"model": "m-chat", "input": SECRET}),
+            await client.post("/v1/embeddings", json={"model": "emb", "input": SECRET}),
+        ]
+        ids = [answer.headers["X-Request-Id"] for answer in answers]
+        records = [await client.get(f"/v1/requests/{request_id}") for request_id in ids]
+    assert [a.status_code for a in answers + records] == [200] * 6, [a.text for a in answers]
+    said = answers[0].json()["choices"][0]["message"]["content"]
+    assert len(said) > 20
+    for record in records:
+        assert record.json()["id"] in ids
+        assert not {"messages", "input", "output", "choices", "data"} & set(record.json())
+        assert SECRET not in record.text and said not in record.text
+    stored = b"".join(p.read_bytes() for p in tmp_path.glob("gateway.db*"))
+    assert all(request_id.encode() in stored for request_id in ids)  # the rows are there
+    assert SECRET.encode() not in stored
+    assert said.encode() not in stored
 
 
 @pytest.mark.parametrize(
