@@ -8,7 +8,6 @@ escapes a handler is logged and answered as a 500 in the same shape, never a tra
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
 from quart import Response, g, request
@@ -28,16 +27,20 @@ _NO_RATE_HEADERS = {"invalid_api_key", "scope_denied", "invalid_tags", "missing_
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
 
 
-async def _drain_body() -> None:
-    """Read what is left of the request body before answering.
+async def _drain_body() -> bool:
+    """Read what is left of the request body before answering; False when it is too large.
 
     An answer given without reading the body (a 401, 404 or 405 decided from the
     headers) otherwise leaves its bytes on a kept-alive connection, and hypercorn can
     then stall the next request on that connection (found by the fuzzing run: a 30 s
-    hang of the client's next call). The body is at most the configured limit.
+    hang of the client's next call). A body over the limit is not read: its answer
+    closes the connection instead.
     """
-    with contextlib.suppress(HTTPException):  # too large: that connection is not reused
+    try:
         await request.get_data(cache=True)
+    except HTTPException:
+        return False
+    return True
 
 
 def create_app(runtime: Runtime) -> QuartTrio:
@@ -57,7 +60,8 @@ def create_app(runtime: Runtime) -> QuartTrio:
 
     @app.after_request
     async def _common_headers(response: Response) -> Response:
-        await _drain_body()
+        if not await _drain_body():
+            response.headers["Connection"] = "close"
         request_id = getattr(g, "request_id", None)
         if request_id is not None:
             response.headers["X-Request-Id"] = request_id

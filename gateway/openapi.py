@@ -475,6 +475,24 @@ ALSO_AT: dict[str, tuple[tuple[str, int], ...]] = {
 }
 
 
+# without a key GET /v1/models is limited per IP address: these two headers, and a 429
+# whose body is plain text (the spec puts it outside the error shape)
+_PUBLIC_HEADERS = {
+    "X-RateLimit-Limit": {"schema": {"type": "string"}, "description": "Per IP, without a key"},
+    "X-RateLimit-Remaining": {"schema": {"type": "string"}, "description": "Per IP, without a key"},
+}
+
+
+def _error_headers(status: int) -> dict[str, Any]:
+    headers: dict[str, Any] = {
+        "X-Request-Id": _ANSWER_HEADERS["X-Request-Id"],
+        "Retry-After": {"schema": {"type": "string"}},
+    }
+    if status == 504:
+        headers["x-should-retry"] = {"schema": {"const": "false"}}
+    return headers
+
+
 def _error_responses(path: str, codes: tuple[str, ...]) -> dict[str, Any]:
     by_status: dict[int, list[str]] = defaultdict(list)
     for code in dict.fromkeys((*codes, "method_not_allowed")):
@@ -484,10 +502,7 @@ def _error_responses(path: str, codes: tuple[str, ...]) -> dict[str, Any]:
     return {
         str(status): {
             "description": f"{error_type(status)}: {', '.join(sorted(names))}",
-            "headers": {
-                "X-Request-Id": _ANSWER_HEADERS["X-Request-Id"],
-                "Retry-After": {"schema": {"type": "string"}},
-            },
+            "headers": _error_headers(status),
             "content": {
                 JSON: {
                     "schema": _ref("Error"),
@@ -518,6 +533,9 @@ def _operation(row: tuple[Any, ...]) -> dict[str, Any]:
         op["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
     if path == "/v1/models":
         op["security"] = [{}, {"bearer": []}]
+        for answer in (op["responses"]["200"], op["responses"]["429"]):
+            answer["headers"] = {**answer["headers"], **_PUBLIC_HEADERS}
+        op["responses"]["429"]["content"]["text/plain"] = {"schema": {"type": "string"}}
     return op
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 import trio
 
-from tests.conftest import Gateway
+from tests.conftest import Gateway, make_config, start_gateway
 
 
 async def test_embeddings_dimensions_above_the_models_are_400_not_a_crash(
@@ -92,3 +93,30 @@ async def test_answers_that_skip_the_body_keep_the_connection_usable(gateway: Ga
 
     with trio.fail_after(60):
         assert await trio.to_thread.run_sync(run) == []
+
+
+async def test_a_body_over_the_limit_closes_its_connection(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The 413 for a body over the limit is answered without reading that body, so the
+    connection cannot be reused: the answer says Connection: close. Without it the
+    client kept the connection and its next call on it hung until its own timeout."""
+    gw = await start_gateway(nursery, make_config(tmp_path, max_body_bytes=1000))
+
+    def run() -> list[tuple[int, str | None, int | str]]:
+        seen = []
+        headers = {"Authorization": f"Bearer {gw.token}", "Content-Type": "application/json"}
+        with httpx.Client(base_url=gw.url, headers=headers, timeout=2.0) as client:
+            for _ in range(12):
+                big = client.post("/v1/chat/completions", content=b" " * 1001)
+                try:
+                    after: int | str = client.get("/v1/key").status_code
+                except httpx.TimeoutException as exc:
+                    after = repr(exc)
+                seen.append((big.status_code, big.headers.get("Connection"), after))
+        return seen
+
+    with trio.fail_after(60):
+        seen = await trio.to_thread.run_sync(run)
+    gw.stop.set()
+    assert set(seen) == {(413, "close", 200)}, seen

@@ -69,3 +69,19 @@ async def test_served_without_a_key(gateway: Gateway) -> None:
         response = await client.get("/openapi.json")
     assert response.status_code == 200
     assert response.json() == document()
+
+
+async def test_the_public_catalog_limit_is_described_as_served(gateway: Gateway) -> None:
+    """Without a key, GET /v1/models answers its 429 in plain text with per-IP headers:
+    the document says so (the one answer outside the error shape)."""
+    async with httpx.AsyncClient(base_url=gateway.url) as client:
+        answers = [await client.get("/v1/models") for _ in range(61)]
+    refused = answers[-1]
+    assert [a.status_code for a in answers] == [200] * 60 + [429]
+    documented = document()["paths"]["/v1/models"]["get"]["responses"]
+    for answer, status in ((answers[0], "200"), (refused, "429")):
+        assert {"X-RateLimit-Limit", "X-RateLimit-Remaining"} <= set(documented[status]["headers"])
+        assert {"x-ratelimit-limit", "x-ratelimit-remaining"} <= set(answer.headers)
+    assert refused.headers["content-type"].startswith("text/plain")
+    assert "text/plain" in documented["429"]["content"]
+    assert "Retry-After" in documented["429"]["headers"] and "retry-after" in refused.headers
