@@ -141,7 +141,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print one JS
 
 @main.group()
 def org() -> None:
-    """Manage organisations: create, credits, policy, BYOK."""
+    """Manage organisations: create, credits, policy, BYOK, spend-alert webhook."""
 
 
 @org.command("create")
@@ -192,6 +192,22 @@ def org_byok(org_id: str, provider: str, api_key_env: str, url: str | None, as_j
     """Register the organisation's own provider key (by environment variable name)."""
     body = {"provider": provider, "api_key_env": api_key_env}
     emit(call_admin(url, "PUT", f"/admin/orgs/{org_id}/byok", body), as_json)
+
+
+@org.command("webhook")
+@click.argument("org_id")
+@click.option("--url", "webhook_url", required=True, help="Where spend alerts are posted.")
+@click.option(
+    "--gateway-url", "url", help="Gateway URL (default $SVC_GATEWAY_URL or 127.0.0.1:8080)."
+)
+@json_option
+def org_webhook(org_id: str, webhook_url: str, url: str | None, as_json: bool) -> None:
+    """Send the organisation's spend alerts to URL; prints the signing secret (once).
+
+    Here --url is the webhook's address (the operator contract), so the gateway's own
+    address is --gateway-url."""
+    body = {"url": webhook_url}
+    emit(call_admin(url, "PUT", f"/admin/orgs/{org_id}/webhook", body), as_json)
 
 
 @main.group()

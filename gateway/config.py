@@ -44,6 +44,9 @@ class ServerConfig:
     graceful_timeout_s: float = 10.0
     max_body_bytes: int = 10 * 1024 * 1024
     public_catalog_rpm: int = 60
+    #: spend-alert webhooks: first retry after this many seconds, doubling up to an hour
+    webhook_retry_s: float = 5.0
+    webhook_max_attempts: int = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +160,8 @@ def _parse_server(table: dict[str, Any]) -> ServerConfig:
         "graceful_timeout_s": (int, float),
         "max_body_bytes": int,
         "public_catalog_rpm": int,
+        "webhook_retry_s": (int, float),
+        "webhook_max_attempts": int,
     }
     _check_unknown(table, set(types), "server")
     values = {key: _take(table, key, "server", kind) for key, kind in types.items() if key in table}
@@ -174,6 +179,8 @@ def _validate_server(server: ServerConfig) -> None:
         "shards",
         "max_body_bytes",
         "public_catalog_rpm",
+        "webhook_retry_s",
+        "webhook_max_attempts",
     ):
         _positive(getattr(server, key), f"server.{key}")
     for key in ("graceful_timeout_s", "rotation_grace_s"):

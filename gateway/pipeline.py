@@ -106,6 +106,7 @@ class Call:
                 cap_amount=settlement.cap_nanos,
                 billed_amount=settlement.billed_nanos,
             )
+        self.runtime.alerts.notice(self.record, settlement.cap_nanos)
         return settlement
 
     def _record_row(
@@ -116,6 +117,7 @@ class Call:
         return {
             "id": self.request_id,
             "key_id": self.record.id,
+            "parent_id": self.record.parent_id,
             "org_id": self.record.org_id,
             "created": self.started,
             "day": created.strftime("%Y-%m-%d"),

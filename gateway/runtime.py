@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 import trio
 
+from gateway.alerts import Alerts
 from gateway.catalog import Catalog, Model, usd_to_nanos
 from gateway.config import Config
 from gateway.errors import GatewayError
@@ -48,6 +49,7 @@ class Runtime:
         self.catalog = Catalog(self.config)
         self.orgs: dict[str, Org] = {}
         self.idempotency = IdempotencyBook()
+        self.alerts = Alerts(self)
         self.byok: dict[tuple[str, str], str] = {}
         self.mock = MockProvider.for_models(self.config.models)
         self.providers: dict[str, Provider] = build_providers(self.config, self.mock)
@@ -85,17 +87,16 @@ class Runtime:
             self._load_org_account(org, balances.get(org.id, {}), billed.get(org.id, 0))
         self.keyring.load(self.store.call(records.all_keys))
         self.store.call(idempotency_ops.purge, self.clock.now() - IDEMPOTENCY_RETENTION_S)
+        self.alerts.load()
         for row in self.store.call(records.list_provider_credentials):
             self.byok[(row["org_id"], row["provider"])] = row["api_key_env"]
         now = datetime.fromtimestamp(self.clock.now(), UTC)
         day, month = now.strftime("%Y-%m-%d"), now.strftime("%Y-%m")
         totals: dict[str, list[int]] = {}
         for row in self.store.call(records.settled_spend, day, month):
-            record = self.keyring.get(row["key_id"])
-            if record is None:
-                continue
-            # a parent's windows hold its whole family's spend, as its caps count it
-            for key_id in filter(None, (record.id, record.parent_id)):
+            # a parent's windows hold its whole family's spend, as its caps count it: the
+            # parent of the call's time (a rotation has since moved sub-keys on)
+            for key_id in filter(None, (row["key_id"], row["parent_id"])):
                 total = totals.setdefault(key_id, [0, 0])
                 total[0] += row["day_nanos"] or 0
                 total[1] += row["month_nanos"] or 0

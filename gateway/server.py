@@ -3,6 +3,7 @@
     root nursery
       ├─ store writer      (nursery.start: ready before any request)
       ├─ shard pool        (nursery.start)
+      ├─ spend alerts      (threshold checks and webhook delivery)
       ├─ last-used flusher
       ├─ stream pumps      (one per streamed call, bounded by the call's deadline)
       └─ hypercorn         (nursery.start: hands back the bound addresses)
@@ -83,6 +84,7 @@ async def serve(
             runtime.nursery = root
             await root.start(runtime.store.run)
             await root.start(runtime.pool.run)
+            await root.start(runtime.alerts.run)
             root.start_soon(_flush_last_used, runtime)
 
             async def http(*, task_status: trio.TaskStatus[list[str]]) -> None:
@@ -95,6 +97,7 @@ async def serve(
                 )
                 with trio.CancelScope(shield=True):
                     await runtime.keyring.flush_last_used()
+                    await runtime.alerts.aclose()  # before the store writer stops
                 root.cancel_scope.cancel()
 
             binds = await root.start(http)

@@ -8,6 +8,7 @@ under the new key with it sharing their spend, the old key expiring after the wi
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -18,7 +19,7 @@ import trio
 from gateway.errors import GatewayError
 from gateway.providers.mock import MockProvider
 from shards import FakeClock
-from tests.conftest import Gateway
+from tests.conftest import Gateway, make_config, start_gateway
 from tests.test_subkeys import (
     assert_error,
     chat,
@@ -233,6 +234,35 @@ async def test_rotation(clocked_gateway: Gateway, clock: FakeClock) -> None:
     assert_error(await chat(gw, old["token"]), 401, "invalid_api_key", None)
     assert (await chat(gw, new["token"])).status_code == 200
     assert (await chat(gw, child["token"])).status_code == 200
+
+
+async def test_a_restart_gives_spend_to_the_parent_of_its_time(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """A sub-key's spend before a rotation counted on the old parent, after it on the new
+    one; the start-up rebuild from the request records gives each the same figures."""
+    config = make_config(tmp_path)
+    gw = await start_gateway(nursery, config)
+    old, child = await family(gw, caps={"usd_day": 10, "usd_month": 100})
+    assert (await chat(gw, child["token"])).status_code == 200
+    new = (await rotate(gw, old["id"])).json()
+    assert (await chat(gw, child["token"], max_tokens=8)).status_code == 200
+
+    async def usage(gw: Gateway) -> list[tuple[float, float]]:
+        views = [await key_read(gw, k["token"]) for k in (old, new, child)]
+        return [(v["usage"]["day"]["spent_usd"], v["usage"]["month"]["spent_usd"]) for v in views]
+
+    before = await usage(gw)
+    (old_day, _), (new_day, _), (child_day, _) = before
+    assert 0 < old_day < child_day and 0 < new_day < child_day
+    assert old_day + new_day == pytest.approx(child_day)
+    gw.stop.set()
+    await trio.sleep(0.2)
+    again = await start_gateway(nursery, config)
+    try:
+        assert await usage(again) == before
+    finally:
+        again.stop.set()
 
 
 async def test_the_old_key_manages_the_moved_sub_keys(gateway: Gateway) -> None:

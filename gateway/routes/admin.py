@@ -11,6 +11,7 @@ from typing import Any
 
 from quart import Quart, Response, request
 
+from gateway.alerts import check_webhook_url
 from gateway.auth import bearer_token
 from gateway.catalog import nanos_to_usd, usd_to_nanos
 from gateway.errors import GatewayError
@@ -131,6 +132,15 @@ async def set_byok(org_id: str) -> Response:
     await runtime().store.write(records.set_provider_credential, row)
     runtime().byok[(org.id, provider)] = env
     return json_response({"org_id": org.id, "provider": provider, "api_key_env": env})
+
+
+async def set_webhook(org_id: str) -> Response:
+    """Spend alerts of the organisation go to ``url``; the signing secret is shown once."""
+    _authorize()
+    org = _org(org_id)
+    url = check_webhook_url((await read_json_object()).get("url"))
+    secret = await runtime().alerts.set_webhook(org.id, url)
+    return json_response({"org_id": org.id, "url": url, "secret": secret})
 
 
 # -- keys ------------------------------------------------------------------------------------
@@ -257,6 +267,7 @@ def register(app: Quart) -> None:
     app.add_url_rule("/admin/orgs/<org_id>/credits", "admin_credits", add_credits, methods=["POST"])
     app.add_url_rule("/admin/orgs/<org_id>/policy", "admin_policy", set_policy, methods=["PUT"])
     app.add_url_rule("/admin/orgs/<org_id>/byok", "admin_byok", set_byok, methods=["PUT"])
+    app.add_url_rule("/admin/orgs/<org_id>/webhook", "admin_webhook", set_webhook, methods=["PUT"])
     app.add_url_rule("/admin/keys", "admin_create_key", create_key, methods=["POST"])
     app.add_url_rule("/admin/keys", "admin_list_keys", list_keys, methods=["GET"])
     app.add_url_rule(

@@ -110,6 +110,25 @@ class Store:
                     pending.done.set()
         finally:
             self._running = False
+            self._drain()
+
+    def _drain(self) -> None:
+        """Once the writer is gone, commit what is still queued, right here.
+
+        A writer's caller waits shielded: without this, a write queued while the writer
+        is being cancelled (a background task when the server stops) would wait forever.
+        Later writes see ``_running`` false and commit synchronously.
+        """
+        batch: list[_Pending] = []
+        while True:
+            try:
+                batch.append(self._receive.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                break
+        if batch:
+            self._commit(batch)
+        for pending in batch:
+            pending.done.set()
 
     def _commit(self, batch: list[_Pending]) -> None:
         conn = self._write_conn

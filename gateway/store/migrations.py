@@ -110,7 +110,48 @@ def _m001_initial(db: Database) -> None:
     db["credit_ledger"].create_index(["org_id"])
 
 
-MIGRATIONS: tuple[Callable[[Database], None], ...] = (_m001_initial,)
+def _m002_webhooks(db: Database) -> None:
+    """Spend-alert webhooks: one endpoint per organisation, and the outbox of events."""
+    db["webhooks"].create(
+        {"org_id": str, "url": str, "secret": str, "created_at": float}, pk="org_id"
+    )
+    db["webhook_events"].create(
+        {
+            "id": str,
+            "org_id": str,
+            "payload": str,
+            "created_at": float,
+            "attempts": int,
+            "next_attempt_at": float,
+            "delivered_at": float,
+            "given_up": int,
+            "last_error": str,
+        },
+        pk="id",
+        defaults={"attempts": 0, "given_up": 0},
+    )
+    db["webhook_events"].create_index(["delivered_at", "next_attempt_at"])
+
+
+def _m003_request_parent(db: Database) -> None:
+    """Each request names the parent its spend was reserved on.
+
+    A rotation moves sub-keys under the new key: the start-up rebuild must give a
+    sub-key's earlier spend to the parent that counted it then. Rows written before this
+    migration get the parent their key has now (the best that is known).
+    """
+    db["requests"].add_column("parent_id", str)
+    db.execute(
+        "UPDATE requests"
+        " SET parent_id = (SELECT parent_id FROM keys WHERE keys.id = requests.key_id)"
+    )
+
+
+MIGRATIONS: tuple[Callable[[Database], None], ...] = (
+    _m001_initial,
+    _m002_webhooks,
+    _m003_request_parent,
+)
 
 
 def migrate(db: Database) -> int:

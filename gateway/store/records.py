@@ -77,13 +77,14 @@ def get_request(conn: sqlite3.Connection, request_id: str, key_id: str) -> dict[
 
 
 def settled_spend(conn: sqlite3.Connection, day: str, month: str) -> list[dict[str, Any]]:
-    """Settled nano-USD per key for one day and one month (start-up rebuild)."""
+    """Settled nano-USD per key, and the parent it was reserved on, for one day and one
+    month (start-up rebuild)."""
     return sq.query(
         conn,
-        "SELECT key_id,"
+        "SELECT key_id, parent_id,"
         " SUM(CASE WHEN day = ? THEN settled_usd_nanos ELSE 0 END) AS day_nanos,"
         " SUM(settled_usd_nanos) AS month_nanos"
-        " FROM requests WHERE month = ? GROUP BY key_id",
+        " FROM requests WHERE month = ? GROUP BY key_id, parent_id",
         (day, month),
     )
 
