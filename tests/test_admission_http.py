@@ -46,7 +46,7 @@ def cap_for(gw: Gateway, k: int) -> float:
 
 def slow_mock(gw: Gateway) -> None:
     # each answer takes several chunk delays: every admitted call outlives the race
-    gw.runtime.mock = MockProvider.for_models(gw.runtime.config.models, chunk_delay=0.1)
+    gw.runtime.mock = MockProvider.for_models(gw.runtime.config.models, chunk_delay=0.5)
 
 
 async def key_usage(client: httpx.AsyncClient, token: str) -> dict[str, Any]:
