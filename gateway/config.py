@@ -44,6 +44,9 @@ class ServerConfig:
     graceful_timeout_s: float = 10.0
     max_body_bytes: int = 10 * 1024 * 1024
     public_catalog_rpm: int = 60
+    #: an idle kept-alive connection is closed after this long (longer than clients'
+    #: own pool expiry, 5 s for httpx and the OpenAI SDK, so they close first)
+    connection_idle_s: float = 30.0
     #: spend-alert webhooks: first retry after this many seconds, doubling up to an hour
     webhook_retry_s: float = 5.0
     webhook_max_attempts: int = 12
@@ -160,6 +163,7 @@ def _parse_server(table: dict[str, Any]) -> ServerConfig:
         "graceful_timeout_s": (int, float),
         "max_body_bytes": int,
         "public_catalog_rpm": int,
+        "connection_idle_s": (int, float),
         "webhook_retry_s": (int, float),
         "webhook_max_attempts": int,
     }
@@ -179,6 +183,7 @@ def _validate_server(server: ServerConfig) -> None:
         "shards",
         "max_body_bytes",
         "public_catalog_rpm",
+        "connection_idle_s",
         "webhook_retry_s",
         "webhook_max_attempts",
     ):

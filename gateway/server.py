@@ -27,6 +27,7 @@ from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from gateway.app import create_app
+from gateway.asgi_guard import FinalSendGuard
 from gateway.config import Config
 from gateway.runtime import Runtime
 
@@ -41,6 +42,7 @@ def hypercorn_config(gateway_config: Config) -> HyperConfig:
     config.bind = [f"{host}:{server.port}"]
     config.graceful_timeout = server.graceful_timeout_s
     config.keep_alive_max_requests = 1_000_000
+    config.keep_alive_timeout = server.connection_idle_s
     config.accesslog = None
     config.errorlog = logging.getLogger("hypercorn.error")
     return config
@@ -78,7 +80,7 @@ async def serve(
     config = hypercorn_config(runtime.config)
     if sockets is None:
         sockets = bind_sockets(config)
-    app = wrap_app(create_app(runtime), config.wsgi_max_body_size, None)
+    app = wrap_app(FinalSendGuard(create_app(runtime)), config.wsgi_max_body_size, None)
     try:
         async with trio.open_nursery() as root:
             runtime.nursery = root
