@@ -209,11 +209,20 @@ class Keyring:
                 default_tags=current.default_tags,
                 expires_at=current.expires_at,
             )
-            await self._insert(new)
-            for child in self.children(current.id):
-                await self._apply(child.id, parent_id=new.id)
             expiry = self.clock() + grace_s
             if current.expires_at is not None:
                 expiry = min(expiry, current.expires_at)
-            await self._apply(current.id, expires_at=expiry, rotated_to=new.id)
+            children = self.children(current.id)
+            old_values = {"expires_at": expiry, "rotated_to": new.id}
+            await self.store.write(
+                records.rotate_key,
+                new.to_row(),
+                current.id,
+                {name: current.with_changes(**old_values).to_row()[name] for name in old_values},
+                [child.id for child in children],
+            )
+            self._put(new)
+            for child in children:  # re-read: a touch (last_used_at) may have landed meanwhile
+                self._put(self._by_id[child.id].with_changes(parent_id=new.id))
+            self._put(self._by_id[current.id].with_changes(**old_values))
             return new, token

@@ -8,6 +8,7 @@ under the new key with it sharing their spend, the old key expiring after the wi
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import trio
 
 from gateway.errors import GatewayError
 from gateway.providers.mock import MockProvider
+from gateway.store import records
 from shards import FakeClock
 from tests.conftest import Gateway, make_config, start_gateway
 from tests.test_subkeys import (
@@ -263,6 +265,20 @@ async def test_a_restart_gives_spend_to_the_parent_of_its_time(
         assert await usage(again) == before
     finally:
         again.stop.set()
+
+
+async def test_a_rotation_is_written_all_or_nothing(gateway: Gateway) -> None:
+    """The store operation of a rotation fails as a whole: here the new key's row clashes
+    with an existing prefix (unique), after which nothing of the rotation is on disk."""
+    old, child = await family(gateway)
+    store = gateway.runtime.store
+    before = {row["id"]: row for row in await store.read(records.all_keys)}
+    clash = {**before[child["id"]], "id": "key_clash", "parent_id": None}  # same prefix
+    with pytest.raises(sqlite3.IntegrityError):
+        await store.write(
+            records.rotate_key, clash, old["id"], {"rotated_to": "key_clash"}, [child["id"]]
+        )
+    assert {row["id"]: row for row in await store.read(records.all_keys)} == before
 
 
 async def test_the_old_key_manages_the_moved_sub_keys(gateway: Gateway) -> None:

@@ -65,6 +65,21 @@ def update_key(conn: sqlite3.Connection, key_id: str, values: dict[str, Any]) ->
     return sq.update(conn, "keys", {"id": key_id}, values)
 
 
+def rotate_key(
+    conn: sqlite3.Connection,
+    new_key: dict[str, Any],
+    old_id: str,
+    old_values: dict[str, Any],
+    child_ids: list[str],
+) -> None:
+    """A rotation, all or nothing: the new key, the old one's expiry and link to it, and
+    its sub-keys moved under the new key."""
+    insert_key(conn, new_key)
+    update_key(conn, old_id, old_values)
+    for child_id in child_ids:
+        update_key(conn, child_id, {"parent_id": new_key["id"]})
+
+
 def all_keys(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     return sq.select(conn, "keys", "ORDER BY created_at, id")
 
