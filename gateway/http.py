@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -12,6 +14,12 @@ from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
+
+
+#: output budgets: an integer too large for 64 bits is still an integer, only over any limit
+OUTPUT_BUDGETS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
+INT64_MAX = 2**63 - 1
+_LONG_DIGITS = re.compile(rb"\d{19,}")
 
 
 def new_request_id() -> str:
@@ -48,4 +56,18 @@ async def read_json_object(param: str | None = None) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise GatewayError("invalid_request", "The request body must be a JSON object.", param)
+    if _LONG_DIGITS.search(raw):
+        _exact_output_budgets(raw, body)
     return body
+
+
+def _exact_output_budgets(raw: bytes, body: dict[str, Any]) -> None:
+    """orjson reads an integer beyond 64 bits as a float, which would make a huge
+    ``max_tokens`` "not an integer" instead of "above the key's limit". Such a budget is
+    read exactly and held at ``INT64_MAX`` (over every limit, and still serialisable).
+    Other huge integers stay floats, as orjson read them."""
+    exact = json.loads(raw)
+    for name in OUTPUT_BUDGETS:
+        value = exact.get(name)
+        if type(value) is int and value > INT64_MAX:
+            body[name] = INT64_MAX

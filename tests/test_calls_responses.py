@@ -42,7 +42,8 @@ def message(content: Any, role: str = "user") -> dict[str, Any]:
 # (case, body, code, param): the responses table and its "Unsupported parameters" list.
 REFUSALS: list[tuple[str, Any, str, str | None]] = [
     ("body not an object", "hi", "invalid_request", None),
-    ("model missing", {"input": "hi"}, "validation_failed", "model"),
+    ("model missing", {"input": "hi"}, "invalid_request", "model"),
+    ("model null", {"model": None, "input": "hi"}, "invalid_request", "model"),
     ("model not a string", body(model=["m"]), "invalid_request", "model"),
     ("input missing", {"model": "m"}, "invalid_input", "input"),
     ("input a number", body(input=5), "invalid_input", "input"),
@@ -132,7 +133,7 @@ def test_refusals(payload: Any, code: str, param: str | None) -> None:
 
 def test_precedence() -> None:
     assert refused({"input": 5, "zzz": 1}).param == "zzz"
-    assert refused({"input": 5}).code == "validation_failed"
+    assert refused({"input": 5}).code == "invalid_request"
     assert refused(body(input=5, store=True)).code == "invalid_input"
     assert refused(body(connectors=["c"], store=True)).code == "connectors_require_user_session"
     assert refused(body(store=True, temperature=9)).param == "store"

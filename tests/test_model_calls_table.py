@@ -13,6 +13,7 @@ missing_tags (admission itself refused).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -201,6 +202,15 @@ CHAT_ROWS = [
         "max_tokens",
         key={"caps": {"max_output_tokens": 100}},
     ),
+    bad(
+        "chat: max_completion_tokens beyond 64 bits is an integer over the limit",
+        CHAT,
+        chat(max_completion_tokens=10**20),
+        "max_tokens_exceeds_key_limit",
+        "max_tokens",
+    ),
+    bad("chat: seed beyond 64 bits", CHAT, chat(seed=10**20), "invalid_request", "seed"),
+    ok("chat: seed at 64 bits", CHAT, chat(seed=-(2**63))),
     ok("chat: budget at the key limit", CHAT, chat(max_tokens=4096)),
     # capabilities of the model (mock-basic has none)
     bad(
@@ -350,7 +360,7 @@ CHAT_ROWS = [
 ]
 
 RESPONSES_ROWS = [
-    bad("responses: model missing", RESP, {"input": "hi"}, "validation_failed", "model"),
+    bad("responses: model missing", RESP, {"input": "hi"}, "invalid_request", "model"),
     bad("responses: model not a string", RESP, resp(model=[MODEL]), "invalid_request", "model"),
     bad("responses: input missing", RESP, {"model": MODEL}, "invalid_input", "input"),
     bad("responses: input a number", RESP, resp(input=5), "invalid_input", "input"),
@@ -385,6 +395,20 @@ RESPONSES_ROWS = [
         resp(max_output_tokens=4097),
         "max_tokens_exceeds_key_limit",
         "max_output_tokens",
+    ),
+    bad(
+        "responses: max_output_tokens beyond 64 bits",
+        RESP,
+        resp(max_output_tokens=10**20),
+        "max_tokens_exceeds_key_limit",
+        "max_output_tokens",
+    ),
+    bad(
+        "responses: model null",
+        RESP,
+        {"model": None, "input": "hi"},
+        "invalid_request",
+        "model",
     ),
     ok("responses: max_output_tokens", RESP, resp(max_output_tokens=16)),
     bad(
@@ -754,7 +778,8 @@ async def send(
         async with gw.client(token, verify=False) as client:  # plain HTTP on loopback
             return await client.post(
                 path,
-                content=orjson.dumps(body),
+                # the standard library writes integers beyond 64 bits, orjson does not
+                content=json.dumps(body).encode(),
                 headers={"Content-Type": "application/json", **(headers or {})},
             )
 

@@ -205,7 +205,7 @@ def _stop_and_seed(body: dict[str, Any]) -> dict[str, Any]:
     seed = body.get("seed")
     if seed is not None:
         if not is_int(seed):
-            raise invalid("seed", "seed must be an integer.")
+            raise invalid("seed", "seed must be an integer of at most 64 bits.")
         params["seed"] = seed
     return params
 

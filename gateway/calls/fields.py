@@ -72,12 +72,13 @@ def refuse_unknown(body: dict[str, Any], known: frozenset[str]) -> None:
             raise unsupported(name, f"Unknown parameter: {name}.")
 
 
-def require_model(body: dict[str, Any]) -> str:
-    """``model``: absent (or null) is validation_failed; anything but a non-empty string
-    is invalid_request."""
+def require_model(body: dict[str, Any], missing: str = "validation_failed") -> str:
+    """``model``: absent (or null) is ``missing`` (the spec's validation_failed is for chat
+    completions only; elsewhere a missing field is invalid_request); anything but a
+    non-empty string is invalid_request."""
     model = body.get("model")
     if model is None:
-        raise GatewayError("validation_failed", "model is required.", param="model")
+        raise GatewayError(missing, "model is required.", param="model")
     if not isinstance(model, str) or not model:
         raise invalid("model", "model must be a non-empty string.")
     return model

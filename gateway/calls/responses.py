@@ -10,8 +10,8 @@ Precedence: the first failing check answers, in this order.
 
 1. The body is a JSON object (invalid_request, param null).
 2. Unknown top-level fields (unsupported_parameter), the first in body order.
-3. ``model``: absent or null is validation_failed (our choice: the same as chat
-   completions), any other non-string invalid_request.
+3. ``model``: absent, null or not a non-empty string is invalid_request (the spec's
+   validation_failed is for chat completions only).
 4. ``input`` (invalid_input; item_reference, input_file and file-id images are
    unsupported_parameter with param input).
 5. Non-empty ``connectors`` / ``hitl_approvals`` (connectors_require_user_session).
@@ -78,7 +78,7 @@ def parse_responses(body: Any, max_output_tokens: int) -> ChatCall:
     """Validate a responses body; ``max_output_tokens`` is the key's cap."""
     body = require_object(body)
     refuse_unknown(body, RESPONSES_FIELDS)
-    model = require_model(body)
+    model = require_model(body, missing="invalid_request")
     messages = input_messages(body.get("input"))
     refuse_session_fields(body)
     refuse_present(body, REFUSED)
