@@ -25,6 +25,10 @@ log = logging.getLogger("gateway.app")
 _NO_RATE_HEADERS = {"invalid_api_key", "scope_denied", "invalid_tags", "missing_tags"}
 # Werkzeug's HTTP errors that can reach us before a handler runs.
 _HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+_MESSAGES = {
+    "not_found": "No such endpoint.",
+    "method_not_allowed": "This method is not allowed on this path.",
+}
 
 
 async def _drain_body() -> bool:
@@ -57,6 +61,9 @@ def create_app(runtime: Runtime) -> QuartTrio:
     @app.before_request
     async def _assign_request_id() -> None:
         g.request_id = new_request_id()
+        if request.method == "HEAD" and request.routing_exception is None:
+            # Quart answers HEAD on every GET route; the spec: any other method is a 405
+            raise GatewayError("method_not_allowed", _MESSAGES["method_not_allowed"])
 
     @app.after_request
     async def _common_headers(response: Response) -> Response:
@@ -83,11 +90,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
         code = _HTTP_CODES.get(error.code or 500)
         if code is None:
             code = "invalid_request" if (error.code or 500) < 500 else "internal_error"
-        message = {
-            "not_found": "No such endpoint.",
-            "method_not_allowed": "This method is not allowed on this path.",
-        }.get(code)
-        return await _gateway_error(GatewayError(code, message))
+        return await _gateway_error(GatewayError(code, _MESSAGES.get(code)))
 
     @app.errorhandler(Exception)
     async def _unexpected(error: Exception) -> Response:

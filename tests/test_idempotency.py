@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 import trio
 
@@ -300,3 +301,26 @@ async def test_a_malformed_header_is_400(gw: Gateway, value: str) -> None:
     token = await live_key(gw)
     response = await post(gw, token, body_for("hi"), value)
     assert_error(response, 400, "invalid_request", "Idempotency-Key")
+    assert response.headers["X-RateLimit-Remaining-Requests"] == "999"
+
+
+@pytest.mark.parametrize("case", ["malformed header", "body not JSON"])
+async def test_a_refused_request_with_the_header_counts_in_the_request_window(
+    gw: Gateway, upstream: FakeUpstream, case: str
+) -> None:
+    """Like every refused request: counted, with the rate-limit headers; past the key's
+    rpm the answer is the 429, not the 400."""
+    token = await live_key(gw, caps={"rpm": 2})
+    headers = {"Idempotency-Key": "x" * 300 if case == "malformed header" else "fine"}
+    content = orjson.dumps(body_for("hi")) if case == "malformed header" else b"{bad"
+
+    async def send() -> httpx.Response:
+        async with gw.client(token) as client:
+            return await client.post(CHAT, content=content, headers=headers)
+
+    first = await send()
+    assert first.status_code == 400, first.text
+    assert first.headers["X-RateLimit-Remaining-Requests"] == "1"
+    assert (await send()).headers["X-RateLimit-Remaining-Requests"] == "0"
+    assert_error(await send(), 429, "rate_limited", None)
+    assert upstream.calls == 0

@@ -50,6 +50,17 @@ async def test_other_methods_on_known_paths_are_405(
     assert re.fullmatch(r"req_[0-9a-f]+", response.headers["X-Request-Id"])
 
 
+@pytest.mark.parametrize("path", [p for p, (allowed, _) in KNOWN.items() if "GET" in allowed])
+async def test_head_is_another_method(gateway: Gateway, path: str) -> None:
+    """The framework would answer HEAD on every GET route; the spec makes it a 405."""
+    async with gateway.client(gateway.token) as client:
+        response = await client.head(path)
+    assert response.status_code == 405
+    assert re.fullmatch(r"req_[0-9a-f]+", response.headers["X-Request-Id"])
+    async with gateway.client(gateway.token) as client:
+        assert (await client.head("/v1/nothing")).status_code == 404
+
+
 @pytest.mark.parametrize("path", ["/v1/nothing", "/v2/models", "/", "/v1/keys/a/b"])
 async def test_unknown_paths_are_404(gateway: Gateway, path: str) -> None:
     async with gateway.client(gateway.token) as client:

@@ -15,6 +15,7 @@ import trio
 from quart import Quart, Response, request
 
 from gateway import idempotency
+from gateway.admission import admit
 from gateway.auth import authenticate, require_scope
 from gateway.calls import ChatCall
 from gateway.calls.chat import check_capabilities, parse_chat
@@ -45,10 +46,16 @@ Parser = Callable[[dict[str, Any], int], ChatCall]
 async def _serve(endpoint: str, parse: Parser) -> Response:
     record = authenticate()
     require_scope(record, "inference")
-    idem_key = idempotency.header_value()
-    if idem_key is None:
+    try:
+        idem_key = idempotency.header_value()
+        body = await read_json_object() if idem_key is not None else None
+    except GatewayError:
+        # a malformed header or body is a refused request like any other: it counts in
+        # the key's request window (and may be its 429), though no call follows
+        await admit(record, take_slot=False)
+        raise
+    if idem_key is None or body is None:
         return await _call(record, endpoint, parse)
-    body = await read_json_object()
     run = partial(_call, record, endpoint, parse)
     return await idempotency.serve(record, endpoint, idem_key, body, run)
 
