@@ -8,6 +8,7 @@ stdout. The server URL comes from ``--url`` or ``SVC_GATEWAY_URL``
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -19,14 +20,48 @@ import orjson
 import trio
 
 from gateway.config import ConfigError, load_config
+from gateway.key_body import MAX_COUNT, MAX_USD
 from gateway.store import StoreError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
 
-def fail(message: str, status: int = 1) -> NoReturn:
+def fail(message: str, status: int = 1, code: str | None = None) -> NoReturn:
+    """One line on stderr and a non-zero exit; under ``--json`` also the error as one JSON
+    object on stdout, so that a tool reading stdout always gets an object."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is not None and ctx.meta.get(JSON_MODE):
+        error = {"error": {"message": message, "code": code, "exit_status": status}}
+        click.echo(orjson.dumps(error).decode())
     click.echo(f"svc-gateway: {message}", err=True)
     sys.exit(status)
+
+
+class Usd(click.ParamType):
+    """An amount in USD: a finite number from 0 to ``MAX_USD`` (``nan`` is no amount)."""
+
+    name = "usd"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            amount = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not (math.isfinite(amount) and 0 <= amount <= MAX_USD):
+            self.fail(f"{value!r} is not an amount from 0 to {MAX_USD:,}", param, ctx)
+        return amount
+
+
+USD = Usd()
+COUNT = click.IntRange(0, MAX_COUNT)
+JSON_MODE = "svc_gateway.json"
+
+
+def _json_mode(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
+    ctx.meta[JSON_MODE] = value
+    return value
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -46,7 +81,16 @@ def main() -> None:
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port to listen on (default 8080; 0 picks a free one).")
 @click.option("--db", help="SQLite database file (default svc-gateway.db here).")
-def serve(config_path: str | None, host: str | None, port: int | None, db: str | None) -> None:
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    callback=_json_mode,
+    help='Once listening, print one JSON object: {"url", "database", "sandbox_key"}.',
+)
+def serve(
+    config_path: str | None, host: str | None, port: int | None, db: str | None, as_json: bool
+) -> None:
     """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog."""
     from gateway.runtime import Runtime
     from gateway.server import bind_sockets, hypercorn_config
@@ -73,8 +117,14 @@ def serve(config_path: str | None, host: str | None, port: int | None, db: str |
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(run_server, runtime, sockets)
             url = binds[0]
+            database = str(Path(config.server.db).resolve())
+            if as_json:
+                info = {"url": url, "database": database, "sandbox_key": token}
+                click.echo(orjson.dumps(info).decode())
+                sys.stdout.flush()
+                return
             click.echo(f"svc-gateway listening on {url}")
-            click.echo(f"database: {Path(config.server.db).resolve()}")
+            click.echo(f"database: {database}")
             if token:
                 click.echo(f"sandbox key (shown once): {token}")
                 click.echo(f"try: curl -H 'Authorization: Bearer {token}' {url}/v1/key")
@@ -106,17 +156,22 @@ def call_admin(url: str | None, method: str, path: str, body: Any = None) -> dic
             content=orjson.dumps(body) if body is not None else None,
             timeout=30.0,
         )
+    except httpx.InvalidURL as exc:
+        fail(f"not a usable gateway URL {base!r}: {exc}", 2)
     except httpx.HTTPError as exc:
         fail(f"cannot reach the gateway at {base}: {exc}")
     try:
         data = response.json()
     except ValueError:
-        data = {"error": {"message": response.text, "code": None}}
-    if response.status_code >= 400:
-        error = data.get("error", {}) if isinstance(data, dict) else {}
+        data = None
+    error = data.get("error") if isinstance(data, dict) else None
+    if response.status_code >= 400 or not isinstance(data, dict):
+        if not isinstance(error, dict):
+            fail(f"{base} answered {response.status_code} without the gateway's error shape")
         if response.status_code == 404 and error.get("message") == "No such endpoint.":
             fail("the admin API is not enabled on that server (SVC_ADMIN_TOKEN unset there)")
-        fail(f"{response.status_code} {error.get('code')}: {error.get('message')}")
+        message = " ".join(str(error.get("message")).split())
+        fail(f"{response.status_code} {error.get('code')}: {message}", code=error.get("code"))
     return data
 
 
@@ -136,7 +191,9 @@ def emit(data: dict[str, Any], as_json: bool, fields: tuple[str, ...] = ()) -> N
 
 
 url_option = click.option("--url", help="Gateway URL (default $SVC_GATEWAY_URL or 127.0.0.1:8080).")
-json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+json_option = click.option(
+    "--json", "as_json", is_flag=True, callback=_json_mode, help="Print one JSON object."
+)
 
 
 @main.group()
@@ -146,7 +203,7 @@ def org() -> None:
 
 @org.command("create")
 @click.argument("name")
-@click.option("--credits", type=float, default=0.0, help="Initial credits in USD.")
+@click.option("--credits", type=USD, default=0.0, help="Initial credits in USD.")
 @click.option("--residency", help="Residency zone (e.g. us, eu).")
 @url_option
 @json_option
@@ -160,7 +217,7 @@ def org_create(
 
 @org.command("credits")
 @click.argument("org_id")
-@click.option("--add", "add_usd", type=float, required=True, help="USD to add.")
+@click.option("--add", "add_usd", type=USD, required=True, help="USD to add.")
 @url_option
 @json_option
 def org_credits(org_id: str, add_usd: float, url: str | None, as_json: bool) -> None:
@@ -232,12 +289,12 @@ def _tags(pairs: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--environment", type=click.Choice(["production", "staging", "development", "test"]))
 @click.option("--scopes", help="Comma-separated: inference,embeddings,usage:read,keys:manage.")
 @click.option("--keys-manage", is_flag=True, help="Allow this key to manage sub-keys.")
-@click.option("--usd-day", type=float)
-@click.option("--usd-month", type=float)
-@click.option("--rpm", type=int)
-@click.option("--tpm", type=int)
-@click.option("--max-in-flight", type=int)
-@click.option("--max-output-tokens", type=int)
+@click.option("--usd-day", type=USD)
+@click.option("--usd-month", type=USD)
+@click.option("--rpm", type=COUNT)
+@click.option("--tpm", type=COUNT)
+@click.option("--max-in-flight", type=COUNT)
+@click.option("--max-output-tokens", type=COUNT)
 @click.option("--data-mode", type=click.Choice(["standard", "zero_retention", "confidential"]))
 @click.option("--byok", is_flag=True)
 @click.option("--allowed-models", help="Comma-separated model ids.")

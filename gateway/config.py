@@ -14,6 +14,7 @@ prints it on one line and exits with status 2.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import tomllib
@@ -29,6 +30,10 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 class ConfigError(Exception):
     """A configuration problem; the message names the key at fault."""
+
+
+#: the largest price of a model, USD per million tokens (a call's cost must fit 64 bits)
+MAX_PRICE = 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +136,8 @@ def _take(table: dict[str, Any], key: str, where: str, kind: type | tuple[type, 
         raise ConfigError(f"{where}.{key}: expected {_names(kinds)}, got a boolean")
     if not isinstance(value, kinds):
         raise ConfigError(f"{where}.{key}: expected {_names(kinds)}, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}.{key}: must be a finite number")
     return value
 
 
@@ -142,6 +149,11 @@ def _check_unknown(table: dict[str, Any], allowed: set[str], where: str) -> None
     for key in table:
         if key not in allowed:
             raise ConfigError(f"{where}.{key}: unknown key")
+
+
+def _http_url(url: str) -> bool:
+    match = re.fullmatch(r"https?://([^/?#\s]+)(?:[/?#]\S*)?", url)
+    return match is not None and match.group(1).rsplit("@", 1)[-1].split(":")[0] != ""
 
 
 def _positive(value: float, where: str) -> None:
@@ -219,6 +231,8 @@ def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
     base_url = _take(table, "base_url", where, str) if "base_url" in table else None
     if kind == "openai" and not base_url:
         raise ConfigError(f"{where}.base_url: required for kind openai")
+    if base_url is not None and not _http_url(base_url):
+        raise ConfigError(f"{where}.base_url: must be an http(s) URL with a host")
     residency = tuple(_take(table, "residency", where, list)) if "residency" in table else ()
     if not all(isinstance(zone, str) for zone in residency):
         raise ConfigError(f"{where}.residency: must be a list of strings")
@@ -279,8 +293,8 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
     prices: dict[str, float | None] = {}
     for key in ("input_usd_per_mtok", "output_usd_per_mtok"):
         value = _take(table, key, where, (int, float)) if key in table else None
-        if value is not None and value < 0:
-            raise ConfigError(f"{where}.{key}: must not be negative")
+        if value is not None and not 0 <= value <= MAX_PRICE:
+            raise ConfigError(f"{where}.{key}: must be between 0 and {MAX_PRICE:,}")
         prices[key] = float(value) if value is not None else None
     flags = {
         key: _take(table, key, where, bool) if key in table else default
@@ -365,6 +379,8 @@ def _env_overrides(server: ServerConfig, environ: dict[str, str]) -> ServerConfi
                 values[key] = kind(environ[name])
             except ValueError:
                 raise ConfigError(f"{name}: expected {kind.__name__}") from None
+            if isinstance(values[key], float) and not math.isfinite(values[key]):
+                raise ConfigError(f"{name}: must be a finite number")
     server = replace(server, **values)
     _validate_server(server)
     return server

@@ -15,17 +15,26 @@ MAX_NAME = 200
 #: caps that always hold a limit; the others may be null (unlimited)
 _ALWAYS_LIMITED = ("rpm", "max_in_flight", "max_output_tokens")
 _USD_CAPS = ("usd_day", "usd_month")
+#: the largest amount of money any field takes, in USD, and the largest count
+MAX_USD = 1_000_000_000
+MAX_COUNT = 2**53 - 1
 
 
 def number(body: dict[str, Any], name: str, *, integer: bool = False) -> Any:
-    """A non-negative number (or integer) field; None when absent or null."""
+    """A non-negative number (or integer) field; None when absent or null.
+
+    Bounded: an amount in USD at most ``MAX_USD`` (its nano-USD must fit the store's
+    64-bit integers), a count at most ``MAX_COUNT`` (exact in every JSON reader)."""
     value = body.get(name)
     if value is None:
         return None
     kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value < 0:
+    limit = MAX_COUNT if integer else MAX_USD
+    if isinstance(value, bool) or not isinstance(value, kinds) or not 0 <= value <= limit:
         kind = "a non-negative integer" if integer else "a non-negative number"
-        raise GatewayError("invalid_request", f"{name} must be {kind}.", param=name)
+        raise GatewayError(
+            "invalid_request", f"{name} must be {kind} of at most {limit:,}.", param=name
+        )
     return value
 
 

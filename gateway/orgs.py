@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gateway.config import MAX_PRICE
 from gateway.errors import GatewayError
+from gateway.key_body import MAX_USD
 
 # Policy file keys of the operator contract (DESIGN.md), with the JSON type each takes.
 POLICY_KEYS: dict[str, type | tuple[type, ...]] = {
@@ -86,9 +88,11 @@ def validate_policy(policy: Any) -> dict[str, Any]:
             raise GatewayError(
                 "invalid_request", f"Policy key {key!r} must list strings.", param=key
             )
-        if isinstance(value, (int, float)) and value < 0:
+        if isinstance(value, (int, float)) and not 0 <= value <= MAX_USD:
             raise GatewayError(
-                "invalid_request", f"Policy key {key!r} must not be negative.", param=key
+                "invalid_request",
+                f"Policy key {key!r} must be between 0 and {MAX_USD:,}.",
+                param=key,
             )
     _check_entitlements(policy.get("entitlements"))
     _check_byok_pricing(policy.get("byok_pricing"))
@@ -114,13 +118,15 @@ def _check_byok_pricing(pricing: dict[str, Any] | None) -> None:
     for model_id, price in (pricing or {}).items():
         valid = isinstance(price, dict) and set(price) == set(_PRICE_FIELDS)
         valid = valid and all(
-            isinstance(price[f], (int, float)) and not isinstance(price[f], bool) and price[f] >= 0
+            isinstance(price[f], (int, float))
+            and not isinstance(price[f], bool)
+            and 0 <= price[f] <= MAX_PRICE
             for f in _PRICE_FIELDS
         )
         if not valid:
             raise GatewayError(
                 "invalid_request",
                 f"byok_pricing[{model_id!r}] must hold exactly input_usd_per_mtok and "
-                "output_usd_per_mtok, non-negative numbers.",
+                f"output_usd_per_mtok, numbers from 0 to {MAX_PRICE:,}.",
                 param="byok_pricing",
             )

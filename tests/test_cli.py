@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.procs import (
@@ -187,7 +190,7 @@ def test_key_revoke_is_immediate_and_final(server: Server) -> None:
 
     result = run_cli("key", "enable", created["id"], "--json", *url_args(server))
     assert_one_line_error(result, "key_revoked")
-    assert result.stdout == ""
+    assert json.loads(result.stdout)["error"]["code"] == "key_revoked"
     assert_invalid_key(server, token)
 
     listed = cli_json("key", "list", "--org", org_id, *url_args(server))
@@ -250,6 +253,89 @@ def test_admin_refusals_are_one_line_errors(server: Server) -> None:
     assert_one_line_error(result, "SVC_ADMIN_TOKEN")
 
 
+def test_under_json_an_error_is_also_one_json_object_on_stdout(server: Server) -> None:
+    result = run_cli("key", "revoke", "key_nope", "--json", *url_args(server))
+    assert_one_line_error(result, "404")
+    error = json.loads(result.stdout)["error"]
+    assert error["code"] == "not_found" and "key_nope" in error["message"]
+    assert error["exit_status"] == 1
+
+
+def test_key_list_of_an_unknown_organisation_is_404(server: Server) -> None:
+    assert_one_line_error(run_cli("key", "list", "--org", "org_nope", *url_args(server)), "404")
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("org", "create", "x", "--credits", "nan"),
+        ("org", "create", "x", "--credits", "1e30"),
+        ("org", "credits", "ORG", "--add", "inf"),
+        ("key", "create", "--org", "ORG", "--name", "n", "--mode", "sandbox", "--usd-day", "nan"),
+        (
+            "key",
+            "create",
+            "--org",
+            "ORG",
+            "--name",
+            "n",
+            "--mode",
+            "sandbox",
+            "--usd-month",
+            "1e400",
+        ),
+        ("key", "create", "--org", "ORG", "--name", "n", "--mode", "sandbox", "--tpm", "9" * 23),
+        ("key", "create", "--org", "ORG", "--name", "n", "--mode", "sandbox", "--rpm", "-1"),
+    ],
+    ids=lambda args: " ".join(args[:2] + args[-2:]),
+)
+def test_out_of_range_amounts_and_counts_are_usage_errors(server: Server, args: tuple) -> None:
+    """nan would have been sent as null (no cap at all); huge ones crashed the CLI."""
+    org_id = new_org(server, "bounds")
+    before = len(cli_json("key", "list", "--org", org_id, *url_args(server))["data"])
+    result = run_cli(*(org_id if a == "ORG" else a for a in args), *url_args(server))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(cli_json("key", "list", "--org", org_id, *url_args(server))["data"]) == before
+
+
+def test_the_server_refuses_amounts_its_store_cannot_hold(server: Server) -> None:
+    """Through the admin API (no CLI check in between): a 400, and nothing created."""
+    with server.client(ADMIN_TOKEN) as client:
+        count = len(client.get("/admin/orgs").json()["data"])
+        response = client.post("/admin/orgs", json={"name": "huge", "credits_usd": 1e30})
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == "credits_usd"
+        assert len(client.get("/admin/orgs").json()["data"]) == count
+        org_id = client.post("/admin/orgs", json={"name": "fine"}).json()["id"]
+        response = client.post(f"/admin/orgs/{org_id}/credits", json={"add_usd": 1e30})
+        assert response.json()["error"]["param"] == "add_usd"
+        response = client.put(f"/admin/orgs/{org_id}/policy", json={"budget_usd_month": 1e30})
+        assert response.json()["error"]["param"] == "budget_usd_month"
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:notaport"])
+def test_a_malformed_gateway_url_is_a_one_line_error(url: str) -> None:
+    assert_one_line_error(run_cli("key", "list", "--org", "o", "--url", url), "URL")
+
+
+def test_something_else_at_the_url_is_a_one_line_error(tmp_path: Path) -> None:
+    """Not the gateway (here a static file server): one line, not the page."""
+    page = subprocess.Popen(
+        [sys.executable, "-u", "-m", "http.server", "0", "--bind", "127.0.0.1"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    try:
+        assert page.stdout is not None
+        port = re.search(r"port (\d+)", page.stdout.readline()).group(1)  # type: ignore[union-attr]
+        result = run_cli("key", "list", "--org", "o", "--url", f"http://127.0.0.1:{port}")
+        assert_one_line_error(result, "without the gateway's error shape")
+    finally:
+        page.terminate()
+        page.wait(timeout=10)
+        page.stdout.close()
+
+
 # -- the server URL ----------------------------------------------------------------------
 
 
@@ -278,12 +364,33 @@ def test_admin_api_absent_without_admin_token(tmp_path: Path) -> None:
         # the CLI (which has a token) says the admin API is not enabled there
         result = run_cli("org", "create", "x", "--json", "--url", srv.url)
         line = assert_one_line_error(result, "admin API is not enabled")
-        assert result.stdout == "", line
+        assert "admin API is not enabled" in json.loads(result.stdout)["error"]["message"], line
         # the rest of the server works
         assert srv.get("/v1/key", srv.token).status_code == 200
     finally:
         status = srv.stop(signal.SIGTERM)
     assert status == 0, srv.stderr()
+
+
+def test_serve_json_prints_one_object_once_listening(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--json", "--port", "0", "--db", "g.db"],
+        cwd=tmp_path, env=base_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        info = json.loads(proc.stdout.readline())
+        assert set(info) == {"url", "database", "sandbox_key"}
+        assert info["database"] == str(tmp_path / "g.db")
+        assert info["sandbox_key"].startswith("svc_test_")
+        response = httpx.get(
+            f"{info['url']}/v1/key", headers={"Authorization": f"Bearer {info['sandbox_key']}"}
+        )
+        assert response.status_code == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])

@@ -272,6 +272,7 @@ def test_process_environment_by_default(monkeypatch: pytest.MonkeyPatch) -> None
         ({"SVC_SERVER_REQUEST_TIMEOUT_S": "-1"}, "server.request_timeout_s"),
         ({"SVC_SERVER_PLATFORM_RPM": "0"}, "server.platform_rpm"),
         ({"SVC_SERVER_DB": ""}, "server.db"),
+        ({"SVC_SERVER_REQUEST_TIMEOUT_S": "nan"}, "SVC_SERVER_REQUEST_TIMEOUT_S"),
     ],
 )
 def test_bad_environment_names_the_variable_or_key(environ: dict[str, str], needle: str) -> None:
@@ -373,6 +374,16 @@ INVALID: list[tuple[str, str, str]] = [
         "model-price-string",
         model('output_usd_per_mtok = "1"\n'),
         "models[0].output_usd_per_mtok",
+    ),
+    ("model-price-nan", model("input_usd_per_mtok = nan\n"), "models[0].input_usd_per_mtok"),
+    ("model-price-inf", model("output_usd_per_mtok = inf\n"), "models[0].output_usd_per_mtok"),
+    ("model-price-huge", model("input_usd_per_mtok = 1e300\n"), "models[0].input_usd_per_mtok"),
+    ("server-timeout-nan", "[server]\nrequest_timeout_s = nan\n", "server.request_timeout_s"),
+    ("server-keepalive-inf", "[server]\nkeepalive_s = inf\n", "server.keepalive_s"),
+    (
+        "provider-base-url-not-a-url",
+        '[[providers]]\nname = "p"\nkind = "openai"\nbase_url = "not a url"\n' + MODEL,
+        "providers[0].base_url",
     ),
     ("model-dimensions-zero", model("dimensions = 0\n"), "models[0].dimensions"),
     ("model-enabled-string", model('enabled = "yes"\n'), "models[0].enabled"),

@@ -205,6 +205,8 @@ async def create_key() -> Response:
 async def list_keys() -> Response:
     _authorize()
     org_id = request.args.get("org_id")
+    if org_id is not None:
+        _org(org_id)  # an unknown organisation is a 404, not an empty list
     rt = runtime()
     now = rt.clock.now()
     keys = [r.public(now) for r in rt.keyring.all() if org_id is None or r.org_id == org_id]
