@@ -314,6 +314,22 @@ def test_the_server_refuses_amounts_its_store_cannot_hold(server: Server) -> Non
         assert response.json()["error"]["param"] == "budget_usd_month"
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("org", "byok", "ORG", "--provider", "nope", "--api-key-env", "X"), "provider"),
+        (("org", "byok", "ORG", "--provider", "mock", "--api-key-env", "bad name"), "api_key_env"),
+    ],
+    ids=["unknown provider", "not a variable name"],
+)
+def test_settings_that_could_never_work_are_refused(
+    server: Server, args: tuple, needle: str
+) -> None:
+    org_id = new_org(server, "never")
+    result = run_cli(*(org_id if a == "ORG" else a for a in args), *url_args(server))
+    assert_one_line_error(result, "400", needle)
+
+
 @pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:notaport"])
 def test_a_malformed_gateway_url_is_a_one_line_error(url: str) -> None:
     assert_one_line_error(run_cli("key", "list", "--org", "o", "--url", url), "URL")

@@ -7,6 +7,7 @@ if it did not exist. Bodies and answers are JSON; errors use the same catalog.
 from __future__ import annotations
 
 import hmac
+import re
 from typing import Any
 
 from quart import Quart, Response, request
@@ -125,8 +126,19 @@ async def set_byok(org_id: str) -> Response:
     provider, env = body.get("provider"), body.get("api_key_env")
     if not isinstance(provider, str) or not provider:
         raise GatewayError("invalid_request", "provider is required.", param="provider")
-    if not isinstance(env, str) or not env:
-        raise GatewayError("invalid_request", "api_key_env is required.", param="api_key_env")
+    known = [p.name for p in runtime().config.providers]
+    if provider not in known:
+        raise GatewayError(
+            "invalid_request",
+            f"No provider {provider!r} in the config; known: {', '.join(known)}.",
+            param="provider",
+        )
+    if not isinstance(env, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env):
+        raise GatewayError(
+            "invalid_request",
+            "api_key_env must name an environment variable (letters, digits, _).",
+            param="api_key_env",
+        )
     row = {"org_id": org.id, "provider": provider, "api_key_env": env, "created_at": 0.0}
     row["created_at"] = runtime().clock.now()
     await runtime().store.write(records.set_provider_credential, row)
