@@ -860,6 +860,7 @@ async def test_default_tags_merge_and_the_caller_wins(
         "h": "a b",  # percent-decoded
     }
     assert record["key_id"] == key["id"]
+    assert record["mode"] == "sandbox"
 
 
 @pytest.mark.parametrize(

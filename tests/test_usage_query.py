@@ -20,3 +20,24 @@ async def test_well_formed_group_by_is_served(gateway: Gateway, group_by: str) -
     async with gateway.client(gateway.token) as client:
         response = await client.get("/v1/usage", params={"group_by": group_by})
     assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize(
+    ("params", "window"),
+    [
+        ({}, ("2026-11-01", "2026-11-30")),
+        ({"start": "2026-11-24"}, ("2026-11-24", "2026-11-30")),
+        ({"start": "2026-12-05"}, ("2026-12-05", "2026-12-31")),
+        ({"end": "2026-11-10"}, ("2026-11-01", "2026-11-10")),
+        ({"start": "2026-10-02", "end": "2026-10-03"}, ("2026-10-02", "2026-10-03")),
+    ],
+)
+async def test_the_default_window_is_the_current_month(
+    clocked_gateway: Gateway, params: dict[str, str], window: tuple[str, str]
+) -> None:
+    """The clock reads 2026-11-22: without ``end`` the window runs to the end of the month
+    (of ``start``, when that is later), so a ``start`` later today is not a 400."""
+    async with clocked_gateway.client(clocked_gateway.token) as client:
+        response = await client.get("/v1/usage", params=params)
+    assert response.status_code == 200, response.text
+    assert (response.json()["start"], response.json()["end"]) == window

@@ -8,7 +8,7 @@ which are never billed).
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 from quart import Quart, Response, request
@@ -42,6 +42,7 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
         "model": row["model"],
         "provider": row["provider"],
         "key_id": row["key_id"],
+        "mode": row["mode"],
         "status": row["status"],
         "http_status": row["http_status"],
         "stream": bool(row["stream"]),
@@ -126,7 +127,10 @@ async def get_usage() -> Response:
     rt = runtime()
     today = datetime.fromtimestamp(rt.clock.now(), UTC).date()
     start = _day("start", today.replace(day=1))
-    end = _day("end", today)
+    # default: the end of the current month (or of the start's month, if later)
+    month_of = max(start, today)
+    next_month = (month_of.replace(day=28) + timedelta(days=4)).replace(day=1)
+    end = _day("end", next_month - timedelta(days=1))
     if end < start:
         raise GatewayError("invalid_request", "end is before start.", param="end")
     group = _group()
