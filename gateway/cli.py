@@ -182,12 +182,16 @@ def emit(data: dict[str, Any], as_json: bool, fields: tuple[str, ...] = ()) -> N
     rows = data.get("data") if "data" in data and isinstance(data.get("data"), list) else None
     if rows is not None:
         for row in rows:
-            click.echo("  ".join(f"{f}={row.get(f)}" for f in fields or tuple(row)))
+            click.echo("  ".join(f"{f}={_text(row.get(f))}" for f in fields or tuple(row)))
         return
     for name, value in data.items():
-        if isinstance(value, (dict, list)):
-            value = orjson.dumps(value).decode()
-        click.echo(f"{name}: {value}")
+        click.echo(f"{name}: {_text(value)}")
+
+
+def _text(value: Any) -> str:
+    """A value as the text output shows it: strings as they are, the rest as JSON
+    (``null`` and ``false``, not Python's ``None`` and ``False``)."""
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 url_option = click.option("--url", help="Gateway URL (default $SVC_GATEWAY_URL or 127.0.0.1:8080).")

@@ -149,6 +149,8 @@ def test_org_create_without_json_is_not_json(server: Server) -> None:
     result = run_cli("org", "create", "plain", *url_args(server))
     assert result.returncode == 0, result.stderr
     assert re.search(r"^id: org_\S+$", result.stdout, re.M), result.stdout
+    assert re.search(r"^residency: null$", result.stdout, re.M), result.stdout
+    assert "None" not in result.stdout
 
 
 def test_key_create_disable_enable_list(server: Server) -> None:
