@@ -92,6 +92,7 @@ def serve(
     config_path: str | None, host: str | None, port: int | None, db: str | None, as_json: bool
 ) -> None:
     """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog."""
+    from gateway.heap import settle_heap
     from gateway.runtime import Runtime
     from gateway.server import bind_sockets, hypercorn_config
     from gateway.server import serve as run_server
@@ -112,6 +113,7 @@ def serve(
     except StoreError as exc:
         fail(str(exc))
     token = runtime.bootstrap_demo()
+    settle_heap()
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:

@@ -42,10 +42,11 @@ instead of answering from a dead actor.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable, Generator
 from typing import Any
 
 import trio
+from outcome import Outcome
 from trio.lowlevel import Abort, Task, current_task, reschedule, wait_task_rescheduled
 
 from .messages import (
@@ -73,13 +74,18 @@ class ShardUnavailable(Exception):
     """
 
 
-class ReplySlot:
+class ReplySlot(Outcome[None]):
     """A one-shot reply between one caller and the actor (single-threaded, no locks).
 
     ``waiting`` is True exactly while the caller is parked in
     ``wait_task_rescheduled`` on this slot; whoever wakes it (the actor's
     :meth:`reply`, the :class:`Watchdog`'s :meth:`expire`, or trio's abort
     callback) clears it first, so the caller is woken exactly once.
+
+    The slot is also the :class:`outcome.Outcome` trio hands back to the woken
+    caller (``reschedule(task, slot)``): its :meth:`unwrap` gives ``None`` and the
+    answer stays in the slot. That spares a ``Value`` object per reply, which
+    costs about 1 µs to build and unwrap here, a tenth of a round trip.
     """
 
     __slots__ = (
@@ -93,6 +99,11 @@ class ReplySlot:
         "task",
         "waiting",
     )
+
+    # Outcome's attrs-made ``__eq__`` would make slots unhashable (the watchdog
+    # keeps them in a set): a slot is only ever equal to itself.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
     def __init__(self, message: Message, must_deliver: bool = False) -> None:
         self.message = message
@@ -112,7 +123,7 @@ class ReplySlot:
         self.done = True
         if self.waiting:
             self.waiting = False
-            reschedule(self.task)  # type: ignore[arg-type]
+            reschedule(self.task, self)  # type: ignore[arg-type]
 
     def expire(self) -> None:
         """Watchdog side: the deadline passed; wake the caller without an answer."""
@@ -121,6 +132,17 @@ class ReplySlot:
             if not self.must_deliver:
                 self.abandoned = True
             reschedule(self.task)  # type: ignore[arg-type]
+
+    # -- outcome.Outcome: what wait_task_rescheduled returns to the woken caller --
+
+    def unwrap(self) -> None:
+        """The caller reads the answer from the slot, see :meth:`outcome`."""
+
+    def send(self, gen: Generator[Any, None, object]) -> Any:
+        return gen.send(None)
+
+    async def asend(self, agen: AsyncGenerator[Any, None]) -> Any:
+        return await agen.asend(None)
 
     def abort_abandon(self, _raise_cancel: object) -> Abort:
         """Cancelled before the actor replied: the actor must never apply it."""

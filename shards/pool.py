@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 import trio
@@ -151,15 +152,18 @@ class ShardPool:
 
     # -- the request walk -----------------------------------------------------------
 
-    async def admit(self, req: AdmitRequest) -> Admission:
-        """Step 3: count the request, check rpm (key, org, platform), take a slot."""
-        result: Admission = await self._shard(req.family_id).call(req)
-        return result
+    # ``admit`` and ``reserve`` hand back the shard's own coroutine instead of
+    # awaiting it in one of their own: one coroutine and frame fewer per step.
 
-    async def reserve(self, req: ReserveRequest) -> Reservation | ReserveRefusal:
-        """Step 8: count tpm, then reserve key + parent + org all-or-nothing."""
-        result: Reservation | ReserveRefusal = await self._shard(req.family_id).call(req)
-        return result
+    def admit(self, req: AdmitRequest) -> Awaitable[Admission]:
+        """Step 3 (await it): count the request, check rpm (key, org, platform),
+        take a slot."""
+        return self._shards[zlib.crc32(req.family_id.encode()) % self._n].call(req)
+
+    def reserve(self, req: ReserveRequest) -> Awaitable[Reservation | ReserveRefusal]:
+        """Step 8 (await it): count tpm, then reserve key + parent + org
+        all-or-nothing."""
+        return self._shards[zlib.crc32(req.family_id.encode()) % self._n].call(req)
 
     async def settle(self, req: SettleRequest) -> None:
         """Step 10: release the slot, resolve the reservation once (must-deliver).

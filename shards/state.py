@@ -91,8 +91,9 @@ class ShardState:
         self._clock = clock
         self.orgs = orgs
         self.keys: dict[str, KeyState] = {}
-        #: reservation id → reservation, while pending
-        self.pending: dict[int, Reservation] = {}
+        #: reservation id → (reservation, its key's state, its parent's state), while
+        #: pending: the settlement finds the states without looking them up again
+        self.pending: dict[int, tuple[Reservation, KeyState, KeyState | None]] = {}
         self._ids = ids if ids is not None else itertools.count(1)
         self._minute = -1
         self._day = -1
@@ -249,36 +250,39 @@ class ShardState:
             day=day,
             month=month,
         )
-        self.pending[res.id] = res
+        self.pending[res.id] = (res, key, parent)
         return res
 
     # -- step 10 ----------------------------------------------------------------
 
     def settle(self, req: SettleRequest) -> None:
-        res = None
+        entry = None
         if req.reservation is not None:
-            res = self.pending.pop(req.reservation.id, None)
-            if res is None:  # a duplicate (a retried settle): slot included, no-op
+            entry = self.pending.pop(req.reservation.id, None)
+            if entry is None:  # a duplicate (a retried settle): slot included, no-op
                 logger.debug("reservation %d already resolved", req.reservation.id)
                 return
         if req.slot_taken:
-            key = self.key(req.key_id)
-            if key.in_flight > 0:
-                key.in_flight -= 1
+            holder = (
+                entry[1]
+                if entry is not None and entry[0].key_id == req.key_id
+                else self.key(req.key_id)
+            )
+            if holder.in_flight > 0:
+                holder.in_flight -= 1
             else:
                 logger.error("settle released a slot key %s did not hold", req.key_id)
-        if res is None:
+        if entry is None:
             return
+        res, key, parent = entry
         cap = _clamp(req.cap_amount, res.key_nanos, res, "cap_amount")
         billed = _clamp(req.billed_amount, res.org_nanos, res, "billed_amount")
         t = self._clock.now()
         day = self._day_of(t)
         month = month_of_day(day)
-        key = self.key(res.key_id)
         key.roll_spend(day, month)
         key.resolve(res, res.key_nanos, cap)
-        if res.parent_id is not None:
-            parent = self.key(res.parent_id)
+        if parent is not None:
             parent.roll_spend(day, month)
             parent.resolve(res, res.parent_nanos, cap)
         org = self.orgs.get(res.org_id)

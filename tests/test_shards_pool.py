@@ -11,7 +11,6 @@ mid-call. Two tests reach into private attributes, named where they do.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import logging
 import subprocess
 import sys
@@ -167,7 +166,7 @@ async def test_load_spend_counts_against_caps(pool: ShardPool) -> None:
 
 async def test_org_credits_can_be_topped_up(pool: ShardPool) -> None:
     pool.set_org("poor", 1 * USD, None)
-    req = dataclasses.replace(reserve_req(org_cost=2 * USD), org_id="poor")
+    req = reserve_req(org_cost=2 * USD)._replace(org_id="poor")
     refused = await pool.reserve(req)
     assert isinstance(refused, ReserveRefusal) and refused.code == "insufficient_credits"
     assert pool.add_org_credits("poor", 1 * USD) == 2 * USD
