@@ -10,7 +10,9 @@ in-flight slot), step 8 (reserve against tpm, key and parent caps, org credits a
 budget) and step 10 (settle: release the slot and post part of the reservation),
 each a real message to a real actor, with the request objects built per call as a
 handler would. The first two are the admission. Keys are sub-keys of a parent
-(so both caps are checked), spread over 16 shards, picked at random per call.
+(so both caps are checked), in families of ten over 16 shards (so the 10 keys are
+one family, on one shard), picked at random per call. Each pool is loaded, then
+the heap is settled as ``svc-gateway serve`` settles it (``gateway.heap``).
 
 Measured:
 - latency with one caller: median and p99 of the two admission steps (admit and
@@ -24,7 +26,8 @@ Measured:
   same three steps run as plain synchronous calls on the shard state (what the
   actor hop costs).
 
-Total runtime is bounded: about 40 s on 2 cores.
+Each figure is the best of 6 rounds taken in 3 passes over the whole set, and the
+worst round is printed too. Total runtime is bounded: about 50 s on 2 cores.
 """
 
 from __future__ import annotations
@@ -400,42 +403,50 @@ objects built per call as a handler builds them; the settlement (step 10) follow
 each call outside the timed part, and the whole walk's median is the third row. The
 throughput rows count whole walks (admit, reserve and settle, all awaited, as the
 gateway does). Keys are sub-keys (so parent caps are checked too), picked at random
-per call, over 16 shards. "100k vs 10" is the change from 10 to 100,000 keys loaded.
-Each latency and throughput figure is the best of 3 rounds: the 2-core machine is
-shared with other jobs, and single runs moved by up to 50 %.
+per call, in families of ten over 16 shards: the 10 keys are one family on one
+shard, the 100,000 keys 10,000 families over all 16. "100k vs 10" is the change
+from 10 to 100,000 keys loaded. The 2-core machine is shared with other jobs whose
+load comes in bursts of seconds (the same round moves by up to 50 % between runs,
+and one of the two cores is at times much slower): each figure is the best of 6
+rounds spread over 3 passes, and the worst rounds are printed under the table.
 
 ### Reading the figures
 
 - **Latency floor.** A round trip to an actor takes two passes of trio's scheduler
   (caller → actor, actor → caller); see the "scheduler pass" row. The two admission
   steps cost four passes before any work is done, plus the steps' own work (two
-  handlers and four frozen message objects, about 7 µs; all three steps are the
-  "plain synchronous calls" row) and the mailbox, reply slot and wake-ups (a few µs
-  per round trip). That puts the median at 30 to 33 µs here, just over the target
-  (the measure the issue names sat at 30.4 in the run above). p99 is well within its
-  target.
-- **What was optimised** (measured while building, 2026-11-22): a one-shot reply
-  object (no channel or Event per call); a watchdog task bounding every wait instead
-  of a trio cancel scope per call (a `CancelScope` costs 6 to 7 µs to enter and leave
-  here, 10 µs shielded): 128 → 57 µs per three-step walk; frozen messages built
-  through their slot descriptors (`shards.messages.fast_init`, 40 % cheaper); window
-  indices shared between keys (fewer cache misses, less memory).
-- **Throughput** amortises the scheduler passes over large batches; at 1000 callers
-  and 10 keys it is 24,000 to 30,000 walks/s depending on the machine's other load.
-  With 100,000 keys it drops by a third, while one caller's latency stays flat: the
-  per-key work is flat, the memory traffic is not. Profiled (cProfile, 2026-11-23),
-  trio's `reschedule` costs 3 µs a call with 10 keys and 6 µs with 100,000: the 1000
-  caller tasks and about 25 MB of key states read at random do not fit in cache
-  together (L2 is 1 MB per core). `gc.freeze()` after loading gained about 10 %,
-  within the noise, and is not used.
-- **Memory** per idle key is far under its target: a slotted `KeyState`, its dict
-  entry, and the int objects of its counters.
-- **What would reach the throughput target**: let the caller run the handler itself
-  when the shard's mailbox is empty. Under trio this keeps the guarantees (handlers
-  are synchronous, mailbox order is kept), but it changes the actor design of
-  DESIGN.md, so it is not done here. A throw-away prototype measured about 18 µs
-  per walk when the calls do not yield at all (they would then no longer be trio
-  checkpoints), and about 48 µs when each call still yields once.
+  handlers and four message objects; all three steps are the "plain synchronous
+  calls" row) and the mailbox, reply slot and wake-ups (a few µs per round trip).
+  That puts the median at 28 to 31 µs in a quiet moment, at the target; p99 is well
+  within its target.
+- **What was optimised.** 2026-11-22: a one-shot reply object (no channel or Event
+  per call); a watchdog task bounding every wait instead of a trio cancel scope per
+  call (a `CancelScope` costs 6 to 7 µs to enter and leave here): 128 → 57 µs per
+  three-step walk. 2026-11-23: the reply slot is itself the `outcome.Outcome` trio
+  hands the woken caller (a `Value` built and unwrapped per reply cost 1 µs); the
+  pool's `admit`/`reserve` return the shard's coroutine instead of wrapping it;
+  a pending reservation keeps its key states (settling looks nothing up); messages
+  are keyword-only NamedTuples (half the cost of a frozen dataclass); a key's
+  windows are one 80-byte `array("q")` instead of a slotted object whose counters
+  were int objects scattered over the heap (+7 to 12 % at 100,000 keys, alternating
+  runs); and the serving process's collector settings (`gateway/heap.py`): with
+  100,000 keys loaded the default thresholds spent 18 to 28 % of the time in the
+  collector, now about 1 %. Together: 1000 callers from about 21,000 to 27,000
+  walks/s with 100,000 keys and from about 31,000 to 36,000–39,000 with 10.
+- **Not flat in keys.** One caller's latency stays within a few µs (the per-key work
+  is the same), but with 1000 callers and 100,000 keys picked at random every step
+  meets a key whose state, dict entry and id are out of the caches (between a
+  caller's admit and its reserve, 999 other callers ran), and the caller tasks'
+  own frames compete for the same caches: about 25 % fewer walks/s than with 10
+  keys. Only the key's data moves between those runs; the same 100,000 keys loaded
+  but 160 of them picked run about as fast as 160 keys loaded.
+- **Memory** per idle key is far under its target: the key's array and its dict
+  entry.
+- **What was tried and left out.** Posting the settlement without waiting for its
+  reply (one round trip fewer per walk): no gain that stood out of the noise, and it
+  would weaken "settled when settle returns". Letting the caller run the shard's step
+  itself when the mailbox is empty would remove the scheduler passes (a prototype
+  measured about 18 µs per walk) but is not the actor design of DESIGN.md.
 """
 
 

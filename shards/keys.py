@@ -1,8 +1,20 @@
 """Per-key accounts: the rate windows, the in-flight count and the spend windows.
 
-One :class:`KeyState` per key, created lazily by its shard on the first message
-and never shared between shards. It is deliberately small (``__slots__``, ints
-only, window indices shared between keys): an idle key costs a few hundred bytes.
+One :data:`KeyState` per key, created lazily by its shard on the first message
+and never shared between shards: an ``array("q")`` of ten signed 64-bit ints,
+read and written by the field positions below (``key[DAY_POSTED]``).
+
+Why an array and not an object with a slot per field: with 100,000 keys picked at
+random, a key's state is out of the CPU caches whenever a call reaches it, and
+every cache line it spans costs a miss. A slotted object spans two lines, and each
+counter above 256 is an int object of its own somewhere else in the heap (five or
+more lines per key); the array keeps all ten counters in one buffer of 80 bytes
+and is not tracked by the garbage collector. An idle key costs about 200 bytes.
+
+Every counter stays within 64 bits by construction: a reservation is refused unless
+posted + pending + cost fits in :data:`INT64_MAX` nano-USD on each window, so a key
+without a spend cap meets that one (9.2 billion USD a day or month), and the token
+window saturates there (every tpm limit is far below it).
 
 A parent key's spend windows hold the whole family's spend (its own calls and its
 sub-keys'), because that is what the parent's caps count; a sub-key's windows hold
@@ -11,63 +23,79 @@ its own spend only. Rate windows and the in-flight count are per key.
 
 from __future__ import annotations
 
+from array import array
+from typing import TypeAlias
+
 from .messages import Reservation
 
-__all__ = ["KeyState"]
+__all__ = [
+    "DAY",
+    "DAY_PENDING",
+    "DAY_POSTED",
+    "INT64_MAX",
+    "IN_FLIGHT",
+    "MINUTE",
+    "MONTH",
+    "MONTH_PENDING",
+    "MONTH_POSTED",
+    "REQUESTS",
+    "TOKENS",
+    "KeyState",
+    "new_key_state",
+    "over_cap",
+    "resolve",
+    "roll_spend",
+]
+
+KeyState: TypeAlias = "array[int]"
+
+#: the clock-minute window the rate counters belong to, and the counters
+MINUTE, REQUESTS, TOKENS = 0, 1, 2
+#: in-flight slots held (model calls only)
+IN_FLIGHT = 3
+#: the UTC-day window and its posted (settled) and pending (reserved) nano-USD
+DAY, DAY_POSTED, DAY_PENDING = 4, 5, 6
+#: the UTC-month window, likewise
+MONTH, MONTH_POSTED, MONTH_PENDING = 7, 8, 9
+
+_BLANK = array("q", [-1, 0, 0, 0, -1, 0, 0, -1, 0, 0])
+
+#: the largest value a counter holds
+INT64_MAX = 2**63 - 1
 
 
-class KeyState:
-    """Mutable windows of one key. Idle, it costs about a hundred bytes."""
+def new_key_state() -> KeyState:
+    """A key that has seen nothing: no window open, nothing counted."""
+    return array("q", _BLANK)
 
-    __slots__ = (
-        "day",
-        "day_pending",
-        "day_posted",
-        "in_flight",
-        "minute",
-        "month",
-        "month_pending",
-        "month_posted",
-        "requests",
-        "tokens",
-    )
 
-    def __init__(self) -> None:
-        self.minute = -1
-        self.requests = 0
-        self.tokens = 0
-        self.in_flight = 0
-        self.day = -1
-        self.day_posted = 0
-        self.day_pending = 0
-        self.month = -1
-        self.month_posted = 0
-        self.month_pending = 0
+def roll_spend(key: KeyState, day: int, month: int) -> None:
+    """Open the day/month windows containing now, dropping older ones."""
+    if day > key[DAY]:
+        key[DAY] = day
+        key[DAY_POSTED] = 0
+        key[DAY_PENDING] = 0
+    if month > key[MONTH]:
+        key[MONTH] = month
+        key[MONTH_POSTED] = 0
+        key[MONTH_PENDING] = 0
 
-    def roll_spend(self, day: int, month: int) -> None:
-        """Open the day/month windows containing now, dropping older ones."""
-        if day > self.day:
-            self.day = day
-            self.day_posted = 0
-            self.day_pending = 0
-        if month > self.month:
-            self.month = month
-            self.month_posted = 0
-            self.month_pending = 0
 
-    def over_cap(self, cost: int, usd_day: int | None, usd_month: int | None) -> str:
-        """Name of the first spend cap that ``cost`` would break, or ""."""
-        if usd_day is not None and self.day_posted + self.day_pending + cost > usd_day:
-            return "usd_day"
-        if usd_month is not None and self.month_posted + self.month_pending + cost > usd_month:
-            return "usd_month"
-        return ""
+def over_cap(key: KeyState, cost: int, usd_day: int | None, usd_month: int | None) -> str:
+    """Name of the first spend cap that ``cost`` would break, or "" (no cap: 64 bits)."""
+    if key[DAY_POSTED] + key[DAY_PENDING] + cost > (INT64_MAX if usd_day is None else usd_day):
+        return "usd_day"
+    month_cap = INT64_MAX if usd_month is None else usd_month
+    if key[MONTH_POSTED] + key[MONTH_PENDING] + cost > month_cap:
+        return "usd_month"
+    return ""
 
-    def resolve(self, res: Reservation, reserved: int, posted: int) -> None:
-        """Move ``reserved`` out of pending and post ``posted``, per window."""
-        if self.day == res.day:
-            self.day_pending -= reserved
-            self.day_posted += posted
-        if self.month == res.month:
-            self.month_pending -= reserved
-            self.month_posted += posted
+
+def resolve(key: KeyState, res: Reservation, reserved: int, posted: int) -> None:
+    """Move ``reserved`` out of pending and post ``posted``, per window."""
+    if key[DAY] == res.day:
+        key[DAY_PENDING] -= reserved
+        key[DAY_POSTED] += posted
+    if key[MONTH] == res.month:
+        key[MONTH_PENDING] -= reserved
+        key[MONTH_POSTED] += posted

@@ -50,7 +50,24 @@ import logging
 import math
 
 from .clock import Clock
-from .keys import KeyState
+from .keys import (
+    DAY,
+    DAY_PENDING,
+    DAY_POSTED,
+    IN_FLIGHT,
+    INT64_MAX,
+    MINUTE,
+    MONTH,
+    MONTH_PENDING,
+    MONTH_POSTED,
+    REQUESTS,
+    TOKENS,
+    KeyState,
+    new_key_state,
+    over_cap,
+    resolve,
+    roll_spend,
+)
 from .messages import (
     BUDGET_EXCEEDED,
     INSUFFICIENT_CREDITS,
@@ -79,7 +96,7 @@ _ORG_RETRY_AFTER = 60
 _IN_FLIGHT_RETRY_AFTER = 5
 
 
-_IDLE = KeyState()
+_IDLE = new_key_state()
 
 
 class ShardState:
@@ -95,48 +112,25 @@ class ShardState:
         #: pending: the settlement finds the states without looking them up again
         self.pending: dict[int, tuple[Reservation, KeyState, KeyState | None]] = {}
         self._ids = ids if ids is not None else itertools.count(1)
-        self._minute = -1
-        self._day = -1
-
-    def _minute_of(self, t: float) -> int:
-        """The minute window of ``t``, as one shared int object per window.
-
-        Every key stores the window it last saw; sharing the object (instead of a
-        fresh int per message) saves memory per key and keeps the comparisons on a
-        cache-hot object when many keys are active.
-        """
-        minute = int(t // MINUTE_S)
-        if minute == self._minute:
-            return self._minute
-        self._minute = minute
-        return minute
-
-    def _day_of(self, t: float) -> int:
-        """The day window of ``t``, shared like :meth:`_minute_of`."""
-        day = int(t // DAY_S)
-        if day == self._day:
-            return self._day
-        self._day = day
-        return day
 
     def key(self, key_id: str) -> KeyState:
         """The key's state, created on first use."""
         state = self.keys.get(key_id)
         if state is None:
-            state = self.keys[key_id] = KeyState()
+            state = self.keys[key_id] = new_key_state()
         return state
 
     # -- step 3 -----------------------------------------------------------------
 
     def admit(self, req: AdmitRequest) -> Admission:
         t = self._clock.now()
-        minute = self._minute_of(t)
+        minute = int(t // MINUTE_S)
         key = self.key(req.key_id)
-        if minute > key.minute:
-            key.minute = minute
-            key.requests = 0
-            key.tokens = 0
-        key.requests = count = key.requests + 1
+        if minute > key[MINUTE]:
+            key[MINUTE] = minute
+            key[REQUESTS] = 0
+            key[TOKENS] = 0
+        key[REQUESTS] = count = key[REQUESTS] + 1
         rpm = req.rpm
         reset = max(1, math.ceil((minute + 1) * MINUTE_S - t))
         remaining = rpm - count if count < rpm else 0
@@ -170,7 +164,7 @@ class ShardState:
                 slot_taken=False,
             )
         if req.take_slot:
-            if key.in_flight >= req.max_in_flight:
+            if key[IN_FLIGHT] >= req.max_in_flight:
                 return Admission(
                     ok=False,
                     code=TOO_MANY_IN_FLIGHT,
@@ -181,7 +175,7 @@ class ShardState:
                     reset_requests_s=reset,
                     slot_taken=False,
                 )
-            key.in_flight += 1
+            key[IN_FLIGHT] += 1
         return Admission(
             ok=True,
             code=None,
@@ -202,26 +196,27 @@ class ShardState:
         if req.parent_id == req.key_id:
             raise ValueError(f"key {req.key_id!r} is its own parent")
         t = self._clock.now()
-        minute = self._minute_of(t)
+        minute = int(t // MINUTE_S)
         key = self.key(req.key_id)
-        if minute > key.minute:
-            key.minute = minute
-            key.requests = 0
-            key.tokens = 0
-        key.tokens += tokens
-        if req.tpm is not None and key.tokens > req.tpm:
+        if minute > key[MINUTE]:
+            key[MINUTE] = minute
+            key[REQUESTS] = 0
+            key[TOKENS] = 0
+        counted = key[TOKENS] + tokens
+        key[TOKENS] = counted if counted < INT64_MAX else INT64_MAX
+        if req.tpm is not None and counted > req.tpm:
             retry = max(1, math.ceil((minute + 1) * MINUTE_S - t))
             return ReserveRefusal(code=RATE_LIMITED, scope="key", limit="tpm", retry_after=retry)
-        day = self._day_of(t)
+        day = int(t // DAY_S)
         month = month_of_day(day)
-        key.roll_spend(day, month)
-        if over := key.over_cap(cost, req.key_usd_day, req.key_usd_month):
+        roll_spend(key, day, month)
+        if over := over_cap(key, cost, req.key_usd_day, req.key_usd_month):
             return ReserveRefusal(code=KEY_CAP_EXCEEDED, scope="key", limit=over)
         parent = None
         if req.parent_id is not None:
             parent = self.key(req.parent_id)
-            parent.roll_spend(day, month)
-            if over := parent.over_cap(cost, req.parent_usd_day, req.parent_usd_month):
+            roll_spend(parent, day, month)
+            if over := over_cap(parent, cost, req.parent_usd_day, req.parent_usd_month):
                 return ReserveRefusal(code=KEY_CAP_EXCEEDED, scope="parent", limit=over)
         org = self.orgs.get(req.org_id)
         org.roll_month(month)
@@ -230,11 +225,11 @@ class ShardState:
         if org.budget is not None and org.month_billed + org.month_pending + org_cost > org.budget:
             return ReserveRefusal(code=BUDGET_EXCEEDED, scope="org", limit="budget_month")
         # Every check passed: from here on nothing can refuse.
-        key.day_pending += cost
-        key.month_pending += cost
+        key[DAY_PENDING] += cost
+        key[MONTH_PENDING] += cost
         if parent is not None:
-            parent.day_pending += cost
-            parent.month_pending += cost
+            parent[DAY_PENDING] += cost
+            parent[MONTH_PENDING] += cost
         org.pending += org_cost
         org.month_pending += org_cost
         res = Reservation(
@@ -268,8 +263,8 @@ class ShardState:
                 if entry is not None and entry[0].key_id == req.key_id
                 else self.key(req.key_id)
             )
-            if holder.in_flight > 0:
-                holder.in_flight -= 1
+            if holder[IN_FLIGHT] > 0:
+                holder[IN_FLIGHT] -= 1
             else:
                 logger.error("settle released a slot key %s did not hold", req.key_id)
         if entry is None:
@@ -278,13 +273,13 @@ class ShardState:
         cap = _clamp(req.cap_amount, res.key_nanos, res, "cap_amount")
         billed = _clamp(req.billed_amount, res.org_nanos, res, "billed_amount")
         t = self._clock.now()
-        day = self._day_of(t)
+        day = int(t // DAY_S)
         month = month_of_day(day)
-        key.roll_spend(day, month)
-        key.resolve(res, res.key_nanos, cap)
+        roll_spend(key, day, month)
+        resolve(key, res, res.key_nanos, cap)
         if parent is not None:
-            parent.roll_spend(day, month)
-            parent.resolve(res, res.parent_nanos, cap)
+            roll_spend(parent, day, month)
+            resolve(parent, res, res.parent_nanos, cap)
         org = self.orgs.get(res.org_id)
         org.pending -= res.org_nanos
         org.debited += billed
@@ -297,42 +292,42 @@ class ShardState:
 
     def status(self, req: KeyStatusRequest) -> KeyStatus:
         t = self._clock.now()
-        minute = self._minute_of(t)
-        day = self._day_of(t)
+        minute = int(t // MINUTE_S)
+        day = int(t // DAY_S)
         month = month_of_day(day)
         key = self.keys.get(req.key_id, _IDLE)
-        fresh_minute = key.minute == minute
+        fresh_minute = key[MINUTE] == minute
         return KeyStatus(
             key_id=req.key_id,
             day=_window(
-                key.day_posted if key.day == day else 0,
-                key.day_pending if key.day == day else 0,
+                key[DAY_POSTED] if key[DAY] == day else 0,
+                key[DAY_PENDING] if key[DAY] == day else 0,
                 req.usd_day,
                 (day + 1) * DAY_S,
             ),
             month=_window(
-                key.month_posted if key.month == month else 0,
-                key.month_pending if key.month == month else 0,
+                key[MONTH_POSTED] if key[MONTH] == month else 0,
+                key[MONTH_PENDING] if key[MONTH] == month else 0,
                 req.usd_month,
                 month_resets_at(t),
             ),
             rpm=req.rpm,
-            requests_this_minute=key.requests if fresh_minute else 0,
+            requests_this_minute=key[REQUESTS] if fresh_minute else 0,
             tpm=req.tpm,
-            tokens_this_minute=key.tokens if fresh_minute else 0,
+            tokens_this_minute=key[TOKENS] if fresh_minute else 0,
             max_in_flight=req.max_in_flight,
-            in_flight=key.in_flight,
+            in_flight=key[IN_FLIGHT],
             reset_requests_s=max(1, math.ceil((minute + 1) * MINUTE_S - t)),
         )
 
     def load_spend(self, key_id: str, day_spent: int, month_spent: int) -> None:
         """Set the posted spend of the current day and month (start-up rebuild)."""
         t = self._clock.now()
-        day = self._day_of(t)
+        day = int(t // DAY_S)
         key = self.key(key_id)
-        key.roll_spend(day, month_of_day(day))
-        key.day_posted = day_spent
-        key.month_posted = month_spent
+        roll_spend(key, day, month_of_day(day))
+        key[DAY_POSTED] = day_spent
+        key[MONTH_POSTED] = month_spent
 
 
 def _clamp(amount: int, reserved: int, res: Reservation, what: str) -> int:

@@ -288,6 +288,26 @@ def test_spend_caps_on_key_and_parent(
         assert w.spend(PARENT) == (spent[1], 0, spent[1], 0)
 
 
+def test_counters_stay_in_64_bits_an_uncapped_key_meets_the_64_bit_ceiling() -> None:
+    """Key states are arrays of 64-bit ints: nothing may be admitted that they cannot
+    count, and a refusal changes nothing (no half-applied reservation)."""
+    w = World()
+    w.set_org(credits=0)
+    huge = 2**62
+    first = reserved(w.reserve(CHILD, cost=huge, org_cost=0, check_credits=False))
+    second = w.reserve(CHILD, cost=huge, org_cost=0, check_credits=False)  # 2**63 > max
+    assert isinstance(second, ReserveRefusal)
+    assert (second.code, second.scope, second.limit) == ("key_cap_exceeded", "key", "usd_day")
+    assert w.spend(CHILD) == (0, huge, 0, huge) and w.spend(PARENT) == (0, huge, 0, huge)
+    w.settle(first, cap=huge)
+    assert w.spend(CHILD) == (huge, 0, huge, 0)
+    # the token window saturates; the tpm check still sees the true count
+    assert isinstance(w.reserve(tokens=2**63, cost=0, org_cost=0), Reservation)
+    refused = w.reserve(tokens=2**63, cost=0, org_cost=0, tpm=10**15)
+    assert isinstance(refused, ReserveRefusal) and refused.limit == "tpm"
+    assert w.status().tokens_this_minute == 2**63 - 1
+
+
 def test_pending_counts_against_caps() -> None:
     w = World()
     reserved(w.reserve(cost=6 * USD, key_usd_day=10 * USD))
