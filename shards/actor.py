@@ -10,7 +10,9 @@ The round trip of a call (handler side → actor → handler side)
 2. The caller parks on the slot (``wait_task_rescheduled``). The wait is bounded
    by the pool's :class:`Watchdog` (``reply_timeout_s`` to 1.25 × that), which
    costs a set insertion instead of a trio cancel scope per call.
-3. The actor takes slots in order. A slot whose caller gave up is skipped. Else it
+3. The actor takes slots in order (from the buffer while its ``queued`` count says
+   there are some, else by parking in ``receive()``). A slot whose caller gave up is
+   skipped. Else it
    runs the synchronous handler for the message type (:class:`~shards.state.
    ShardState`), stores the result (or the exception) in the slot and wakes the
    caller.
@@ -223,6 +225,9 @@ class Shard:
         self.state = state
         self.watchdog = watchdog
         self.send_channel, self.receive_channel = trio.open_memory_channel[ReplySlot](queue_size)
+        #: messages sent and not yet taken by the actor. A hint for the actor loop,
+        #: not a guarantee: it lags by one while a sender that waited for room resumes.
+        self.queued = 0
         self.handled = 0
         self.failed = 0
         self.skipped = 0
@@ -252,6 +257,7 @@ class Shard:
                 raise ShardUnavailable(f"shard {self.index} mailbox full") from None
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ShardUnavailable(f"shard {self.index} is closed") from exc
+        self.queued += 1
         if not slot.done:
             watchdog = self.watchdog
             slot.task = current_task()
@@ -282,6 +288,7 @@ class Shard:
                 await self.send_channel.send(slot)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ShardUnavailable(f"shard {self.index} is closed") from exc
+        self.queued += 1
         if not slot.done:
             watchdog = self.watchdog
             slot.task = current_task()
@@ -314,11 +321,18 @@ class Shard:
         try:
             in_a_row = 0
             while True:
-                try:
-                    slot = receive.receive_nowait()
-                except trio.WouldBlock:
+                # Try the buffer only when ``queued`` says there is something in it:
+                # a failed receive_nowait raises, and receive() tries (and raises) again.
+                if self.queued > 0:
+                    try:
+                        slot = receive.receive_nowait()
+                    except trio.WouldBlock:
+                        in_a_row = 0
+                        slot = await receive.receive()
+                else:
                     in_a_row = 0
                     slot = await receive.receive()
+                self.queued -= 1
                 if slot.abandoned:
                     self.skipped += 1
                     continue
@@ -352,6 +366,7 @@ class Shard:
                 slot = self.receive_channel.receive_nowait()
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 return
+            self.queued -= 1
             if not slot.abandoned:
                 if slot.must_deliver:
                     logger.error("shard %d stopped with a settlement queued", self.index)

@@ -152,8 +152,8 @@ class ShardPool:
 
     # -- the request walk -----------------------------------------------------------
 
-    # ``admit`` and ``reserve`` hand back the shard's own coroutine instead of
-    # awaiting it in one of their own: one coroutine and frame fewer per step.
+    # ``admit``, ``reserve`` and ``settle`` hand back the shard's own coroutine instead
+    # of awaiting it in one of their own: one coroutine and frame fewer per step.
 
     def admit(self, req: AdmitRequest) -> Awaitable[Admission]:
         """Step 3 (await it): count the request, check rpm (key, org, platform),
@@ -165,14 +165,15 @@ class ShardPool:
         all-or-nothing."""
         return self._shards[zlib.crc32(req.family_id.encode()) % self._n].call(req)
 
-    async def settle(self, req: SettleRequest) -> None:
-        """Step 10: release the slot, resolve the reservation once (must-deliver).
+    def settle(self, req: SettleRequest) -> Awaitable[None]:
+        """Step 10 (await it): release the slot, resolve the reservation once
+        (must-deliver).
 
         Delivered even if the calling task is being cancelled. Raises
         :class:`ShardUnavailable` only if the shard failed or did not confirm in
         time; a late settlement is still applied when the actor reaches it.
         """
-        await self._shard(req.family_id).call_must_deliver(req)
+        return self._shards[zlib.crc32(req.family_id.encode()) % self._n].call_must_deliver(req)
 
     async def key_status(
         self,
