@@ -136,7 +136,9 @@ class ShardState:
             key[TOKENS] = 0
         key[REQUESTS] = count = key[REQUESTS] + 1
         rpm = req.rpm
-        reset = max(1, math.ceil((minute + 1) * MINUTE_S - t))
+        # whole seconds to the minute's end, rounded up: ceil(end - t) is end - floor(t)
+        # for t >= 0 (and at least 1, as t < end)
+        reset = (minute + 1) * MINUTE_S - int(t)
         remaining = rpm - count if count < rpm else 0
         if count > rpm:
             return Admission(
