@@ -427,21 +427,24 @@ rounds spread over 3 passes, and the worst rounds are printed under the table.
   pool's `admit`/`reserve`/`settle` return the shard's coroutine instead of wrapping
   it; an idle actor parks without first trying its empty buffer (two `WouldBlock`
   exceptions, 0.8 µs, per lone caller's round trip); a pending reservation keeps its
-  key states (settling looks nothing up); messages
-  are keyword-only NamedTuples (half the cost of a frozen dataclass); a key's
-  windows are one 80-byte `array("q")` instead of a slotted object whose counters
-  were int objects scattered over the heap (+7 to 12 % at 100,000 keys, alternating
-  runs); and the serving process's collector settings (`gateway/heap.py`): with
-  100,000 keys loaded the default thresholds spent 18 to 28 % of the time in the
-  collector, now about 1 %. Together: 1000 callers from about 21,000 to 27,000
-  walks/s with 100,000 keys and from about 31,000 to 36,000–39,000 with 10.
+  key states (settling looks nothing up); messages are keyword-only NamedTuples
+  (half the cost of a frozen dataclass); a key's windows are one 80-byte
+  `array("q")` instead of a slotted object whose counters were int objects
+  scattered over the heap (+7 to 12 % at 100,000 keys, alternating runs); and the
+  serving process's collector settings (`gateway/heap.py`): with 100,000 keys
+  loaded the default thresholds spent 18 to 28 % of the time in the collector, now
+  about 1 %. Together, over six runs of this bench: 1000 callers from about 21,000
+  to 27,000–30,000 walks/s with 100,000 keys and from about 31,000 to
+  32,000–39,000 with 10; one caller's median from 33 to 30.6–31.2 µs with 100,000
+  keys.
 - **Not flat in keys.** One caller's latency stays within a few µs (the per-key work
   is the same), but with 1000 callers and 100,000 keys picked at random every step
   meets a key whose state, dict entry and id are out of the caches (between a
   caller's admit and its reserve, 999 other callers ran), and the caller tasks'
-  own frames compete for the same caches: about 25 % fewer walks/s than with 10
-  keys. Only the key's data moves between those runs; the same 100,000 keys loaded
-  but 160 of them picked run about as fast as 160 keys loaded.
+  own frames compete for the same caches: 15 to 30 % fewer walks/s than with 10
+  keys (one family on one shard, all in cache). It is the keys touched that
+  count: the same 100,000 keys loaded but 160 of them picked run about as fast
+  as 160 keys loaded.
 - **Memory** per idle key is far under its target: the key's array and its dict
   entry.
 - **What was tried and left out.** Posting the settlement without waiting for its
