@@ -44,6 +44,7 @@ __all__ = [
     "new_key_state",
     "over_cap",
     "resolve",
+    "roll_minute",
     "roll_spend",
 ]
 
@@ -67,6 +68,14 @@ INT64_MAX = 2**63 - 1
 def new_key_state() -> KeyState:
     """A key that has seen nothing: no window open, nothing counted."""
     return array("q", _BLANK)
+
+
+def roll_minute(key: KeyState, minute: int) -> None:
+    """Open the clock-minute window ``minute`` of the rate counters if it is later."""
+    if minute > key[MINUTE]:
+        key[MINUTE] = minute
+        key[REQUESTS] = 0
+        key[TOKENS] = 0
 
 
 def roll_spend(key: KeyState, day: int, month: int) -> None:

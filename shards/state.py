@@ -66,6 +66,7 @@ from .keys import (
     new_key_state,
     over_cap,
     resolve,
+    roll_minute,
     roll_spend,
 )
 from .messages import (
@@ -130,10 +131,7 @@ class ShardState:
         t = self._clock.now()
         minute = int(t // MINUTE_S)
         key = self.keys.get(req.key_id) or self.key(req.key_id)
-        if minute > key[MINUTE]:
-            key[MINUTE] = minute
-            key[REQUESTS] = 0
-            key[TOKENS] = 0
+        roll_minute(key, minute)
         key[REQUESTS] = count = key[REQUESTS] + 1
         rpm = req.rpm
         # whole seconds to the minute's end, rounded up: ceil(end - t) is end - floor(t)
@@ -204,10 +202,7 @@ class ShardState:
         t = self._clock.now()
         minute = int(t // MINUTE_S)
         key = self.keys.get(req.key_id) or self.key(req.key_id)
-        if minute > key[MINUTE]:
-            key[MINUTE] = minute
-            key[REQUESTS] = 0
-            key[TOKENS] = 0
+        roll_minute(key, minute)
         counted = key[TOKENS] + tokens
         key[TOKENS] = counted if counted < INT64_MAX else INT64_MAX
         if req.tpm is not None and counted > req.tpm:
