@@ -417,16 +417,18 @@ rounds spread over 3 passes, and the worst rounds are printed under the table.
   steps cost four passes before any work is done, plus the steps' own work (two
   handlers and four message objects; all three steps are the "plain synchronous
   calls" row) and the mailbox, reply slot and wake-ups (a few µs per round trip).
-  That puts the median at 28 to 31 µs in a quiet moment, at the target; p99 is well
-  within its target.
+  That puts the median at about 24 to 26 µs in a quiet moment; p99 is well within
+  its target.
 - **What was optimised.** 2026-11-22: a one-shot reply object (no channel or Event
   per call); a watchdog task bounding every wait instead of a trio cancel scope per
   call (a `CancelScope` costs 6 to 7 µs to enter and leave here): 128 → 57 µs per
   three-step walk. 2026-11-23: the reply slot is itself the `outcome.Outcome` trio
   hands the woken caller (a `Value` built and unwrapped per reply cost 1 µs); the
   pool's `admit`/`reserve`/`settle` return the shard's coroutine instead of wrapping
-  it; an idle actor parks without first trying its empty buffer (two `WouldBlock`
-  exceptions, 0.8 µs, per lone caller's round trip); a pending reservation keeps its
+  it; an idle actor sleeps on its own wake-up, not in the channel's `receive()`
+  (whose bookkeeping, two `WouldBlock` exceptions and a `Value` per wake cost about
+  2 µs of a lone caller's round trip: one caller's median went from 30.3 to 26.0 µs
+  with 100,000 keys in alternating runs); a pending reservation keeps its
   key states (settling looks nothing up); messages are keyword-only NamedTuples
   (half the cost of a frozen dataclass); a key's windows are one 80-byte
   `array("q")` instead of a slotted object whose counters were int objects
