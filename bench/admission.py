@@ -435,10 +435,10 @@ rounds spread over 3 passes, and the worst rounds are printed under the table.
   scattered over the heap (+7 to 12 % at 100,000 keys, alternating runs); and the
   serving process's collector settings (`gateway/heap.py`): with 100,000 keys
   loaded the default thresholds spent 18 to 28 % of the time in the collector, now
-  about 1 %. Together, over six runs of this bench: 1000 callers from about 21,000
-  to 27,000–30,000 walks/s with 100,000 keys and from about 31,000 to
-  32,000–39,000 with 10; one caller's median from 33 to 30.6–31.2 µs with 100,000
-  keys.
+  about 1 %. Together, over this day's runs of this bench: 1000 callers from about
+  21,000 to 27,000–30,000 walks/s with 100,000 keys and from about 31,000 to
+  32,000–39,000 with 10; one caller's admit + reserve median from 33.6 to 25.6 µs
+  with 100,000 keys and from 30.6 to 23.6 µs with 10.
 - **Not flat in keys.** One caller's latency stays within a few µs (the per-key work
   is the same), but with 1000 callers and 100,000 keys picked at random every step
   meets a key whose state, dict entry and id are out of the caches (between a
