@@ -242,6 +242,46 @@ async def test_full_mailbox_is_back_pressure_then_unavailable(
     assert pool.statistics().queue_lengths == (1,)
 
 
+async def test_tiny_mailbox_many_callers_every_walk_completes(wall: FakeClock) -> None:
+    """The actor sleeps on its own wake-up and counts what senders counted: with a
+    mailbox of 2 and 60 callers, most sends wait for room (where a sender's count lags
+    behind the buffer). Every walk must complete, none time out, and the shard must end
+    idle with nothing left counted, held or pending."""
+    pool = ShardPool(n_shards=2, clock=wall, queue_size=2, reply_timeout_s=30.0)
+    pool.set_org("org", 10**6 * USD, None)
+    families = ["f1", "f2", "f3", "f4"]
+    walks = 0
+
+    async def caller(n: int) -> None:
+        nonlocal walks
+        for i in range(25):
+            key, family = f"k{n % 8}", families[(n + i) % 4]
+            admission = await pool.admit(admit_req(key, family, rpm=10**6))
+            assert admission.ok
+            res = await pool.reserve(reserve_req(key, family, cost=1_000, org_cost=1_000))
+            assert isinstance(res, Reservation)
+            await pool.settle(settle_req(res, 1_000, slot=True))
+            walks += 1
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(pool.run)
+            async with trio.open_nursery() as callers:
+                for n in range(60):
+                    callers.start_soon(caller, n)
+            await trio.testing.wait_all_tasks_blocked()
+            stats = pool.statistics()
+            shards = pool._shards  # private: the count the actors sleep on
+            nursery.cancel_scope.cancel()
+    assert walks == 60 * 25
+    assert (stats.handled, stats.timed_out, stats.failed) == (3 * walks, 0, 0)
+    assert stats.queue_lengths == (0, 0) and stats.pending_reservations == (0, 0)
+    assert [shard.queued for shard in shards] == [0, 0]
+    in_flight = [status(pool, f"k{k}", f).in_flight for k in range(8) for f in families]
+    assert set(in_flight) == {0}
+    assert pool.org_snapshot("org").used == walks * 1_000
+
+
 # ------------------------------------------------------------------ supervision
 
 
