@@ -81,6 +81,9 @@ def keyword_only(cls: type[_N]) -> type[_N]:
     new = env["__new__"]
     new.__qualname__ = f"{cls.__qualname__}.__new__"
     cls.__new__ = staticmethod(new)  # type: ignore[assignment]
+    # copy and pickle rebuild a tuple by position: through ``_make``, not ``__new__``
+    make = cls._make  # type: ignore[attr-defined]
+    cls.__reduce__ = lambda self: (make, (tuple(self),))  # type: ignore[assignment,method-assign]
     return cls
 
 

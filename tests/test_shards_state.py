@@ -8,7 +8,9 @@ Money in nano-USD; ``USD`` is one dollar.
 
 from __future__ import annotations
 
+import copy
 import logging
+import pickle
 from typing import Any
 
 import pytest
@@ -522,3 +524,4 @@ def test_messages_are_frozen_keyword_only_with_defaults() -> None:
         key_id="k", family_id="f", org_id="o", rpm=5, max_in_flight=1
     )
     assert not hasattr(req, "__dict__")
+    assert copy.deepcopy(req) == req and pickle.loads(pickle.dumps(req)) == req
