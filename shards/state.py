@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 
 from .clock import Clock
 from .keys import (
@@ -87,7 +86,13 @@ from .messages import (
     SpendWindow,
 )
 from .org import OrgBook
-from .windows import DAY_S, MINUTE_S, month_of_day, month_resets_at
+from .windows import (
+    DAY_S,
+    MINUTE_S,
+    month_of_day,
+    month_resets_at,
+    seconds_until_minute_reset,
+)
 
 __all__ = ["ShardState"]
 
@@ -134,8 +139,8 @@ class ShardState:
         roll_minute(key, minute)
         key[REQUESTS] = count = key[REQUESTS] + 1
         rpm = req.rpm
-        # whole seconds to the minute's end, rounded up: ceil(end - t) is end - floor(t)
-        # for t >= 0 (and at least 1, as t < end)
+        # seconds_until_minute_reset(t), inline on this hot path: ceil(end - t) is
+        # end - floor(t) for t >= 0 (and at least 1, as t < end)
         reset = (minute + 1) * MINUTE_S - int(t)
         remaining = rpm - count if count < rpm else 0
         if count > rpm:
@@ -206,7 +211,7 @@ class ShardState:
         counted = key[TOKENS] + tokens
         key[TOKENS] = counted if counted < INT64_MAX else INT64_MAX
         if req.tpm is not None and counted > req.tpm:
-            retry = max(1, math.ceil((minute + 1) * MINUTE_S - t))
+            retry = seconds_until_minute_reset(t)
             return ReserveRefusal(code=RATE_LIMITED, scope="key", limit="tpm", retry_after=retry)
         day = int(t // DAY_S)
         month = month_of_day(day)
@@ -318,7 +323,7 @@ class ShardState:
             tokens_this_minute=key[TOKENS] if fresh_minute else 0,
             max_in_flight=req.max_in_flight,
             in_flight=key[IN_FLIGHT],
-            reset_requests_s=max(1, math.ceil((minute + 1) * MINUTE_S - t)),
+            reset_requests_s=seconds_until_minute_reset(t),
         )
 
     def load_spend(self, key_id: str, day_spent: int, month_spent: int) -> None:
