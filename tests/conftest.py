@@ -26,6 +26,7 @@ from gateway.runtime import Runtime
 from gateway.server import serve
 from shards import FakeClock
 from shards.clock import Clock
+from tests.fake_upstream import FakeUpstream
 
 ADMIN_TOKEN = "test-admin-token"
 
@@ -75,6 +76,12 @@ async def start_gateway(
         lambda task_status: serve(runtime, shutdown_trigger=stop.wait, task_status=task_status)
     )
     return Gateway(url=binds[0], runtime=runtime, token=token, stop=stop)
+
+
+@pytest.fixture
+async def upstream(nursery: trio.Nursery) -> FakeUpstream:
+    """The fake OpenAI-compatible upstream (tests/fake_upstream.py), a real server."""
+    return await nursery.start(FakeUpstream().serve)
 
 
 @pytest.fixture

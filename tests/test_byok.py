@@ -33,11 +33,6 @@ def priced(model_id: str, **settings: Any) -> ModelConfig:
 
 
 @pytest.fixture
-async def upstream(nursery: trio.Nursery) -> FakeUpstream:
-    return await nursery.start(FakeUpstream().serve)
-
-
-@pytest.fixture
 async def gw(
     nursery: trio.Nursery, tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Gateway]:

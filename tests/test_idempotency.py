@@ -28,11 +28,6 @@ REUSED = ("idempotency_key_reused", "Idempotency-Key")
 
 
 @pytest.fixture
-async def upstream(nursery: trio.Nursery) -> FakeUpstream:
-    return await nursery.start(FakeUpstream().serve)
-
-
-@pytest.fixture
 def config(tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("FAKE_UPSTREAM_KEY", UPSTREAM_KEY)
     config = live_config(tmp_path, upstream, request_timeout_s=5.0)

@@ -44,11 +44,6 @@ def live_config(tmp_path: Path, upstream: FakeUpstream, **server: Any) -> Config
 
 
 @pytest.fixture
-async def upstream(nursery: trio.Nursery) -> FakeUpstream:
-    return await nursery.start(FakeUpstream().serve)
-
-
-@pytest.fixture
 async def live(
     nursery: trio.Nursery, tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Gateway, str]]:

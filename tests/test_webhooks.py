@@ -103,11 +103,6 @@ def verify(secret: str, headers: dict[str, str], body: bytes) -> bool:
 
 
 @pytest.fixture
-async def upstream(nursery: trio.Nursery) -> FakeUpstream:
-    return await nursery.start(FakeUpstream().serve)
-
-
-@pytest.fixture
 async def receiver(nursery: trio.Nursery) -> Receiver:
     return await nursery.start(Receiver().serve)
 
