@@ -6,7 +6,9 @@
       (BYOK key, 401/403)                400 byok_credential_rejected        nothing
     429                                  429 rate_limited, Retry-After 30    nothing
     5xx, unreachable, nothing produced   503 service_unavailable             input share
-    dropped mid-stream, other status     503 service_unavailable             full estimate
+    dropped mid-stream, other status,    503 service_unavailable             full estimate
+      unreadable 200 answer
+    its timeout_s passed, request sent   504 request_timeout                 full estimate
     any of the above with usage          (same answer)                       real cost
 
 The provider's explanation is cleaned before it reaches the client: no URL, key or
@@ -21,9 +23,11 @@ from gateway.errors import GatewayError
 from gateway.providers.base import (
     ProviderDropped,
     ProviderError,
+    ProviderMalformed,
     ProviderRateLimited,
     ProviderRefused,
     ProviderServerError,
+    ProviderTimedOut,
     ProviderUnreachable,
 )
 from gateway.settlement import Ending
@@ -75,6 +79,12 @@ def _map(exc: ProviderError, byok: bool) -> tuple[GatewayError, Ending]:
     if isinstance(exc, ProviderServerError):
         failed = GatewayError("service_unavailable", "The model's provider failed.")
         return failed, Ending.SERVER_ERROR if exc.status >= 500 else Ending.OTHER
+    if isinstance(exc, ProviderTimedOut):
+        late = GatewayError("request_timeout", "The model's provider did not answer in time.")
+        return late, Ending.OTHER
+    if isinstance(exc, ProviderMalformed):
+        unreadable = GatewayError("service_unavailable", "The provider's answer was unreadable.")
+        return unreadable, Ending.OTHER
     if isinstance(exc, ProviderDropped):
         return GatewayError("service_unavailable", "The model's provider dropped the call."), (
             Ending.OTHER

@@ -113,7 +113,9 @@ async def pump(
                 except ProviderError as exc:
                     failure, ending = map_provider_error(exc, byok=call.record.byok)
                     usage = usage or exc.usage
-                    if produced and ending is not Ending.USAGE:
+                    if usage is not None:  # reported in the stream before it failed
+                        ending = Ending.USAGE
+                    elif produced:
                         ending = Ending.OTHER
                 finally:
                     await _close(chunks)

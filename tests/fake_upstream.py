@@ -16,6 +16,8 @@ tests never share state::
     [[fault no_usage]]            report no usage
     [[fault chunk_delay=0.2]]     pause between stream chunks
     [[fault usage_on_error]]      an error body that reports usage
+    [[fault drop_at_end]]         stream every chunk and the usage, then cut before [DONE]
+    [[fault malformed]]           answer 200 with a body that is not JSON
 
 ``calls`` counts requests received; ``bodies`` and ``auth`` keep what came in.
 """
@@ -103,6 +105,9 @@ class FakeUpstream:
                 error["usage"] = {"prompt_tokens": 5, "completion_tokens": 3}
             await _send(conn, stream, int(faults["status"]), orjson.dumps(error))
             return True
+        if "malformed" in faults:
+            await _send(conn, stream, 200, b"<html>upstream proxy page</html>")
+            return True
         path = request.target.decode()
         if path.endswith("/embeddings"):
             return await self._embeddings(conn, stream, body)
@@ -143,6 +148,8 @@ class FakeUpstream:
             chunk = _completion(body, None, usage, "chat.completion.chunk")
             chunk["choices"] = []
             await _event(conn, stream, chunk)
+        if "drop_at_end" in faults:
+            return False  # cut: usage reported, no [DONE], no terminating chunk
         await stream.send_all(conn.send(h11.Data(data=b"data: [DONE]\n\n")))
         await stream.send_all(conn.send(h11.EndOfMessage()))
         return True

@@ -31,11 +31,14 @@ MAX_TOKENS = 50
 UPSTREAM_KEY = "sk-upstream-test-0123456789"
 
 
-def live_config(tmp_path: Path, upstream: FakeUpstream, **server: Any) -> Config:
+def live_config(
+    tmp_path: Path, upstream: FakeUpstream, provider_timeout_s: float = 300.0, **server: Any
+) -> Config:
     base = make_config(tmp_path, **server)
     provider = ProviderConfig(
         name="upstream", kind="openai", base_url=upstream.url, api_key_env="FAKE_UPSTREAM_KEY"
     )
+    provider = replace(provider, timeout_s=provider_timeout_s)
     chat = ModelConfig("live-chat", "upstream", "up-chat", input_usd_per_mtok=IN_PRICE)
     chat = replace(chat, output_usd_per_mtok=OUT_PRICE)
     embed = ModelConfig("live-embed", "upstream", "up-embed", "embedding", input_usd_per_mtok=0.5)
@@ -223,6 +226,57 @@ async def test_stream_with_usage_bills_the_real_cost(live: tuple[Gateway, str]) 
     after = await state(gw, token, request_id)
     assert settled(after) == cost(usage["prompt_tokens"], usage["completion_tokens"])
     assert after["used"] == settled(after)
+
+
+async def test_stream_failing_after_its_usage_bills_the_real_cost(
+    live: tuple[Gateway, str],
+) -> None:
+    gw, token = live
+    body = body_for("[[fault drop_at_end]]", stream=True)
+    async with (
+        gw.client(token) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        lines = [line async for line in response.aiter_lines() if line.startswith("data:")]
+        request_id = response.headers["X-Request-Id"]
+    assert orjson.loads(lines[-2][5:])["error"]["code"] == "service_unavailable"
+    after = await state(gw, token, request_id)
+    usage = after["record"]["usage"]
+    real = cost(usage["prompt_tokens"], usage["completion_tokens"])
+    assert real < cost(estimate_of(body), MAX_TOKENS)
+    assert settled(after) == real == after["spent"] == after["used"]
+    assert after["record"]["cost"]["billed_usd"] * NANOS_PER_USD == pytest.approx(real)
+
+
+async def test_unreadable_200_counts_the_full_estimate(live: tuple[Gateway, str]) -> None:
+    gw, token = live
+    body = body_for("[[fault malformed]]")
+    response = await call(gw, token, body)
+    assert response.status_code == 503
+    assert response.json()["error"]["code"] == "service_unavailable"
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == cost(estimate_of(body), MAX_TOKENS) == after["spent"]
+    assert after["used"] == 0
+
+
+async def test_provider_timeout_is_504_and_counts_the_full_estimate(
+    nursery: trio.Nursery, tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_UPSTREAM_KEY", UPSTREAM_KEY)
+    config = live_config(tmp_path, upstream, provider_timeout_s=0.5, request_timeout_s=10.0)
+    gw = await start_gateway(nursery, config)
+    token = (await gw.create_key(name="slow", mode="live", caps={"usd_day": 10}))["token"]
+    body = body_for("[[fault delay=2]]")
+    with trio.fail_after(8):
+        response = await call(gw, token, body)
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "request_timeout"
+    assert response.headers["x-should-retry"] == "false"
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == cost(estimate_of(body), MAX_TOKENS) == after["spent"]
+    assert after["used"] == 0
+    gw.stop.set()
 
 
 async def test_insufficient_credits_refuses_before_the_model(

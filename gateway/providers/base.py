@@ -14,10 +14,12 @@ spec's error code and settlement row, and nothing else from a provider may escap
     ├── ProviderRateLimited       429 before anything was produced
     ├── ProviderServerError       5xx (.status)
     ├── ProviderUnreachable       connect error or reset before any output
-    └── ProviderDropped           connection lost mid-stream, after output started
+    ├── ProviderDropped           connection lost mid-stream, after output started
+    ├── ProviderTimedOut          the provider's own ``timeout_s`` passed, request sent
+    └── ProviderMalformed         a 200 answer that cannot be read as one
 
-Deadlines are not provider errors: the gateway owns the call's time limit (its own 504)
-and cancels the provider call.
+The gateway owns the call's time limit (its own 504) and cancels the provider call;
+a provider's ``timeout_s`` shorter than that limit ends the call the same way.
 """
 
 from __future__ import annotations
@@ -130,6 +132,21 @@ class ProviderUnreachable(ProviderError):
 
 class ProviderDropped(ProviderError):
     """The connection was lost mid-stream, after output had started."""
+
+
+class ProviderTimedOut(ProviderError):
+    """The provider's own time limit (``timeout_s``) passed while its answer was awaited.
+
+    The request was sent, so the provider may have worked: the same settlement as the
+    gateway's own deadline (the full estimate), not a lost connection's input share.
+    """
+
+
+class ProviderMalformed(ProviderError):
+    """The provider answered 200 with a body that is not a readable answer.
+
+    A 200 says the work was done: the full estimate, as for another provider status.
+    """
 
 
 def embedding_response(

@@ -12,11 +12,14 @@ httpx failures are translated at this boundary into the provider error tree of
     400 401 403 404 413 422                      ProviderRefused(status, explanation)
     429                                          ProviderRateLimited
     5xx, or any other non-2xx status             ProviderServerError(status)
+    200 with a body that is not an answer        ProviderMalformed
     connect error, reset before any output       ProviderUnreachable
     connection lost after output started         ProviderDropped
+    no answer (or next chunk) within timeout_s   ProviderTimedOut
 
 Deadlines belong to the gateway: it cancels the call (trio cancellation closes the
-connection). httpx's own timeouts are only a backstop at the provider's ``timeout_s``.
+connection). httpx's own timeouts are a backstop at the provider's ``timeout_s``; a
+read timeout there ends the call like the gateway's own deadline.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ from gateway.providers.base import (
     EmbeddingResult,
     ProviderDropped,
     ProviderError,
+    ProviderMalformed,
     ProviderRateLimited,
     ProviderRefused,
     ProviderRequest,
     ProviderResult,
     ProviderServerError,
+    ProviderTimedOut,
     ProviderUnreachable,
     Usage,
 )
@@ -103,6 +108,8 @@ class OpenAIProvider:
             response = await self.client.post(
                 f"{self.base_url}{path}", content=orjson.dumps(body), headers=self._headers(api_key)
             )
+        except httpx.ReadTimeout:
+            raise ProviderTimedOut("the upstream did not answer within timeout_s") from None
         except httpx.HTTPError as exc:
             raise ProviderUnreachable(type(exc).__name__) from None
         if response.status_code != 200:
@@ -116,9 +123,9 @@ class OpenAIProvider:
         try:
             completion = orjson.loads(response.content)
         except orjson.JSONDecodeError:
-            raise ProviderServerError(502, "the upstream answered with invalid JSON") from None
+            raise ProviderMalformed("the upstream answered with invalid JSON") from None
         if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-            raise ProviderServerError(502, "the upstream answer is not a chat completion")
+            raise ProviderMalformed("the upstream answer is not a chat completion")
         return ProviderResult(completion=completion, usage=_usage(completion.get("usage")))
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
@@ -150,6 +157,8 @@ class OpenAIProvider:
         except httpx.HTTPError as exc:
             if done:
                 return
+            if isinstance(exc, httpx.ReadTimeout):
+                raise ProviderTimedOut("the upstream stalled past timeout_s") from None
             if produced:
                 raise ProviderDropped(type(exc).__name__) from None
             raise ProviderUnreachable(type(exc).__name__) from None
@@ -176,7 +185,7 @@ class OpenAIProvider:
             rows = sorted(data["data"], key=lambda row: row["index"])
             vectors = [[float(x) for x in row["embedding"]] for row in rows]
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            raise ProviderServerError(502, "the upstream embeddings answer is malformed") from None
+            raise ProviderMalformed("the upstream embeddings answer is malformed") from None
         usage = _usage(data.get("usage")) or Usage(prompt_tokens=0)
         return EmbeddingResult(vectors=vectors, usage=usage)
 
