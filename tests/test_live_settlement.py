@@ -279,6 +279,47 @@ async def test_provider_timeout_is_504_and_counts_the_full_estimate(
     gw.stop.set()
 
 
+async def test_a_fault_of_ours_after_the_call_is_recorded_as_500(
+    live: tuple[Gateway, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gw, token = live
+
+    def broken(*_: Any) -> dict[str, Any]:
+        raise RuntimeError("a bug in translating the answer back")
+
+    monkeypatch.setattr("gateway.routes.chat.chat_to_response", broken)
+    async with gw.client(token) as client:
+        response = await client.post(
+            "/v1/responses", json={"model": "live-chat", "input": "hi", "max_output_tokens": 9}
+        )
+    assert response.status_code == 500
+    assert response.json()["error"]["code"] == "internal_error"
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert after["record"]["http_status"] == 500
+    assert after["record"]["status"] == "failed"
+    assert after["record"]["error"]["code"] == "internal_error"
+    assert after["in_flight"] == 0 and after["reserved"] == 0
+
+
+async def test_a_fault_of_ours_in_the_provider_call_is_recorded_as_500(
+    live: tuple[Gateway, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gw, token = live
+
+    async def broken(*_: Any) -> None:
+        raise RecursionError("a bug in the provider adapter")
+
+    monkeypatch.setattr("gateway.providers.openai.OpenAIProvider.complete", broken)
+    body = body_for("hello")
+    response = await call(gw, token, body)
+    assert response.status_code == 500
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert after["record"]["http_status"] == 500
+    assert after["record"]["error"]["code"] == "internal_error"
+    assert settled(after) == cost(estimate_of(body), MAX_TOKENS) == after["spent"]
+    assert after["used"] == 0 and after["in_flight"] == 0
+
+
 async def test_insufficient_credits_refuses_before_the_model(
     live: tuple[Gateway, str], upstream: FakeUpstream
 ) -> None:

@@ -65,10 +65,19 @@ async def _call(record: KeyRecord, endpoint: str, parse: Parser) -> Response:
     call = await open_call(runtime(), record, request_id(), endpoint)
     try:
         return await _walk(call, parse)
+    except Exception as exc:
+        if not call.handed_off and not isinstance(exc, GatewayError):
+            # a fault of ours (answered 500 internal_error): the record must not say 200
+            await call.finish(_ending(call), http_status=500, error_code="internal_error")
+        raise
     finally:
         if not call.handed_off:
-            ending = Ending.OTHER if call.provider_called else Ending.NOT_CALLED
-            await call.finish(ending)
+            await call.finish(_ending(call))
+
+
+def _ending(call: Call) -> Ending:
+    """How a call that ended without its own settlement row settles."""
+    return Ending.OTHER if call.provider_called else Ending.NOT_CALLED
 
 
 async def _walk(call: Call, parse: Parser) -> Response:
@@ -113,14 +122,22 @@ async def _walk(call: Call, parse: Parser) -> Response:
     if scope.cancelled_caught:
         await call.finish(Ending.OTHER, http_status=504, error_code="request_timeout")
         raise GatewayError("request_timeout", "The call ran out of time; retry with stream true.")
-    await call.finish(Ending.USAGE if result.usage else Ending.OTHER, usage=result.usage)
+    ending = Ending.USAGE if result.usage else Ending.OTHER
     completion = {**result.completion, "model": model.id}
-    if call.endpoint == "responses":
-        answer = chat_to_response(completion, chat, response_id(call))
-    else:
-        answer = completion
-    answer["svc"] = svc_block(call, ignored)
-    return json_response(answer)
+    try:
+        if call.endpoint == "responses":
+            answer = chat_to_response(completion, chat, response_id(call))
+        else:
+            answer = completion
+        answer["svc"] = svc_block(call, ignored)
+        body = json_response(answer)
+    except Exception:
+        # a fault of ours with the answer in hand: settled as the provider's answer
+        # says, recorded as the 500 the client gets
+        await call.finish(ending, usage=result.usage, http_status=500, error_code="internal_error")
+        raise
+    await call.finish(ending, usage=result.usage)
+    return body
 
 
 def response_id(call: Call) -> str:

@@ -73,6 +73,11 @@ async def embeddings() -> Response:
         # (fields other than model, input, encoding_format, dimensions are not forwarded)
         answer["svc"] = {"request_id": call.request_id, "ignored_parameters": []}
         return json_response(answer)
+    except Exception as exc:
+        if call.provider_called and not isinstance(exc, GatewayError):
+            # a fault of ours (answered 500 internal_error): recorded, counts nothing
+            await call.finish(Ending.PROVIDER_REFUSED, http_status=500, error_code="internal_error")
+        raise
     finally:
         # a cancelled or refused embeddings call counts nothing either
         await call.finish(Ending.NOT_CALLED)
