@@ -243,19 +243,27 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
 
 
 class ChatFormat:
-    """OpenAI chat.completion.chunk events, ``[DONE]``; usage chunk only when asked for."""
+    """OpenAI chat.completion.chunk events, ``[DONE]``; usage chunk only when asked for.
 
-    def __init__(self, model_id: str, include_usage: bool) -> None:
+    Every chunk carries the svc block, as a non-streamed answer does. Usage travels
+    only in the final usage chunk, whatever chunk the upstream put it in.
+    """
+
+    def __init__(self, model_id: str, include_usage: bool, svc: dict[str, Any]) -> None:
         self.model_id = model_id
         self.include_usage = include_usage
+        self.svc = svc
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
-        return [sse({**chunk, "model": self.model_id})]
+        out = {name: value for name, value in chunk.items() if name != "usage"}
+        out["model"], out["svc"] = self.model_id, self.svc
+        return [sse(out)]
 
     def finish(self, usage_chunk: dict[str, Any] | None) -> list[bytes]:
         frames = []
         if self.include_usage and usage_chunk is not None:
-            frames.append(sse({**usage_chunk, "model": self.model_id, "choices": []}))
+            final = {**usage_chunk, "model": self.model_id, "choices": [], "svc": self.svc}
+            frames.append(sse(final))
         frames.append(DONE)
         return frames
 

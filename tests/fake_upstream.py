@@ -18,6 +18,7 @@ tests never share state::
     [[fault usage_on_error]]      an error body that reports usage
     [[fault drop_at_end]]         stream every chunk and the usage, then cut before [DONE]
     [[fault malformed]]           answer 200 with a body that is not JSON
+    [[fault usage_with_finish]]   stream the usage in the finish_reason chunk, not after it
 
 ``calls`` counts requests received; ``bodies`` and ``auth`` keep what came in.
 """
@@ -143,7 +144,14 @@ class FakeUpstream:
             if delay:
                 await trio.sleep(delay)
         final = {"index": 0, "delta": {}, "finish_reason": "stop"}
-        await _event(conn, stream, _completion(body, None, None, "chat.completion.chunk", final))
+        if "usage_with_finish" in faults:
+            chunk = _completion(body, None, usage, "chat.completion.chunk", final)
+            await _event(conn, stream, chunk)
+            usage = None
+        else:
+            await _event(
+                conn, stream, _completion(body, None, None, "chat.completion.chunk", final)
+            )
         if usage is not None:
             chunk = _completion(body, None, usage, "chat.completion.chunk")
             chunk["choices"] = []

@@ -249,6 +249,34 @@ async def test_stream_failing_after_its_usage_bills_the_real_cost(
     assert after["record"]["cost"]["billed_usd"] * NANOS_PER_USD == pytest.approx(real)
 
 
+@pytest.mark.parametrize("asked", [False, True])
+async def test_usage_in_the_finish_chunk_reaches_the_client_only_when_asked(
+    live: tuple[Gateway, str], asked: bool
+) -> None:
+    gw, token = live
+    body = body_for("[[fault usage_with_finish]]", stream=True)
+    if asked:
+        body["stream_options"] = {"include_usage": True}
+    async with (
+        gw.client(token) as client,
+        client.stream("POST", "/v1/chat/completions", json=body) as response,
+    ):
+        chunks = [
+            orjson.loads(line[5:])
+            async for line in response.aiter_lines()
+            if line.startswith("data:") and line != "data: [DONE]"
+        ]
+        request_id = response.headers["X-Request-Id"]
+    with_usage = [chunk for chunk in chunks if chunk.get("usage")]
+    assert with_usage == ([chunks[-1]] if asked else [])
+    if asked:
+        assert chunks[-1]["choices"] == []
+    after = await state(gw, token, request_id)
+    usage = after["record"]["usage"]
+    assert settled(after) == cost(usage["prompt_tokens"], usage["completion_tokens"])
+    assert after["used"] == settled(after)
+
+
 async def test_unreadable_200_counts_the_full_estimate(live: tuple[Gateway, str]) -> None:
     gw, token = live
     body = body_for("[[fault malformed]]")

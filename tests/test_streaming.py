@@ -383,7 +383,7 @@ async def test_chat_is_deterministic_streamed_or_not(gw: Gateway, extra: dict[st
     assert first["svc"]["request_id"] != second["svc"]["request_id"]
     usage_body = {**body, "stream_options": {"include_usage": True}}
     streamed, again = await chat_stream(gw, usage_body), await chat_stream(gw, usage_body)
-    assert streamed == again
+    assert [without_request_id(c) for c in streamed] == [without_request_id(c) for c in again]
     message = first["choices"][0]["message"]
     deltas = [chunk["choices"][0]["delta"] for chunk in streamed if chunk["choices"]]
     content = "".join(delta.get("content") or "" for delta in deltas)
@@ -421,3 +421,37 @@ async def test_responses_is_deterministic_streamed_or_not(gw: Gateway) -> None:
         assert completed["output"][0]["content"][0]["text"] == text
         assert completed["usage"] == first["usage"]
     assert streamed == [text, text]
+
+
+@pytest.mark.parametrize("model", ["gpt-4o-mini", MODEL])
+async def test_every_chunk_of_a_chat_stream_carries_the_svc_block(gw: Gateway, model: str) -> None:
+    body = chat_body(model=model, web_search_options={})
+    answer = await post(gw, CHAT, body)
+    with trio.fail_after(10):
+        response, lines = await stream_lines(gw, CHAT, {**body, "stream": True})
+    chunks = [orjson.loads(item) for item in data_of(lines)[:-1]]
+    expected = {"request_id": response.headers["X-Request-Id"]}
+    expected["ignored_parameters"] = answer["svc"]["ignored_parameters"]
+    assert "web_search_options" in expected["ignored_parameters"], "the mock searches nothing"
+    assert chunks and all(chunk["svc"] == expected for chunk in chunks)
+    assert all("usage" not in chunk for chunk in chunks), "usage only when asked for"
+
+
+async def test_every_response_object_of_a_responses_stream_carries_the_svc_block(
+    gw: Gateway,
+) -> None:
+    body = responses_body(tools=[{"type": "web_search"}])
+    answer = await post(gw, RESP, body)
+    with trio.fail_after(10):
+        response, lines = await stream_lines(gw, RESP, {**body, "stream": True})
+    events = [orjson.loads(item) for item in data_of(lines)]
+    objects = [event["response"] for event in events if "response" in event]
+    assert [event["type"] for event in events if "response" in event] == [
+        "response.created",
+        "response.in_progress",
+        "response.completed",
+    ]
+    expected = {"request_id": response.headers["X-Request-Id"]}
+    expected["ignored_parameters"] = answer["svc"]["ignored_parameters"]
+    assert "web_search_options" in expected["ignored_parameters"], "chat names, as documented"
+    assert all(obj["svc"] == expected for obj in objects)

@@ -77,9 +77,17 @@ def chat_to_response(
 class ResponseStreamTranslator:
     """Chat completion chunks in, Responses stream events out (see the module docstring)."""
 
-    def __init__(self, call: ChatCall, response_id: str, created_at: int | None = None) -> None:
+    def __init__(
+        self,
+        call: ChatCall,
+        response_id: str,
+        created_at: int | None = None,
+        svc: dict[str, Any] | None = None,
+    ) -> None:
         self._call = call
         self._id = response_id
+        #: the svc block, carried by every Response object of the stream
+        self._svc = svc
         self._rid = _rid(response_id)
         # created_at: the stream starts before the first chunk (and its "created") arrives
         self._created_at = int(time.time()) if created_at is None else created_at
@@ -136,6 +144,8 @@ class ResponseStreamTranslator:
     def _response(self, status: str) -> dict[str, Any]:
         response = response_shell(self._call, self._id, self._created_at, status)
         response["output"] = list(self._done)
+        if self._svc is not None:
+            response["svc"] = self._svc
         return response
 
     def _text_delta(self, text: str) -> list[dict[str, Any]]:

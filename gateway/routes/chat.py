@@ -106,9 +106,11 @@ async def _walk(call: Call, parse: Parser) -> Response:
     ignored = call.provider.ignored_parameters(upstream)
     if chat.stream:
         fmt = (
-            ChatFormat(model.id, chat.include_usage)
+            ChatFormat(model.id, chat.include_usage, svc_block(call, ignored))
             if call.endpoint == "chat"
-            else ResponsesFormat(ResponseStreamTranslator(chat, response_id(call)))
+            else ResponsesFormat(
+                ResponseStreamTranslator(chat, response_id(call), svc=svc_block(call, ignored))
+            )
         )
         return await start_stream(call, preq, fmt)
     call.provider_called = True
