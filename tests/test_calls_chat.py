@@ -216,7 +216,7 @@ NO_EFFECT: list[tuple[str, Any]] = [
 def test_accepted_without_effect(name: str, value: Any) -> None:
     call = parse_chat(body(**{name: value}), LIMIT)
     assert call.needs == frozenset()
-    assert call.params == ({"user": "u-1"} if name == "user" else {})
+    assert call.params == {}
 
 
 def test_forwarded_params_use_chat_names() -> None:
@@ -234,7 +234,6 @@ def test_forwarded_params_use_chat_names() -> None:
         "top_p": 1,
         "stop": ["a", "b", "c", "d"],
         "seed": 7,
-        "user": "u",
         "tools": [TOOL],
         "tool_choice": "none",
         "parallel_tool_calls": False,

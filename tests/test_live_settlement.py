@@ -368,9 +368,10 @@ async def test_provider_key_comes_from_the_environment(
     live: tuple[Gateway, str], upstream: FakeUpstream
 ) -> None:
     gw, token = live
-    assert (await call(gw, token, body_for("who am i"))).status_code == 200
+    assert (await call(gw, token, body_for("who am i", user="end-user-7"))).status_code == 200
     assert upstream.auth[-1] == f"Bearer {UPSTREAM_KEY}"
     assert upstream.bodies[-1]["model"] == "up-chat"
+    assert "user" not in upstream.bodies[-1], "user: accepted, no effect, not forwarded"
 
 
 async def test_live_embeddings(live: tuple[Gateway, str]) -> None:

@@ -156,13 +156,14 @@ def tool_choice(body: dict[str, Any]) -> str | None:
 
 
 def common_params(body: dict[str, Any]) -> dict[str, Any]:
-    """temperature, top_p and user (forwarded); service_tier checked, never forwarded,
-    so a caller cannot change the upstream's price tier."""
+    """temperature and top_p (forwarded); user and service_tier checked, never forwarded
+    ("accepted, no effect"): a caller can neither change the upstream's price tier nor
+    hand the upstream an end-user id."""
     found = {
         "temperature": number(body, "temperature", 2),
         "top_p": number(body, "top_p", 1),
-        "user": string(body, "user"),
     }
+    string(body, "user")
     string(body, "service_tier")
     return {name: value for name, value in found.items() if value is not None}
 
