@@ -89,6 +89,7 @@ def parse_responses(body: Any, max_output_tokens: int) -> ChatCall:
         raise unsupported("truncation", "truncation auto is not supported.")
     if truncation not in (None, "disabled"):
         raise invalid("truncation", "truncation must be auto or disabled.")
+    _include(body.get("include"))
     choice = tool_choice(body)
     params = common_params(body)
     instructions = string(body, "instructions")
@@ -122,6 +123,19 @@ def parse_responses(body: Any, max_output_tokens: int) -> ChatCall:
         needs=frozenset(needs),
         endpoint="responses",
     )
+
+
+def _include(value: Any) -> None:
+    """``include`` names extra data of output items. Items this service never produces
+    (encrypted reasoning, search sources, file search results, ...) are accepted with no
+    effect, as SDKs send some by default; logprobs of the output text are refused like
+    ``top_logprobs``, since the answer would silently lack them."""
+    if value is None:
+        return
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise invalid("include", "include must be an array of strings.")
+    if "message.output_text.logprobs" in value:
+        raise unsupported("include", "include message.output_text.logprobs is not supported.")
 
 
 def input_messages(value: Any) -> list[dict[str, Any]]:
