@@ -8,6 +8,7 @@ admitted unchecked.
 
 from __future__ import annotations
 
+from contextlib import suppress
 from typing import TYPE_CHECKING
 
 from quart import g
@@ -51,11 +52,19 @@ def _usd(value: float | None) -> int | None:
     return usd_to_nanos(value) if value is not None else None
 
 
-async def admit(record: KeyRecord, *, take_slot: bool) -> Admission:
-    """Step 3. On success the rate-limit headers are attached to every later answer."""
-    rt = runtime()
-    org = rt.orgs.get(record.org_id)
-    request = AdmitRequest(
+async def count_request(record: KeyRecord) -> None:
+    """Count a request refused before step 3 in the key's windows; nothing else.
+
+    Its own refusal is the answer whatever the window says, so the admission's outcome
+    (and a shard that cannot answer) is of no consequence here.
+    """
+    with suppress(ShardUnavailable):
+        await runtime().pool.admit(_admit_request(record, take_slot=False))
+
+
+def _admit_request(record: KeyRecord, *, take_slot: bool) -> AdmitRequest:
+    org = runtime().orgs.get(record.org_id)
+    return AdmitRequest(
         key_id=record.id,
         family_id=record.family_id,
         org_id=record.org_id,
@@ -64,8 +73,12 @@ async def admit(record: KeyRecord, *, take_slot: bool) -> Admission:
         take_slot=take_slot,
         org_rpm=org.policy.get("org_rpm") if org else None,
     )
+
+
+async def admit(record: KeyRecord, *, take_slot: bool) -> Admission:
+    """Step 3. On success the rate-limit headers are attached to every later answer."""
     try:
-        admission = await rt.pool.admit(request)
+        admission = await runtime().pool.admit(_admit_request(record, take_slot=take_slot))
     except ShardUnavailable:
         raise unavailable() from None
     if not admission.ok:

@@ -57,6 +57,8 @@ def create_app(runtime: Runtime) -> QuartTrio:
         BODY_TIMEOUT=None,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
+    # "/v1//models" is an unknown path (a JSON 404), not an HTML redirect to the merged one
+    app.url_map.merge_slashes = False
 
     @app.before_request
     async def _assign_request_id() -> None:

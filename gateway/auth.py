@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from quart import g, request
 
+from gateway.admission import count_request
 from gateway.errors import GatewayError
 from gateway.http import runtime
 from gateway.keys import KeyRecord
@@ -17,9 +18,12 @@ INVALID_KEY_MESSAGE = "The API key is invalid, revoked or expired."
 
 
 def bearer_token() -> str | None:
-    header = request.headers.get("Authorization")
-    if header is None:
+    headers = request.headers.getlist("Authorization")
+    if not headers:
         return None
+    if len(headers) > 1:  # one credential per request: which one would be meant?
+        return ""
+    header = headers[0]
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer":
         return ""
@@ -36,8 +40,12 @@ def authenticate() -> KeyRecord:
     return record
 
 
-def require_scope(record: KeyRecord, scope: str) -> None:
+async def require_scope(record: KeyRecord, scope: str) -> None:
+    """Step 2. A refused request still counts in the key's request window (the spec's
+    rpm counts every request, refused ones included), though its answer carries no
+    rate-limit headers."""
     if scope not in record.scopes:
+        await count_request(record)
         raise GatewayError(
             "scope_denied", f"This key lacks the {scope} scope required by this endpoint."
         )

@@ -61,7 +61,9 @@ async def test_head_is_another_method(gateway: Gateway, path: str) -> None:
         assert (await client.head("/v1/nothing")).status_code == 404
 
 
-@pytest.mark.parametrize("path", ["/v1/nothing", "/v2/models", "/", "/v1/keys/a/b"])
+@pytest.mark.parametrize(
+    "path", ["/v1/nothing", "/v2/models", "/", "/v1/keys/a/b", "/v1//models", "//v1/key"]
+)
 async def test_unknown_paths_are_404(gateway: Gateway, path: str) -> None:
     async with gateway.client(gateway.token) as client:
         response = await client.get(path)
@@ -96,6 +98,31 @@ async def test_a_key_without_the_scope_gets_403(
     }
     assert scope in response.json()["error"]["message"]
     assert "X-RateLimit-Limit-Requests" not in response.headers
+
+
+async def test_a_scope_refusal_counts_in_the_request_window(clocked_gateway: Gateway) -> None:
+    gw = clocked_gateway
+    key = await gw.create_key(name="embed-only", scopes=["embeddings"], caps={"rpm": 3})
+    async with gw.client(key["token"]) as client:
+        for _ in range(3):
+            refused = await client.post("/v1/chat/completions", json={})
+            assert refused.status_code == 403
+        over = await client.get("/v1/key")
+    assert over.status_code == 429, "three refused requests used up rpm 3"
+    assert over.json()["error"]["code"] == "rate_limited"
+
+
+async def test_two_authorization_headers_are_401(gateway: Gateway) -> None:
+    async with gateway.client(None) as client:
+        response = await client.get(
+            "/v1/key",
+            headers=[
+                ("Authorization", f"Bearer {gateway.token}"),
+                ("Authorization", "Bearer svc_test_other"),
+            ],
+        )
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
 
 
 async def test_key_read_needs_no_scope(gateway: Gateway) -> None:

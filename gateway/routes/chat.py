@@ -45,7 +45,7 @@ Parser = Callable[[dict[str, Any], int], ChatCall]
 
 async def _serve(endpoint: str, parse: Parser) -> Response:
     record = authenticate()
-    require_scope(record, "inference")
+    await require_scope(record, "inference")
     try:
         idem_key = idempotency.header_value()
         body = await read_json_object() if idem_key is not None else None

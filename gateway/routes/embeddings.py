@@ -20,7 +20,7 @@ from gateway.settlement import Ending
 
 async def embeddings() -> Response:
     record = authenticate()
-    require_scope(record, "embeddings")
+    await require_scope(record, "embeddings")
     rt = runtime()
     call = await open_call(rt, record, request_id(), "embeddings")
     try:

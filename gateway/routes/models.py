@@ -18,7 +18,7 @@ async def list_models() -> Response:
     if "Authorization" not in request.headers:
         return _public()
     record = authenticate()
-    require_scope(record, "inference")
+    await require_scope(record, "inference")
     await admit(record, take_slot=False)
     return json_response(rt.catalog.listing(callable_models(rt, record)))
 

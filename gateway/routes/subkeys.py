@@ -29,7 +29,7 @@ MAX_LIMIT = 100
 async def _manager() -> KeyRecord:
     """The key whose sub-keys the caller manages: itself, or its successor if rotated."""
     caller = authenticate()
-    require_scope(caller, "keys:manage")
+    await require_scope(caller, "keys:manage")
     await admit(caller, take_slot=False)
     return runtime().keyring.successor(caller)
 

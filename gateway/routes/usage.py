@@ -28,7 +28,7 @@ EMPTY = {"requests": 0, "input_tokens": 0, "output_tokens": 0, "billed": 0, "set
 
 async def _reader() -> KeyRecord:
     record = authenticate()
-    require_scope(record, "usage:read")
+    await require_scope(record, "usage:read")
     await admit(record, take_slot=False)
     return record
 
