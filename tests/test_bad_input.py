@@ -4,6 +4,10 @@ no traceback, and nothing on disk overwritten.
 Every case runs the real command as a subprocess. The CLI's own error line starts with
 ``svc-gateway:``; logging lines of the server may surround it, so the assertions count
 only those lines.
+
+Bad or odd bodies sent to a running gateway (the real server of tests/conftest.py, on a
+loopback port 0) come last: every refusal is a documented 4xx, and an odd but valid body
+is served; neither is ever a 5xx.
 """
 
 from __future__ import annotations
@@ -12,9 +16,12 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 
+from tests.conftest import Gateway
 from tests.procs import assert_one_line_error, base_env, run_cli, start_server
 
 PROVIDER_MOCK = '[[providers]]\nname = "mock"\nkind = "mock"\n'
@@ -173,3 +180,123 @@ def test_tag_option_without_equals(tmp_path: Path) -> None:
 def test_unreachable_gateway(tmp_path: Path) -> None:
     result = run_cli("key", "list", "--org", "org_x", "--url", "http://127.0.0.1:1")
     assert_one_line_error(result, "cannot reach", "http://127.0.0.1:1")
+
+
+# ---------------------------------------------------------------- bodies over HTTP
+
+CHAT, RESPONSES = "/v1/chat/completions", "/v1/responses"
+MODEL = "gpt-4o-mini"
+USER = [{"role": "user", "content": "hi"}]
+
+# response_format shapes chat completions refuses, as /v1/responses refuses text.format:
+# json_schema an object with a string name and, if sent, an object schema
+BAD_RESPONSE_FORMATS = {
+    "json_schema a string": {"type": "json_schema", "json_schema": "x"},
+    "json_schema an array": {"type": "json_schema", "json_schema": [1]},
+    "json_schema null": {"type": "json_schema", "json_schema": None},
+    "no json_schema": {"type": "json_schema"},
+    "no name": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
+    "name a number": {"type": "json_schema", "json_schema": {"name": 1, "schema": {}}},
+    "schema a string": {"type": "json_schema", "json_schema": {"name": "x", "schema": "object"}},
+    "schema an array": {"type": "json_schema", "json_schema": {"name": "x", "schema": []}},
+}
+
+# Valid schemas the sandbox once answered with a 500 (a 503 "The stream failed." when
+# streamed) or never answered: recursion without end, numbers beyond 64 bits
+ODD_SCHEMAS = {
+    "$ref to the root": {"$ref": "#"},
+    "allOf of the root": {"allOf": [{"$ref": "#"}]},
+    "anyOf of the root": {"anyOf": [{"$ref": "#"}]},
+    "required self-recursive $defs": {
+        "$defs": {
+            "n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}
+        },
+        "$ref": "#/$defs/n",
+    },
+    "allOf of a $ref to itself": {
+        "allOf": [{"$ref": "#/$defs/a"}],
+        "$defs": {"a": {"$ref": "#/$defs/a"}},
+    },
+    "integer minimum 1e300": {"type": "integer", "minimum": 1e300},
+    "integer exclusiveMinimum 10**30": {"type": "integer", "exclusiveMinimum": 10**30},
+}
+
+
+def assert_refused(response: Any, code: str, param: str | None) -> None:
+    assert 400 <= response.status_code < 500, response.text
+    error = response.json()["error"]
+    assert (error["code"], error["param"]) == (code, param), response.text
+
+
+@pytest.mark.parametrize("response_format", BAD_RESPONSE_FORMATS.values(), ids=BAD_RESPONSE_FORMATS)
+async def test_chat_response_format_of_a_bad_shape_is_refused(
+    gateway: Gateway, response_format: dict[str, Any]
+) -> None:
+    body = {"model": MODEL, "messages": USER, "response_format": response_format}
+    with trio.fail_after(10):
+        async with gateway.client(gateway.token) as client:
+            response = await client.post(CHAT, json=body)
+            streamed = await client.post(CHAT, json={**body, "stream": True})
+    assert response.status_code == 400, response.text
+    assert_refused(response, "invalid_request", "response_format")
+    assert streamed.status_code == 400, streamed.text
+    assert_refused(streamed, "invalid_request", "response_format")
+
+
+async def test_json_schema_refusals_match_across_endpoints(gateway: Gateway) -> None:
+    """No name: refused on both endpoints with the same code and param; a name and no
+    schema (OpenAI's schema is optional on chat completions) is served."""
+    nameless = {"type": "json_schema", "schema": {"type": "object"}}
+    chat = {"model": MODEL, "messages": USER}
+    with trio.fail_after(10):
+        async with gateway.client(gateway.token) as client:
+            on_responses = await client.post(
+                RESPONSES, json={"model": MODEL, "input": "hi", "text": {"format": nameless}}
+            )
+            on_chat = await client.post(
+                CHAT,
+                json={**chat, "response_format": {"type": "json_schema", "json_schema": nameless}},
+            )
+            schemaless = await client.post(
+                CHAT,
+                json={
+                    **chat,
+                    "response_format": {"type": "json_schema", "json_schema": {"name": "x"}},
+                },
+            )
+    assert (on_responses.status_code, on_chat.status_code) == (400, 400), on_chat.text
+    assert_refused(on_responses, "invalid_request", "response_format")
+    assert_refused(on_chat, "invalid_request", "response_format")
+    assert schemaless.status_code == 200, schemaless.text
+
+
+@pytest.mark.parametrize("schema", ODD_SCHEMAS.values(), ids=ODD_SCHEMAS)
+async def test_odd_schema_is_served_on_every_endpoint(
+    gateway: Gateway, schema: dict[str, Any]
+) -> None:
+    """Structured output (chat and responses, whole and streamed) and tool parameters."""
+    chat_format = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    chat = {"model": MODEL, "messages": USER, "response_format": chat_format}
+    text = {"format": {"type": "json_schema", "name": "x", "schema": schema}}
+    responses = {"model": MODEL, "input": "hi", "text": text}
+    tool = {"type": "function", "function": {"name": "f", "parameters": schema}}
+    with trio.fail_after(20):
+        async with gateway.client(gateway.token) as client:
+            answers = {
+                "chat": await client.post(CHAT, json=chat),
+                "chat streamed": await client.post(CHAT, json={**chat, "stream": True}),
+                "responses": await client.post(RESPONSES, json=responses),
+                "responses streamed": await client.post(
+                    RESPONSES, json={**responses, "stream": True}
+                ),
+                "chat tool": await client.post(
+                    CHAT, json={"model": MODEL, "messages": USER, "tools": [tool]}
+                ),
+            }
+    for name, answer in answers.items():
+        assert answer.status_code == 200, f"{name}: {answer.text}"
+    assert answers["chat streamed"].text.endswith("data: [DONE]\n\n")
+    assert '"error"' not in answers["chat streamed"].text
+    assert "response.failed" not in answers["responses streamed"].text
+    (call,) = answers["chat tool"].json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "f"

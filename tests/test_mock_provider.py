@@ -14,6 +14,7 @@ import re
 import uuid
 from typing import Any, Literal
 
+import orjson
 import pydantic
 import pytest
 import trio
@@ -170,8 +171,11 @@ class WeatherQuery(pydantic.BaseModel):
 
 
 def tool(name: str, model: type[pydantic.BaseModel]) -> dict[str, Any]:
-    schema = model.model_json_schema()
-    return {"type": "function", "function": {"name": name, "parameters": schema}}
+    return tool_of(name, model.model_json_schema())
+
+
+def tool_of(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
 
 
 TOOLS = {
@@ -296,6 +300,125 @@ async def test_json_schema_keywords(schema: dict[str, Any], check: Any) -> None:
     format_ = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
     completion = await complete({**HELLO, "response_format": format_})
     assert check(json.loads(completion.choices[0].message.content or ""))
+
+
+# Schemas a caller may send that once made the mock fail: recursion with no end (a
+# RecursionError, or a loop that never returned) and bounds beyond what JSON numbers carry
+# (orjson writes integers of at most 64 bits). Each still gets a value, as JSON text.
+RECURSIVE_SCHEMAS = {
+    "$ref to the root": {"$ref": "#"},
+    "allOf of the root": {"allOf": [{"$ref": "#"}]},
+    "anyOf of the root": {"anyOf": [{"$ref": "#"}]},
+    "oneOf of the root": {"oneOf": [{"$ref": "#"}]},
+    "required self-recursive $defs": {
+        "$defs": {
+            "n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}
+        },
+        "$ref": "#/$defs/n",
+    },
+    "$ref loop": {
+        "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+        "$ref": "#/$defs/a",
+    },
+    "allOf of a $ref to itself": {
+        "allOf": [{"$ref": "#/$defs/a"}],
+        "$defs": {"a": {"$ref": "#/$defs/a"}},
+    },
+    "two required recursive members": {
+        "$defs": {
+            "n": {
+                "type": "object",
+                "properties": {"a": {"$ref": "#/$defs/n"}, "b": {"$ref": "#/$defs/n"}},
+                "required": ["a", "b"],
+            }
+        },
+        "$ref": "#/$defs/n",
+    },
+    "array of itself": {"type": "array", "minItems": 2, "items": {"$ref": "#"}},
+    "anyOf with a non-schema branch": {"anyOf": [{"$ref": "#"}, 1], "required": ["x"]},
+}
+HUGE_NUMBER_SCHEMAS = {
+    "integer minimum 1e300": {"type": "integer", "minimum": 1e300},
+    "integer exclusiveMinimum 10**30": {"type": "integer", "exclusiveMinimum": 10**30},
+    "integer maximum -10**30": {"type": "integer", "maximum": -(10**30)},
+    "integer between the float extremes": {
+        "type": "integer",
+        "minimum": -1.7e308,
+        "maximum": 1.7e308,
+        "multipleOf": 1e200,
+    },
+    "number between the float extremes": {
+        "type": "number",
+        "minimum": -1.7e308,
+        "maximum": 1.7e308,
+    },
+    "number on a tiny multipleOf": {"type": "number", "minimum": 1e300, "multipleOf": 1e-300},
+    "number on the smallest multipleOf": {"type": "number", "multipleOf": 5e-324},
+    "number beyond 64 bits on multipleOf 1": {"type": "number", "minimum": 1e25, "multipleOf": 1},
+}
+ODD_SCHEMAS = {**RECURSIVE_SCHEMAS, **HUGE_NUMBER_SCHEMAS}
+
+
+def as_received(body: dict[str, Any]) -> dict[str, Any]:
+    """``body`` as the server reads it (orjson: an integer beyond 64 bits is a float)."""
+    return orjson.loads(json.dumps(body))
+
+
+@pytest.mark.parametrize("schema", ODD_SCHEMAS.values(), ids=ODD_SCHEMAS)
+async def test_every_schema_gets_a_json_answer(schema: dict[str, Any]) -> None:
+    format_ = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    body = as_received({**HELLO, "max_tokens": 200, "response_format": format_})
+    completion = await complete(body)
+    content = completion.choices[0].message.content or ""
+    if completion.choices[0].finish_reason == "stop":
+        json.loads(content)
+    assert streamed_text(await chunks(body)) == content
+    parameters = as_received({**HELLO, "tools": [tool_of("f", schema)]})
+    (call,) = (await complete(parameters)).choices[0].message.tool_calls or []
+    json.loads(call.function.arguments)
+
+
+@pytest.mark.parametrize("schema", HUGE_NUMBER_SCHEMAS.values(), ids=HUGE_NUMBER_SCHEMAS)
+async def test_numbers_stay_within_what_json_carries(schema: dict[str, Any]) -> None:
+    format_ = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    completion = await complete(as_received({**HELLO, "response_format": format_}))
+    value = json.loads(completion.choices[0].message.content or "")
+    if schema["type"] == "integer":
+        assert isinstance(value, int) and -(2**63) <= value < 2**63
+    else:
+        assert isinstance(value, int | float) and math.isfinite(value)
+
+
+@pytest.mark.parametrize(
+    ("schema", "check"),
+    [
+        ({"type": "integer", "minimum": 2**62, "maximum": 2**62 + 10}, lambda v: v >= 2**62),
+        ({"type": "integer", "minimum": 1e300}, lambda v: v == 2**63 - 1),
+        ({"type": "integer", "maximum": -1e300}, lambda v: v == -(2**63)),
+        ({"type": "number", "minimum": 1e300}, lambda v: 1e300 <= v < math.inf),
+        ({"type": "number", "maximum": -1e300}, lambda v: -math.inf < v <= -1e300),
+    ],
+)
+async def test_large_bounds_are_met_where_64_bits_allow(schema: dict[str, Any], check: Any) -> None:
+    format_ = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    completion = await complete({**HELLO, "response_format": format_})
+    assert check(json.loads(completion.choices[0].message.content or ""))
+
+
+@pytest.mark.parametrize(
+    "response_format",
+    [
+        {"type": "json_schema", "json_schema": "x"},
+        {"type": "json_schema", "json_schema": [1]},
+        {"type": "json_schema"},
+        {"type": "json_schema", "json_schema": {"name": "x", "schema": 1}},
+    ],
+    ids=["json_schema a string", "json_schema an array", "no json_schema", "schema a number"],
+)
+async def test_an_odd_response_format_gets_an_object(response_format: dict[str, Any]) -> None:
+    """The parser refuses these shapes; the mock answers them anyway, never crashes."""
+    completion = await complete({**HELLO, "response_format": response_format})
+    assert isinstance(json.loads(completion.choices[0].message.content or ""), dict)
 
 
 async def test_json_object_answer_is_an_object() -> None:

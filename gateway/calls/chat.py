@@ -211,7 +211,9 @@ def _stop_and_seed(body: dict[str, Any]) -> dict[str, Any]:
 
 
 def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
-    """text (the default, dropped), json_object or json_schema."""
+    """text (the default, dropped), json_object or json_schema. A json_schema needs the
+    object ``json_schema`` with a string ``name`` and, if sent, an object ``schema``: the
+    rule /v1/responses applies to ``text.format`` (where the schema is required)."""
     value = obj(body, "response_format")
     if value is None or value.get("type") == "text":
         return None
@@ -219,6 +221,19 @@ def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
         raise invalid(
             "response_format", "response_format.type must be text, json_object or json_schema."
         )
+    if value["type"] == "json_schema":
+        spec = value.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if (
+            not isinstance(spec, dict)
+            or not isinstance(spec.get("name"), str)
+            or not isinstance(schema, dict | None)
+        ):
+            raise invalid(
+                "response_format",
+                "response_format.json_schema must be an object with a string name "
+                "and, if sent, an object schema.",
+            )
     return value
 
 

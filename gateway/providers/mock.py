@@ -14,6 +14,10 @@ The answer, in order of precedence:
    ``json_object``;
 3. prose, mentioning how many images the messages hold.
 
+Every schema gets an answer, however odd: the walk of a schema is bounded in depth (a
+``$ref`` to itself ends in the simplest value) and in size, and its numbers are ones JSON
+can carry (integers within 64 bits, finite floats), valid whenever the schema allows one.
+
 Tokens are the mock's own: a word or a punctuation mark with its leading whitespace
 (:func:`count_tokens`). Each covers at least one character, so every count here stays
 below the byte-based bound of :mod:`gateway.estimate`. The output is cut at ``max_tokens``
@@ -32,6 +36,7 @@ import math
 import random
 import re
 import struct
+import sys
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -73,20 +78,29 @@ _FORMATS = {
     "uri": "https://example.com/mock",
     "uuid": "00000000-0000-4000-8000-000000000000",
 }
-_MAX_DEPTH = 6  # past this depth of $ref, only required members and minItems are generated
+# Depth of the schema walk (each $ref, combinator branch, member or item is one step): past
+# the soft bound only what the schema requires is generated, and at the hard bound the
+# simplest value, so every schema ends, well inside orjson's 255 levels of nesting
+_SOFT_DEPTH = 12
+_MAX_DEPTH = 48
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1  # the integers orjson writes
+_FLOAT_MAX = sys.float_info.max
 # a schema's minItems / minLength are honoured up to these bounds, so that no request can
 # make the mock build an answer big enough to stall the server
 _MAX_ITEMS = 10_000
 _MAX_STRING = 100_000
 _MAX_ANSWER_CHARS = 1_000_000  # past this, arrays stop growing and strings stay short
+_MAX_VALUES = 100_000  # past this many members and items, objects and arrays stop growing
 
 
 class _Draw(random.Random):
-    """The answer's random source, carrying how many characters the answer may still take."""
+    """The answer's random source, carrying how many characters and how many nested values
+    the answer may still take (so that no schema makes the mock work for long)."""
 
     def __init__(self, seed: str) -> None:
         super().__init__(seed)
         self.budget = _MAX_ANSWER_CHARS
+        self.values = _MAX_VALUES
 
 
 def count_tokens(text: str) -> int:
@@ -211,8 +225,9 @@ def _answer(request: ProviderRequest) -> _Answer:
     messages = body.get("messages") or []
     tool = _tool_to_call(body, messages)
     if tool is not None:
-        schema = tool.get("parameters") or {"type": "object"}
-        text = orjson.dumps(_from_schema(schema, rng, schema, 0)).decode()
+        schema = tool.get("parameters")
+        schema = schema if isinstance(schema, dict) and schema else {"type": "object"}
+        text = _json(_from_schema(schema, rng, schema, 0))
         tool_call: tuple[str, str] | None = (f"call_{digest[24:48]}", tool["name"])
         reason = "tool_calls"
     else:
@@ -253,14 +268,25 @@ def _tool_to_call(body: dict[str, Any], messages: list[Any]) -> dict[str, Any] |
 def _content(body: dict[str, Any], messages: list[Any], rng: random.Random) -> str:
     response_format = body.get("response_format")
     kind = response_format.get("type") if isinstance(response_format, dict) else None
-    if kind == "json_schema":
-        schema = (response_format.get("json_schema") or {}).get("schema") or {"type": "object"}
-        return orjson.dumps(_from_schema(schema, rng, schema, 0)).decode()
+    if kind == "json_schema":  # the parser checked the shape; an odd one is an object
+        schema = _dict(response_format.get("json_schema")).get("schema")
+        schema = schema if isinstance(schema, dict) and schema else {"type": "object"}
+        return _json(_from_schema(schema, rng, schema, 0))
     if kind == "json_object":
         return orjson.dumps({"answer": _phrase(rng, 6)}).decode()
     images = sum(leaf is None for leaf in _leaves(messages))
     seen = f"; I see {images} image{'' if images == 1 else 's'}" if images else ""
     return f"This is a deterministic mock reply{seen}. {_phrase(rng, 8 + _below(rng, 24))}."
+
+
+def _json(value: Any) -> str:
+    """``value`` as JSON text. The generator writes only serialisable numbers and nests
+    less than orjson's limit, but a caller's ``const`` or ``enum`` value placed deep in the
+    answer could pass it: then the answer is an empty object rather than a crash."""
+    try:
+        return orjson.dumps(value).decode()
+    except orjson.JSONEncodeError:
+        return "{}"
 
 
 def _cut_at_stop(text: str, stop: Any) -> str:
@@ -301,8 +327,15 @@ def _unit_vector(model: str, item: Any, size: int) -> list[float]:
 def _from_schema(schema: Any, rng: random.Random, root: Any, depth: int) -> Any:
     """A value valid against ``schema``: the subset OpenAI's structured outputs accept.
 
+    ``depth`` counts the steps taken from the root (a ``$ref``, a combinator's branch, an
+    object member, an array item), so recursion through any of them ends: past
+    :data:`_SOFT_DEPTH` only what the schema requires is generated, and at
+    :data:`_MAX_DEPTH` the simplest value of the schema's type (:func:`_simplest`).
+
     Not supported: ``pattern``, ``uniqueItems``, ``not``, conditional keywords.
     """
+    if depth >= _MAX_DEPTH:
+        return _simplest(schema, rng)
     if not isinstance(schema, dict):
         return "mock"  # ``true`` (or a malformed schema): anything goes
     if isinstance(schema.get("$ref"), str):
@@ -314,17 +347,12 @@ def _from_schema(schema: Any, rng: random.Random, root: Any, depth: int) -> Any:
     for key in ("anyOf", "oneOf"):
         if isinstance(schema.get(key), list) and schema[key]:
             branches = schema[key]
-            if depth >= _MAX_DEPTH:  # prefer a branch that ends the recursion
-                branches = [b for b in branches if "$ref" not in b] or branches
-            return _from_schema(branches[0], rng, root, depth)
+            if depth >= _SOFT_DEPTH:  # prefer a branch that ends the recursion
+                branches = [b for b in branches if not _is_ref(b)] or branches
+            return _from_schema(branches[0], rng, root, depth + 1)
     if isinstance(schema.get("allOf"), list):
-        return _from_schema(_merge(schema, root), rng, root, depth)
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = next((k for k in kind if k != "null"), "null")
-    if kind is None:
-        kind = "array" if "items" in schema or "prefixItems" in schema else None
-        kind = "object" if "properties" in schema or "required" in schema else kind
+        return _from_schema(_merge(schema, root), rng, root, depth + 1)
+    kind = _kind(schema)
     if kind == "object":
         return _object(schema, rng, root, depth)
     if kind == "array":
@@ -338,6 +366,39 @@ def _from_schema(schema: Any, rng: random.Random, root: Any, depth: int) -> Any:
     return _string(schema, rng)
 
 
+def _kind(schema: dict[str, Any]) -> Any:
+    """The type to generate: the first non-null one named, else one implied by keywords."""
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind is None:
+        kind = "array" if "items" in schema or "prefixItems" in schema else None
+        kind = "object" if "properties" in schema or "required" in schema else kind
+    return kind
+
+
+def _simplest(schema: Any, rng: random.Random) -> Any:
+    """The value at the depth bound, built without descending: valid for a schema that
+    needs no nesting (a recursive schema that requires its own recursion has no finite
+    valid value at all, and gets an empty object, an empty array or null)."""
+    if not isinstance(schema, dict):
+        return None
+    if "const" in schema:
+        return schema["const"]
+    if isinstance(schema.get("enum"), list) and schema["enum"]:
+        return schema["enum"][0]
+    kind = _kind(schema)
+    if kind in ("integer", "number"):
+        return _number(schema, rng, integer=kind == "integer")
+    if kind == "string":
+        return _string(schema, rng)
+    return {"object": {}, "array": [], "boolean": False}.get(kind)
+
+
+def _is_ref(schema: Any) -> bool:
+    return isinstance(schema, dict) and "$ref" in schema
+
+
 def _resolve(ref: str, root: Any) -> Any:
     node = root
     for part in ref.removeprefix("#").strip("/").split("/"):
@@ -349,10 +410,16 @@ def _resolve(ref: str, root: Any) -> Any:
 
 
 def _merge(schema: dict[str, Any], root: Any) -> dict[str, Any]:
+    """``schema`` with its ``allOf`` parts merged in (a part's own ``allOf`` is kept, and
+    merged one depth further)."""
     merged: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
     for part in schema["allOf"]:
-        while isinstance(part, dict) and isinstance(part.get("$ref"), str):
+        for _ in range(_MAX_DEPTH):  # a $ref may point at itself, or round a loop
+            if not (isinstance(part, dict) and isinstance(part.get("$ref"), str)):
+                break
             part = _resolve(part["$ref"], root)
+        else:
+            continue  # still a $ref: a loop, with nothing to merge
         if isinstance(part, dict):
             properties = {**_dict(merged.get("properties")), **_dict(part.get("properties"))}
             required = [*_list(merged.get("required")), *_list(part.get("required"))]
@@ -364,28 +431,39 @@ def _merge(schema: dict[str, Any], root: Any) -> dict[str, Any]:
 def _object(schema: dict[str, Any], rng: random.Random, root: Any, depth: int) -> dict[str, Any]:
     properties = _dict(schema.get("properties"))
     required = [name for name in _list(schema.get("required")) if isinstance(name, str)]
-    names = required if depth >= _MAX_DEPTH else [*properties, *required]
-    return {
-        name: _from_schema(properties.get(name, True), rng, root, depth)
-        for name in dict.fromkeys(names)
-    }
+    names = required if depth >= _SOFT_DEPTH else [*properties, *required]
+    value: dict[str, Any] = {}
+    for name in dict.fromkeys(names):
+        if not _spend(rng, len(name) + 4):  # a member costs at least "name": and a comma
+            break
+        value[name] = _from_schema(properties.get(name, True), rng, root, depth + 1)
+    return value
 
 
 def _array(schema: dict[str, Any], rng: random.Random, root: Any, depth: int) -> list[Any]:
     low = min(_int(schema.get("minItems")), _MAX_ITEMS)
-    size = low if depth >= _MAX_DEPTH else max(low, 1 + _below(rng, 2))
+    size = low if depth >= _SOFT_DEPTH else max(low, 1 + _below(rng, 2))
     if isinstance(schema.get("maxItems"), int):
         size = min(size, schema["maxItems"])
     prefix = _list(schema.get("prefixItems"))
     items = schema.get("items", True)
     values = []
     for i in range(max(size, len(prefix))):
-        if getattr(rng, "budget", 1) <= 0:
+        if not _spend(rng, 1):  # an element costs at least its separator
             break
-        if isinstance(rng, _Draw):
-            rng.budget -= 1  # an element costs at least its separator
-        values.append(_from_schema(prefix[i] if i < len(prefix) else items, rng, root, depth))
+        values.append(_from_schema(prefix[i] if i < len(prefix) else items, rng, root, depth + 1))
     return values
+
+
+def _spend(rng: random.Random, chars: int) -> bool:
+    """Take a value and ``chars`` from the answer's budget; false once either is spent."""
+    if not isinstance(rng, _Draw):
+        return True
+    if rng.budget <= 0 or rng.values <= 0:
+        return False
+    rng.budget -= chars
+    rng.values -= 1
+    return True
 
 
 def _dict(value: Any) -> dict[str, Any]:
@@ -402,22 +480,43 @@ def _int(value: Any) -> int:
 
 
 def _number(schema: dict[str, Any], rng: random.Random, integer: bool) -> int | float:
+    """A number inside the schema's bounds, on its ``multipleOf``, always serialisable:
+    an integer within 64 bits, a float finite (bounds outside them are clamped, so a
+    schema no such number satisfies gets one anyway)."""
+
     def bound(key: str) -> float | None:
         value = schema.get(key)
-        return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        return max(-_FLOAT_MAX, min(value, _FLOAT_MAX))  # an int this size overflows a float
 
     lows = [b for b in (bound("minimum"), bound("exclusiveMinimum")) if b is not None]
     highs = [b for b in (bound("maximum"), bound("exclusiveMaximum")) if b is not None]
     low = max(lows) if lows else (min(highs) - 100 if highs else 0)
     high = min(highs) if highs else low + 100
-    value = low + (0.25 + rng.random() / 2) * (high - low)  # strictly inside when low < high
+    if integer:  # held within 64 bits, not rounded: 5.5 stays a bound above 5
+        low, high = (max(_INT64_MIN, min(b, _INT64_MAX)) for b in (low, high))
+    share = 0.25 + rng.random() / 2
+    value: int | float = (1 - share) * low + share * high  # strictly inside when low < high
     step = bound("multipleOf") or (1 if integer else None)
-    if step is None:
-        return value
-    value = math.ceil(value / step) * step
-    if value > high or value == bound("exclusiveMaximum"):
-        value -= step
-    return int(value) if integer and float(value).is_integer() else value
+    if step is not None and math.isfinite(value / step):
+        stepped = math.ceil(value / step) * step
+        if stepped > high or stepped == bound("exclusiveMaximum"):
+            stepped -= step
+        if math.isfinite(stepped):
+            value = stepped
+    if integer and float(value).is_integer():
+        return _int64(int(value))
+    if isinstance(value, int) and value != _int64(value):
+        return float(value)
+    return value
+
+
+def _int64(value: float) -> int:
+    """``value`` as an int held within 64 bits (what orjson can write)."""
+    return max(_INT64_MIN, min(int(value), _INT64_MAX))
 
 
 def _string(schema: dict[str, Any], rng: random.Random) -> str:
