@@ -43,6 +43,10 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
     )
 
 
+#: the deepest nesting orjson writes, so the deepest a body may be
+MAX_DEPTH = 255
+
+
 async def read_json_object(param: str | None = None) -> dict[str, Any]:
     """The request body as a JSON object, or 400 invalid_request."""
     raw = await request.get_data(cache=True)
@@ -56,9 +60,24 @@ async def read_json_object(param: str | None = None) -> dict[str, Any]:
         ) from None
     if not isinstance(body, dict):
         raise GatewayError("invalid_request", "The request body must be a JSON object.", param)
+    if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
+        _refuse_too_deep(body, param)
     if _LONG_DIGITS.search(raw):
         _exact_output_budgets(raw, body)
     return body
+
+
+def _refuse_too_deep(body: dict[str, Any], param: str | None) -> None:
+    """orjson reads 1024 levels of nesting but writes only 255 (MAX_DEPTH): a body
+    deeper than that could be read and then never forwarded, hashed or estimated."""
+    try:
+        orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        raise GatewayError(
+            "invalid_request",
+            f"The request body is nested too deeply (at most {MAX_DEPTH} levels).",
+            param,
+        ) from None
 
 
 def _exact_output_budgets(raw: bytes, body: dict[str, Any]) -> None:

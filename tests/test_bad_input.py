@@ -300,3 +300,22 @@ async def test_odd_schema_is_served_on_every_endpoint(
     assert "response.failed" not in answers["responses streamed"].text
     (call,) = answers["chat tool"].json()["choices"][0]["message"]["tool_calls"]
     assert call["function"]["name"] == "f"
+
+
+@pytest.mark.parametrize("depth", [200, 300, 1000])
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/responses", "/v1/embeddings"])
+async def test_a_body_nested_too_deep_is_400(gateway: Gateway, path: str, depth: int) -> None:
+    # written by hand: JSON encoders (orjson, json) refuse to write such a body
+    raw = (
+        b'{"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}], '
+        b'"input": "hi", "probe": ' + b"[" * depth + b'"x"' + b"]" * depth + b"}"
+    )
+    headers = {"Idempotency-Key": f"d{depth}", "Content-Type": "application/json"}
+    async with gateway.client(gateway.token) as client:
+        response = await client.post(path, content=raw, headers=headers)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    if depth > 255:
+        assert error["code"] == "invalid_request" and "nested too deeply" in error["message"]
+    else:  # read, then refused for the unknown field like any other body
+        assert "nested" not in error["message"]
