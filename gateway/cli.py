@@ -7,19 +7,23 @@ stdout. The server URL comes from ``--url`` or ``SVC_GATEWAY_URL``
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
+from urllib.parse import quote
 
 import click
 import httpx
 import orjson
 import trio
 
-from gateway.config import ConfigError, load_config
+from gateway.config import Config, ConfigError, load_config
 from gateway.key_body import MAX_COUNT, MAX_USD
 from gateway.store import StoreError
 
@@ -31,10 +35,14 @@ def fail(message: str, status: int = 1, code: str | None = None) -> NoReturn:
     object on stdout, so that a tool reading stdout always gets an object."""
     ctx = click.get_current_context(silent=True)
     if ctx is not None and ctx.meta.get(JSON_MODE):
-        error = {"error": {"message": message, "code": code, "exit_status": status}}
-        click.echo(orjson.dumps(error).decode())
+        _echo_error_object(message, status, code)
     click.echo(f"svc-gateway: {message}", err=True)
     sys.exit(status)
+
+
+def _echo_error_object(message: str, status: int, code: str | None = None) -> None:
+    error = {"error": {"message": message, "code": code, "exit_status": status}}
+    click.echo(orjson.dumps(error).decode())
 
 
 class Usd(click.ParamType):
@@ -56,7 +64,8 @@ class Usd(click.ParamType):
 
 USD = Usd()
 COUNT = click.IntRange(0, MAX_COUNT)
-JSON_MODE = "svc_gateway.json"
+JSON_MODE = "svc_gateway.json"  # the verb's --json flag, once its callback has run
+JSON_ARGS = "svc_gateway.json_args"  # "--json" is among the arguments
 
 
 def _json_mode(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
@@ -64,7 +73,41 @@ def _json_mode(ctx: click.Context, _param: click.Parameter, value: bool) -> bool
     return value
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Cli(click.Group):
+    """The top-level group: under ``--json``, click's own refusals (a bad flag value, a
+    missing option, an unknown verb) also print the error object on stdout, as
+    :func:`fail` does; stderr and the exit status stay click's (usage, 2).
+
+    ``--json`` anywhere among the arguments counts: the refusal may come before the
+    flag's own callback has run (or instead of it)."""
+
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
+        as_json = "--json" in args
+        try:
+            ctx = super().make_context(info_name, args, parent, **extra)
+        except click.ClickException as exc:
+            if as_json:
+                _echo_error_object(exc.format_message(), exc.exit_code)
+            raise
+        ctx.meta[JSON_ARGS] = as_json
+        return ctx
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.ClickException as exc:  # sub-verbs parse their flags in here
+            if ctx.meta.get(JSON_ARGS):
+                _echo_error_object(exc.format_message(), exc.exit_code)
+            raise
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
     """svc-gateway: a key-authenticated gateway for language-model calls.
 
@@ -91,12 +134,9 @@ def main() -> None:
 def serve(
     config_path: str | None, host: str | None, port: int | None, db: str | None, as_json: bool
 ) -> None:
-    """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog."""
-    from gateway.heap import settle_heap
-    from gateway.runtime import Runtime
-    from gateway.server import bind_sockets, hypercorn_config
-    from gateway.server import serve as run_server
+    """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog.
 
+    One server per database: a second one on the same database is refused."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -104,6 +144,16 @@ def serve(
         config = load_config(config_path, host=host, port=port, db=db)
     except ConfigError as exc:
         fail(str(exc), 2)
+    with _one_server_per_database(config.server.db):
+        _serve(config, as_json)
+
+
+def _serve(config: Config, as_json: bool) -> None:
+    from gateway.heap import settle_heap
+    from gateway.runtime import Runtime
+    from gateway.server import bind_sockets, hypercorn_config
+    from gateway.server import serve as run_server
+
     try:
         sockets = bind_sockets(hypercorn_config(config))
     except OSError as exc:
@@ -138,6 +188,63 @@ def serve(
     runtime.store.close()
 
 
+@contextmanager
+def _one_server_per_database(db: str) -> Iterator[None]:
+    """Hold an exclusive lock on ``<db>.lock`` while the server runs, or refuse to run.
+
+    Each server keeps the spend windows and balances of its shards in memory, so two
+    servers on one database would each admit spend the other cannot see, and caps could
+    be overshot. The lock file sits beside the database (symlinks resolved) and names
+    the holder's pid. The kernel drops the lock when the process ends, however it ends;
+    on the way out the holder also removes the file (a start that fails leaves nothing
+    beside the database), which is why a lock is only taken on a file that is still the
+    one at that path. Nothing to lock: ``:memory:``, or a missing directory (the store
+    then says so)."""
+    database = Path(db).resolve()
+    if db == ":memory:" or not database.parent.is_dir():
+        yield
+        return
+    path = database.with_name(f"{database.name}.lock")
+    fd = _take_lock(path, database)
+    try:
+        yield
+    finally:
+        with suppress(OSError):
+            if os.path.samestat(os.stat(path), os.fstat(fd)):
+                path.unlink()
+        os.close(fd)
+
+
+def _take_lock(path: Path, database: Path) -> int:
+    while True:
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            fail(f"cannot create the lock file {path}: {exc.strerror or exc}")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 32).decode(errors="replace").strip()
+            os.close(fd)
+            pid = f" (pid {holder})" if holder.isdigit() else ""
+            fail(
+                f"another svc-gateway server{pid} is running on the database {database}"
+                f" (it holds {path}); one server per database"
+            )
+        except OSError as exc:
+            os.close(fd)
+            fail(f"cannot lock {path}: {exc.strerror or exc}")
+        try:
+            still_there = os.path.samestat(os.stat(path), os.fstat(fd))
+        except FileNotFoundError:
+            still_there = False
+        if still_there:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+            return fd
+        os.close(fd)  # its holder removed it on the way out: lock the file there now
+
+
 # -- admin client --------------------------------------------------------------------------
 
 
@@ -145,15 +252,45 @@ def _url(url: str | None) -> str:
     return (url or os.environ.get("SVC_GATEWAY_URL") or DEFAULT_URL).rstrip("/")
 
 
-def call_admin(url: str | None, method: str, path: str, body: Any = None) -> dict[str, Any]:
+def _url_flag() -> str:
+    """The flag of the current verb that takes the gateway URL (``org webhook``'s differs)."""
+    ctx = click.get_current_context(silent=True)
+    for param in ctx.command.params if ctx is not None else ():
+        if param.name == "url" and param.opts:
+            return param.opts[0]
+    return "--url"
+
+
+def _seg(value: str) -> str:
+    """One path segment of an admin URL: every reserved character encoded, ``/`` too
+    (the server decodes and its id routes take them), and a ``.`` or ``..`` segment
+    encoded so that no URL normalisation drops it."""
+    if not value:
+        fail("an id must not be empty", 2)
+    if value in (".", ".."):
+        return value.replace(".", "%2E")
+    return quote(value, safe="")
+
+
+def call_admin(
+    url: str | None,
+    method: str,
+    path: str,
+    body: Any = None,
+    params: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Call the admin API; ``path`` is built with :func:`_seg` for any id in it."""
     token = os.environ.get("SVC_ADMIN_TOKEN")
     if not token:
         fail("SVC_ADMIN_TOKEN is not set (the admin API needs it on server and client)")
+    if not (token.isascii() and token.isprintable()):
+        fail("SVC_ADMIN_TOKEN must be printable ASCII (it is sent in an HTTP header)", 2)
     base = _url(url)
     try:
         response = httpx.request(
             method,
             f"{base}{path}",
+            params=params,
             headers={"Authorization": f"Bearer {token}"},
             content=orjson.dumps(body) if body is not None else None,
             timeout=30.0,
@@ -171,7 +308,14 @@ def call_admin(url: str | None, method: str, path: str, body: Any = None) -> dic
         if not isinstance(error, dict):
             fail(f"{base} answered {response.status_code} without the gateway's error shape")
         if response.status_code == 404 and error.get("message") == "No such endpoint.":
-            fail("the admin API is not enabled on that server (SVC_ADMIN_TOKEN unset there)")
+            # the server says the same for an unknown path and for a disabled admin API
+            fail(
+                f"no such endpoint: {method} {response.url}; the gateway URL"
+                f" ({_url_flag()} or SVC_GATEWAY_URL) must be the server's base address"
+                " (without /v1), and the server must have SVC_ADMIN_TOKEN set (without"
+                " it the admin API does not exist)",
+                code=error.get("code"),
+            )
         message = " ".join(str(error.get("message")).split())
         fail(f"{response.status_code} {error.get('code')}: {message}", code=error.get("code"))
     return data
@@ -228,7 +372,10 @@ def org_create(
 @json_option
 def org_credits(org_id: str, add_usd: float, url: str | None, as_json: bool) -> None:
     """Add credits to an organisation; prints the new balance."""
-    emit(call_admin(url, "POST", f"/admin/orgs/{org_id}/credits", {"add_usd": add_usd}), as_json)
+    emit(
+        call_admin(url, "POST", f"/admin/orgs/{_seg(org_id)}/credits", {"add_usd": add_usd}),
+        as_json,
+    )
 
 
 @org.command("policy")
@@ -242,7 +389,7 @@ def org_policy(org_id: str, policy_file: str, url: str | None, as_json: bool) ->
         policy = orjson.loads(Path(policy_file).read_bytes())
     except orjson.JSONDecodeError as exc:
         fail(f"{policy_file} is not valid JSON: {exc}", 2)
-    emit(call_admin(url, "PUT", f"/admin/orgs/{org_id}/policy", policy), as_json)
+    emit(call_admin(url, "PUT", f"/admin/orgs/{_seg(org_id)}/policy", policy), as_json)
 
 
 @org.command("byok")
@@ -254,7 +401,7 @@ def org_policy(org_id: str, policy_file: str, url: str | None, as_json: bool) ->
 def org_byok(org_id: str, provider: str, api_key_env: str, url: str | None, as_json: bool) -> None:
     """Register the organisation's own provider key (by environment variable name)."""
     body = {"provider": provider, "api_key_env": api_key_env}
-    emit(call_admin(url, "PUT", f"/admin/orgs/{org_id}/byok", body), as_json)
+    emit(call_admin(url, "PUT", f"/admin/orgs/{_seg(org_id)}/byok", body), as_json)
 
 
 @org.command("webhook")
@@ -270,7 +417,7 @@ def org_webhook(org_id: str, webhook_url: str, url: str | None, as_json: bool) -
     Here --url is the webhook's address (the operator contract), so the gateway's own
     address is --gateway-url."""
     body = {"url": webhook_url}
-    emit(call_admin(url, "PUT", f"/admin/orgs/{org_id}/webhook", body), as_json)
+    emit(call_admin(url, "PUT", f"/admin/orgs/{_seg(org_id)}/webhook", body), as_json)
 
 
 @main.group()
@@ -342,7 +489,7 @@ def _key_action(action: str, help_text: str) -> None:
     @url_option
     @json_option
     def command(key_id: str, url: str | None, as_json: bool) -> None:
-        emit(call_admin(url, "POST", f"/admin/keys/{key_id}/{action}"), as_json)
+        emit(call_admin(url, "POST", f"/admin/keys/{_seg(key_id)}/{action}"), as_json)
 
 
 _key_action("rotate", "Issue a new key with the same settings; the old one expires later.")
@@ -357,7 +504,7 @@ _key_action("enable", "Re-enable a disabled key.")
 @json_option
 def key_list(org_id: str, url: str | None, as_json: bool) -> None:
     """List the keys of an organisation."""
-    data = call_admin(url, "GET", f"/admin/keys?org_id={org_id}")
+    data = call_admin(url, "GET", "/admin/keys", params={"org_id": org_id})
     emit(data, as_json, ("id", "prefix", "name", "mode", "status", "parent_id"))
 
 
@@ -372,7 +519,7 @@ def _model_action(action: str, help_text: str) -> None:
     @url_option
     @json_option
     def command(model_id: str, url: str | None, as_json: bool) -> None:
-        emit(call_admin(url, "POST", f"/admin/models/{model_id}/{action}"), as_json)
+        emit(call_admin(url, "POST", f"/admin/models/{_seg(model_id)}/{action}"), as_json)
 
 
 _model_action("disable", "Switch a model off: its calls answer 503 model_unavailable.")

@@ -145,7 +145,9 @@ def _names(kinds: tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
 
 
-def _check_unknown(table: dict[str, Any], allowed: set[str], where: str) -> None:
+def _check_unknown(table: object, allowed: set[str], where: str) -> None:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table, got {type(table).__name__}")
     for key in table:
         if key not in allowed:
             raise ConfigError(f"{where}.{key}: unknown key")
@@ -154,6 +156,12 @@ def _check_unknown(table: dict[str, Any], allowed: set[str], where: str) -> None
 def _http_url(url: str) -> bool:
     match = re.fullmatch(r"https?://([^/?#\s]+)(?:[/?#]\S*)?", url)
     return match is not None and match.group(1).rsplit("@", 1)[-1].split(":")[0] != ""
+
+
+def _not_empty(value: str, where: str) -> str:
+    if not value.strip():
+        raise ConfigError(f"{where}: must not be empty")
+    return value
 
 
 def _positive(value: float, where: str) -> None:
@@ -207,6 +215,9 @@ def _validate_server(server: ServerConfig) -> None:
         _positive(server.platform_rpm, "server.platform_rpm")
     if not server.db:
         raise ConfigError("server.db: must not be empty")
+    if not server.host.strip():
+        # an empty host would silently listen on every interface
+        raise ConfigError("server.host: must not be empty")
 
 
 def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
@@ -237,7 +248,7 @@ def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
     if not all(isinstance(zone, str) for zone in residency):
         raise ConfigError(f"{where}.residency: must be a list of strings")
     provider = ProviderConfig(
-        name=_take(table, "name", where, str),
+        name=_not_empty(_take(table, "name", where, str), f"{where}.name"),
         kind=kind,
         base_url=base_url,
         api_key_env=_take(table, "api_key_env", where, str) if "api_key_env" in table else None,
@@ -310,10 +321,11 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
     for alias in aliases:
         if not isinstance(alias, str) or not _ID.match(alias):
             raise ConfigError(f"{where}.aliases: invalid model id {alias!r}")
+    upstream_id = _take(table, "upstream_id", where, str) if "upstream_id" in table else model_id
     return ModelConfig(
         id=model_id,
         provider=provider,
-        upstream_id=_take(table, "upstream_id", where, str) if "upstream_id" in table else model_id,
+        upstream_id=_not_empty(upstream_id, f"{where}.upstream_id"),
         kind=kind,
         capabilities=caps,
         dimensions=dimensions,

@@ -354,6 +354,104 @@ def test_something_else_at_the_url_is_a_one_line_error(tmp_path: Path) -> None:
         page.stdout.close()
 
 
+def test_no_such_endpoint_names_the_url_and_what_to_check(server: Server) -> None:
+    """A URL ending in /v1 is not the admin API being off: say what is known."""
+    result = run_cli("org", "create", "x", "--json", "--url", f"{server.url}/v1")
+    line = assert_one_line_error(
+        result, "no such endpoint", f"{server.url}/v1/admin/orgs", "--url", "without /v1",
+        "SVC_ADMIN_TOKEN",
+    )  # fmt: skip
+    assert "not enabled" not in line
+    assert result.returncode == 1
+    error = json.loads(result.stdout)["error"]
+    assert error["exit_status"] == 1 and "no such endpoint" in error["message"]
+    # org webhook takes the gateway's address as --gateway-url: the hint names that flag
+    args = ("org", "webhook", "o", "--url", "http://127.0.0.1:9/h")
+    result = run_cli(*args, "--gateway-url", f"{server.url}/v1")
+    assert_one_line_error(result, "no such endpoint", "--gateway-url")
+
+
+ODD_IDS = ["a?b", "a/b", "a#b", "a&b=c", "a b", "a%2Fb", "..", "."]
+
+
+@pytest.mark.parametrize("odd", ODD_IDS)
+def test_an_id_is_sent_as_one_path_segment(server: Server, odd: str, tmp_path: Path) -> None:
+    """Ids reach the server as typed: its answer is about that id, not another path."""
+    policy = tmp_path / "p.json"
+    policy.write_text("{}")
+    for args, what in (
+        (("org", "credits", odd, "--add", "1"), "organization"),
+        (("org", "policy", odd, "--file", str(policy)), "organization"),
+        (("org", "webhook", odd, "--url", "http://127.0.0.1:9/h"), "organization"),
+        (("key", "revoke", odd), "key"),
+        (("key", "list", "--org", odd), "organization"),
+        (("model", "disable", odd), "model"),
+    ):
+        if args[0] == "org" and args[1] == "webhook":
+            result = run_cli(*args, "--json", "--gateway-url", server.url)
+        else:
+            result = run_cli(*args, "--json", *url_args(server))
+        assert_one_line_error(result, "404", f"No {what} {odd}.")
+        assert json.loads(result.stdout)["error"]["code"] == "not_found"
+
+
+def test_an_org_id_cannot_inject_query_parameters(server: Server) -> None:
+    org_id = new_org(server, "injected")
+    new_key(server, org_id)
+    result = run_cli("key", "list", "--org", f"{org_id}&x=1", "--json", *url_args(server))
+    assert_one_line_error(result, "404", f"{org_id}&x=1")
+    assert "data" not in json.loads(result.stdout)
+
+
+def test_an_empty_id_is_a_usage_error(server: Server) -> None:
+    result = run_cli("key", "revoke", "", "--json", *url_args(server))
+    assert_one_line_error(result, "empty")
+    assert result.returncode == 2
+    assert json.loads(result.stdout)["error"]["exit_status"] == 2
+
+
+@pytest.mark.parametrize("token", ["jeton-\u00e9t\u00e9", "a\nb", "\u4ee4\u724c"])
+def test_an_admin_token_that_cannot_be_sent_is_a_one_line_error(server: Server, token: str) -> None:
+    result = run_cli(
+        "key", "list", "--org", "o", "--json", *url_args(server), env=base_env(admin_token=token)
+    )
+    assert_one_line_error(result, "SVC_ADMIN_TOKEN", "ASCII")
+    assert json.loads(result.stdout)["error"]["exit_status"] == result.returncode
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("org", "credits", "ORG", "--add", "-5"),
+        ("org", "credits", "ORG"),
+        ("org", "create", "x", "--credits", "nan"),
+        ("key", "create", "--org", "o", "--name", "n", "--mode", "sandbox", "--rpm", "-1"),
+        ("key", "create", "--org", "o", "--name", "n", "--mode", "bogus"),
+        ("key", "create", "--org", "o", "--name", "n"),
+        ("org", "policy", "ORG", "--file", "missing.json"),
+        ("key", "list", "--org", "o", "--bogus"),
+        ("serve", "--port", "abc"),
+        ("bogus",),
+    ],
+    ids=" ".join,
+)
+def test_under_json_a_usage_error_is_also_one_json_object(args: tuple[str, ...]) -> None:
+    """click's own refusals, before any verb runs: the same object as the CLI's own."""
+    result = run_cli(*args, "--json")
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    assert "Error: " in result.stderr  # click's message and usage hint stay on stderr
+    data = json.loads(result.stdout)  # the whole stdout: one object
+    assert set(data) == {"error"}
+    assert set(data["error"]) == {"message", "code", "exit_status"}
+    assert data["error"]["exit_status"] == 2
+    assert data["error"]["message"] and data["error"]["message"] in result.stderr
+    # without --json, stdout stays empty
+    result = run_cli(*args)
+    assert result.returncode == 2
+    assert result.stdout == ""
+
+
 # -- the server URL ----------------------------------------------------------------------
 
 
@@ -379,15 +477,137 @@ def test_admin_api_absent_without_admin_token(tmp_path: Path) -> None:
             with srv.client(ADMIN_TOKEN) as client:
                 response = client.request(method, path, json={"name": "x"})
             assert response.status_code == 404, response.text
-        # the CLI (which has a token) says the admin API is not enabled there
+        # the CLI (which has a token) names the missing endpoint and SVC_ADMIN_TOKEN
         result = run_cli("org", "create", "x", "--json", "--url", srv.url)
-        line = assert_one_line_error(result, "admin API is not enabled")
-        assert "admin API is not enabled" in json.loads(result.stdout)["error"]["message"], line
+        line = assert_one_line_error(result, "no such endpoint", "SVC_ADMIN_TOKEN")
+        assert "SVC_ADMIN_TOKEN" in json.loads(result.stdout)["error"]["message"], line
         # the rest of the server works
         assert srv.get("/v1/key", srv.token).status_code == 200
     finally:
         status = srv.stop(signal.SIGTERM)
     assert status == 0, srv.stderr()
+
+
+SLASHED_CONFIG = """
+[[providers]]
+name = "mock"
+kind = "mock"
+
+[[models]]
+id = "meta/llama-x"
+provider = "mock"
+input_usd_per_mtok = 0.1
+output_usd_per_mtok = 0.2
+
+[[models]]
+id = "plain"
+provider = "mock"
+input_usd_per_mtok = 0.1
+output_usd_per_mtok = 0.2
+"""
+
+
+def test_a_model_id_with_a_slash_is_switched_off_and_on(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text(SLASHED_CONFIG)
+    srv = start_server(tmp_path, "--config", str(config))
+    try:
+        assert srv.token is not None
+        chat = {"model": "meta/llama-x", "messages": [{"role": "user", "content": "hi"}]}
+
+        def call() -> httpx.Response:
+            with srv.client(srv.token) as client:
+                return client.post("/v1/chat/completions", json=chat)
+
+        assert call().status_code == 200
+        off = cli_json("model", "disable", "meta/llama-x", "--url", srv.url)
+        assert (off["id"], off["enabled"]) == ("meta/llama-x", False)
+        response = call()
+        assert response.status_code == 503, response.text
+        assert response.json()["error"]["code"] == "model_unavailable"
+        listed = cli_json("model", "list", "--url", srv.url)["data"]
+        assert {row["id"]: row["enabled"] for row in listed} == {
+            "meta/llama-x": False,
+            "plain": True,
+        }
+        on = cli_json("model", "enable", "meta/llama-x", "--url", srv.url)
+        assert (on["id"], on["enabled"]) == ("meta/llama-x", True)
+        assert call().status_code == 200
+        # the action part still routes: an unknown action is 404, another method 405
+        with srv.client(ADMIN_TOKEN) as client:
+            for method, path, status in (
+                ("POST", "/admin/models/meta/llama-x/bogus", 404),
+                ("POST", "/admin/models/meta/llama-x", 404),
+                ("GET", "/admin/models/meta/llama-x/disable", 405),
+                ("POST", "/admin/models/meta/nope/disable", 404),
+                ("POST", "/admin/keys/a/b/rotatex", 404),
+                ("GET", "/admin/orgs/a/b/credits", 405),
+            ):
+                response = client.request(method, path)
+                assert response.status_code == status, (method, path, response.text)
+            response = client.post("/admin/models/meta/nope/disable")
+            assert response.json()["error"]["message"] == "No model meta/nope."
+    finally:
+        assert srv.stop() == 0, srv.stderr()
+
+
+@pytest.mark.parametrize(
+    ("args", "config", "needle"),
+    [
+        (("--host", ""), None, "server.host"),
+        (("--db", ""), None, "server.db"),
+        ((), 'providers = [1]\n[[models]]\nid = "m"\nprovider = "mock"\n', "providers[0]"),
+        ((), 'models = [1]\n[[providers]]\nname = "mock"\nkind = "mock"\n', "models[0]"),
+        (
+            (),
+            '[[providers]]\nname = ""\nkind = "mock"\n[[models]]\nid = "m"\nprovider = ""\n',
+            "providers[0].name",
+        ),
+    ],
+    ids=["empty host", "empty db", "providers of numbers", "models of numbers", "empty name"],
+)
+def test_serve_refuses_a_bad_setting_in_one_line(
+    tmp_path: Path, args: tuple[str, ...], config: str | None, needle: str
+) -> None:
+    """Refused before listening: exit 2 and one line naming the setting (no traceback)."""
+    if config is not None:
+        (tmp_path / "gateway.toml").write_text(config)
+        args = (*args, "--config", "gateway.toml")
+    result = run_cli("serve", "--port", "0", *args, "--json", cwd=tmp_path, timeout=15)
+    line = assert_one_line_error(result, needle)
+    assert result.returncode == 2, line
+    assert json.loads(result.stdout)["error"]["exit_status"] == 2
+    assert not (tmp_path / "svc-gateway.db").exists()
+
+
+def test_a_second_server_on_the_same_database_is_refused(tmp_path: Path) -> None:
+    """Each server holds its spend windows in memory: two on one database could each
+    admit what the other does not see. The second one (here naming the same file by a
+    relative path) exits at once, and the first keeps serving."""
+    lock = tmp_path / "g.db.lock"
+    first = start_server(tmp_path)
+    try:
+        assert lock.read_text().strip() == str(first.proc.pid)
+        try:
+            result = run_cli(
+                "serve", "--port", "0", "--db", "g.db", "--json", cwd=tmp_path, timeout=15
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail("a second server started on the same database")
+        line = assert_one_line_error(result, "another svc-gateway server", "g.db")
+        assert f"pid {first.proc.pid}" in line
+        assert json.loads(result.stdout)["error"]["exit_status"] == result.returncode
+        assert first.get("/v1/key", first.token).status_code == 200
+        # another database beside it is fine
+        other = start_server(tmp_path, db=tmp_path / "other.db")
+        assert other.stop() == 0, other.stderr()
+    finally:
+        first.kill()  # no clean exit: the lock file stays, the lock dies with the process
+    assert lock.exists()
+    again = start_server(tmp_path)
+    assert lock.read_text().strip() == str(again.proc.pid)
+    assert again.stop() == 0, again.stderr()
+    assert not lock.exists()  # a clean exit removes it
 
 
 def test_serve_json_prints_one_object_once_listening(tmp_path: Path) -> None:

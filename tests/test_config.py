@@ -272,6 +272,7 @@ def test_process_environment_by_default(monkeypatch: pytest.MonkeyPatch) -> None
         ({"SVC_SERVER_REQUEST_TIMEOUT_S": "-1"}, "server.request_timeout_s"),
         ({"SVC_SERVER_PLATFORM_RPM": "0"}, "server.platform_rpm"),
         ({"SVC_SERVER_DB": ""}, "server.db"),
+        ({"SVC_SERVER_HOST": ""}, "server.host"),
         ({"SVC_SERVER_REQUEST_TIMEOUT_S": "nan"}, "SVC_SERVER_REQUEST_TIMEOUT_S"),
     ],
 )
@@ -283,7 +284,13 @@ def test_bad_environment_names_the_variable_or_key(environ: dict[str, str], need
 
 @pytest.mark.parametrize(
     ("flags", "needle"),
-    [({"port": 70000}, "server.port"), ({"port": -1}, "server.port"), ({"db": ""}, "server.db")],
+    [
+        ({"port": 70000}, "server.port"),
+        ({"port": -1}, "server.port"),
+        ({"db": ""}, "server.db"),
+        ({"host": ""}, "server.host"),
+        ({"host": " "}, "server.host"),
+    ],
 )
 def test_bad_flags_name_the_key(flags: dict[str, Any], needle: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -389,6 +396,17 @@ INVALID: list[tuple[str, str, str]] = [
     ("model-enabled-string", model('enabled = "yes"\n'), "models[0].enabled"),
     ("model-byok-number", model("byok_available = 1\n"), "models[0].byok_available"),
     ("model-duplicate", PROVIDERS + MODEL + MODEL, "models[1].id"),
+    ("host-empty", '[server]\nhost = ""\n', "server.host"),
+    ("providers-of-numbers", "providers = [1]\n" + MODEL, "providers[0]: must be a table"),
+    ("providers-of-lists", "providers = [[]]\n" + MODEL, "providers[0]: must be a table"),
+    ("models-of-numbers", "models = [1]\n" + PROVIDERS, "models[0]: must be a table"),
+    ("models-of-strings", 'models = ["m"]\n' + PROVIDERS, "models[0]: must be a table"),
+    (
+        "provider-name-empty",
+        '[[providers]]\nname = ""\nkind = "mock"\n[[models]]\nid = "m"\nprovider = ""\n',
+        "providers[0].name",
+    ),
+    ("model-upstream-id-empty", model('upstream_id = ""\n'), "models[0].upstream_id"),
     (
         "two-embedding-models",
         PROVIDERS

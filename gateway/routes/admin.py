@@ -2,6 +2,10 @@
 
 Bearer = ``SVC_ADMIN_TOKEN``. Without that variable every /admin path answers 404, as
 if it did not exist. Bodies and answers are JSON; errors use the same catalog.
+
+Ids in paths take the ``path`` converter: a model id may hold ``/`` (``meta/llama-x``),
+and an org or key id that holds one (even percent-encoded, which the server decodes
+before routing) is answered "no such organization/key", not "no such endpoint".
 """
 
 from __future__ import annotations
@@ -271,21 +275,26 @@ async def model_action(model_id: str, action: str) -> Response:
 def register(app: Quart) -> None:
     app.add_url_rule("/admin/models", "admin_list_models", list_models, methods=["GET"])
     app.add_url_rule(
-        "/admin/models/<model_id>/<any(disable, enable):action>",
+        "/admin/models/<path:model_id>/<any(disable, enable):action>",
         "admin_model_action",
         model_action,
         methods=["POST"],
     )
     app.add_url_rule("/admin/orgs", "admin_create_org", create_org, methods=["POST"])
     app.add_url_rule("/admin/orgs", "admin_list_orgs", list_orgs, methods=["GET"])
-    app.add_url_rule("/admin/orgs/<org_id>/credits", "admin_credits", add_credits, methods=["POST"])
-    app.add_url_rule("/admin/orgs/<org_id>/policy", "admin_policy", set_policy, methods=["PUT"])
-    app.add_url_rule("/admin/orgs/<org_id>/byok", "admin_byok", set_byok, methods=["PUT"])
-    app.add_url_rule("/admin/orgs/<org_id>/webhook", "admin_webhook", set_webhook, methods=["PUT"])
+    for action, view, method in (
+        ("credits", add_credits, "POST"),
+        ("policy", set_policy, "PUT"),
+        ("byok", set_byok, "PUT"),
+        ("webhook", set_webhook, "PUT"),
+    ):
+        app.add_url_rule(
+            f"/admin/orgs/<path:org_id>/{action}", f"admin_{action}", view, methods=[method]
+        )
     app.add_url_rule("/admin/keys", "admin_create_key", create_key, methods=["POST"])
     app.add_url_rule("/admin/keys", "admin_list_keys", list_keys, methods=["GET"])
     app.add_url_rule(
-        "/admin/keys/<key_id>/<any(rotate, revoke, disable, enable):action>",
+        "/admin/keys/<path:key_id>/<any(rotate, revoke, disable, enable):action>",
         "admin_key_action",
         key_action,
         methods=["POST"],
