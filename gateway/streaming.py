@@ -103,7 +103,8 @@ async def pump(
                 try:
                     async for chunk in chunks:
                         if chunk.get("usage"):
-                            usage, usage_chunk = _usage(chunk), chunk
+                            # kept without its choices: those are passed on below, once
+                            usage, usage_chunk = _usage(chunk), {**chunk, "choices": []}
                         if not chunk.get("choices"):
                             continue
                         produced = True

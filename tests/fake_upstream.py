@@ -19,6 +19,7 @@ tests never share state::
     [[fault drop_at_end]]         stream every chunk and the usage, then cut before [DONE]
     [[fault malformed]]           answer 200 with a body that is not JSON
     [[fault usage_with_finish]]   stream the usage in the finish_reason chunk, not after it
+    [[fault usage_with_content]]  the last word, finish_reason and usage in one chunk
 
 ``calls`` counts requests received; ``bodies`` and ``auth`` keep what came in.
 """
@@ -132,6 +133,8 @@ class FakeUpstream:
             {"content": (" " if i else "") + word} for i, word in enumerate(content.split())
         ]
         delay = float(faults.get("chunk_delay", 0))
+        if "usage_with_content" in faults:
+            last = {"index": 0, "delta": pieces.pop(), "finish_reason": "stop"}
         for index, delta in enumerate(pieces):
             if "drop_after" in faults and index >= int(faults["drop_after"]):
                 return False  # cut: no terminating chunk
@@ -144,7 +147,12 @@ class FakeUpstream:
             if delay:
                 await trio.sleep(delay)
         final = {"index": 0, "delta": {}, "finish_reason": "stop"}
-        if "usage_with_finish" in faults:
+        if "usage_with_content" in faults:
+            await _event(
+                conn, stream, _completion(body, None, usage, "chat.completion.chunk", last)
+            )
+            usage = None
+        elif "usage_with_finish" in faults:
             chunk = _completion(body, None, usage, "chat.completion.chunk", final)
             await _event(conn, stream, chunk)
             usage = None

@@ -219,6 +219,12 @@ def test_accepted_without_effect(name: str, value: Any) -> None:
     assert call.params == {}
 
 
+def test_an_assistant_turn_of_only_a_refusal_is_read() -> None:
+    earlier = {"role": "assistant", "content": None, "refusal": "I can't help with that."}
+    messages = [*USER, earlier, {"role": "user", "content": "ok"}]
+    assert parse_chat(body(messages=messages), LIMIT).messages[1] == earlier
+
+
 def test_forwarded_params_use_chat_names() -> None:
     call = parse_chat(
         body(

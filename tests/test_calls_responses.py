@@ -9,7 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from openai import omit
 from openai._models import construct_type
+from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
@@ -469,3 +471,100 @@ def test_failed_event_carries_the_gateway_code() -> None:
 def test_translator_default_created_at() -> None:
     translator = ResponseStreamTranslator(parse_responses(body(), LIMIT), "resp_d")
     assert translator.start()[0]["response"]["created_at"] > 1_700_000_000
+
+
+def sdk_final(events: list[dict[str, Any]]) -> Any:
+    """The events through the official client's own stream accumulator (what
+    ``client.responses.stream()`` does): it raises on any inconsistency of ids, indexes
+    and items, and returns the response it assembled."""
+    state: ResponseStreamState[Any] = ResponseStreamState(input_tools=omit, text_format=omit)
+    for event in check(events):
+        state.handle_event(event)
+    return state._completed_response
+
+
+def tool_piece(index: int, **fields: Any) -> dict[str, Any]:
+    call: dict[str, Any] = {"index": index}
+    if "id" in fields:
+        call.update(id=fields["id"], type="function")
+    call["function"] = {k: v for k, v in fields.items() if k in ("name", "arguments")}
+    return chunk({"tool_calls": [call]})
+
+
+def test_interleaved_parallel_tool_calls_keep_one_item_each() -> None:
+    call = parse_responses(body(stream=True, tools=[FN]), LIMIT)
+    events = run(
+        call,
+        [
+            tool_piece(0, id="call_a", name="get_weather", arguments=""),
+            tool_piece(1, id="call_b", name="get_time", arguments=""),
+            tool_piece(0, arguments='{"ci'),
+            tool_piece(1, arguments='{"tz"'),
+            tool_piece(0, arguments='ty": "Paris"}'),
+            tool_piece(1, arguments=': "UTC"}'),
+            chunk({}, "tool_calls"),
+            USAGE_CHUNK,
+        ],
+    )
+    final = sdk_final(events)
+    calls = [(i.call_id, i.name, i.arguments, i.status) for i in final.output]
+    assert calls == [
+        ("call_a", "get_weather", '{"city": "Paris"}', "completed"),
+        ("call_b", "get_time", '{"tz": "UTC"}', "completed"),
+    ]
+    added = [e for e in events if e["type"] == "response.output_item.added"]
+    assert [e["output_index"] for e in added] == [0, 1]
+    deltas = [e for e in events if e["type"] == "response.function_call_arguments.delta"]
+    assert [e["output_index"] for e in deltas] == [0, 1, 0, 1]
+
+
+def test_text_after_a_tool_call_is_a_new_message_item() -> None:
+    call = parse_responses(body(stream=True, tools=[FN]), LIMIT)
+    events = run(
+        call,
+        [
+            chunk({"content": "First."}),
+            tool_piece(0, id="call_a", name="get_weather", arguments='{"city": "Paris"}'),
+            chunk({"content": "Second."}),
+            chunk({}, "stop"),
+        ],
+    )
+    final = sdk_final(events)
+    assert [item.type for item in final.output] == ["message", "function_call", "message"]
+    assert final.output[0].id != final.output[2].id
+    assert final.output[0].id == "msg_s"  # the first message: the id a whole answer gets
+    added = next(e for e in events if e["type"] == "response.output_item.added"
+                 and e["item"]["type"] == "function_call")  # fmt: skip
+    assert added["item"]["arguments"] == "", "the arguments come in their delta, once"
+
+
+def test_a_streamed_refusal_is_a_refusal_part() -> None:
+    call = parse_responses(body(stream=True), LIMIT)
+    events = run(call, [chunk({"refusal": "I can't "}), chunk({"refusal": "help."}),
+                        chunk({}, "stop")])  # fmt: skip
+    kinds = [event["type"] for event in events]
+    assert kinds.count("response.refusal.delta") == 2 and "response.refusal.done" in kinds
+    final = sdk_final(events)
+    parts = final.output[0].content
+    assert [(p.type, p.refusal) for p in parts] == [("refusal", "I can't help.")]
+
+
+def test_items_of_an_incomplete_response_are_incomplete() -> None:
+    call = parse_responses(body(stream=True, tools=[FN]), LIMIT)
+    cut = [tool_piece(0, id="call_a", name="get_weather", arguments='{"city": "Pa'),
+           chunk({}, "length")]  # fmt: skip
+    events = run(call, cut)
+    assert events[-1]["type"] == "response.incomplete"
+    assert [item["status"] for item in events[-1]["response"]["output"]] == ["incomplete"]
+    tool_call = {"id": "call_a", "type": "function",
+                 "function": {"name": "get_weather", "arguments": '{"city": "Pa'}}  # fmt: skip
+    whole = completion({"content": None, "tool_calls": [tool_call]}, "length")
+    answer = chat_to_response(whole, parse_responses(body(tools=[FN]), LIMIT), "resp_i")
+    assert [item["status"] for item in answer["output"]] == ["incomplete"]
+
+
+def test_a_refusal_sent_back_as_input_is_read() -> None:
+    earlier = {"type": "message", "role": "assistant",
+               "content": [{"type": "refusal", "refusal": "No."}]}  # fmt: skip
+    call = parse_responses(body(input=[message("q"), earlier, message("ok")]), LIMIT)
+    assert call.messages[1] == {"role": "assistant", "content": [{"type": "text", "text": "No."}]}

@@ -277,6 +277,23 @@ async def test_usage_in_the_finish_chunk_reaches_the_client_only_when_asked(
     assert after["used"] == settled(after)
 
 
+async def test_usage_inside_a_content_chunk_doubles_nothing(live: tuple[Gateway, str]) -> None:
+    gw, token = live
+    body = {"model": "live-chat", "input": "[[fault usage_with_content]]", "max_output_tokens": 9}
+    async with gw.client(token) as client:
+        whole = (await client.post("/v1/responses", json=body)).json()
+        async with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+            events = [
+                orjson.loads(line[5:]) async for line in r.aiter_lines() if line.startswith("data:")
+            ]
+    deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
+    text = whole["output"][0]["content"][0]["text"]
+    assert "".join(deltas) == text and text
+    completed = events[-1]["response"]
+    assert completed["output"][0]["content"][0]["text"] == text
+    assert completed["usage"] == whole["usage"]
+
+
 async def test_unreadable_200_counts_the_full_estimate(live: tuple[Gateway, str]) -> None:
     gw, token = live
     body = body_for("[[fault malformed]]")

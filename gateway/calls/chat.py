@@ -160,12 +160,13 @@ def _readable_content(message: dict[str, Any]) -> bool:
         return bool(content) and all(
             isinstance(part, dict) and isinstance(part.get("type"), str) for part in content
         )
+    # an assistant turn may hold only tool calls, or only a refusal (a model's earlier
+    # answer sent back as it came)
     calls = message.get("tool_calls")
     return (
         content is None
         and message["role"] == "assistant"
-        and isinstance(calls, list)
-        and (bool(calls))
+        and ((isinstance(calls, list) and bool(calls)) or isinstance(message.get("refusal"), str))
     )
 
 

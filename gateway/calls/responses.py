@@ -187,6 +187,9 @@ def _parts(value: Any, index: int) -> list[dict[str, Any]]:
             raise unsupported("input", f"{kind} inputs are not supported.")
         if kind in TEXT_PARTS and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            # an earlier answer sent back: what the assistant said, as text
+            parts.append({"type": "text", "text": part["refusal"]})
         elif kind == "input_image":
             parts.append(_image(part))
         else:

@@ -10,26 +10,29 @@ A stream of ``chat.completion.chunk`` objects becomes Responses events
 (:class:`ResponseStreamTranslator`), every event with ``type`` and ``sequence_number``::
 
     start()   response.created, response.in_progress
-    feed()    first text:      response.output_item.added (message),
-                               response.content_part.added (output_text)
+    feed()    first text:      (open tool calls are closed) response.output_item.added
+                               (message), response.content_part.added (output_text)
               each text delta: response.output_text.delta
-              a new tool call: (the open item is closed) response.output_item.added
+              a refusal:       the same with a refusal part: response.refusal.delta
+              a new tool call: (the open message is closed) response.output_item.added
                                (function_call); its argument deltas:
-                               response.function_call_arguments.delta
-    finish()  closes the open item (output_text.done, content_part.done,
-              output_item.done, or function_call_arguments.done, output_item.done),
-              then response.completed — or response.incomplete, as OpenAI does — with
-              usage
+                               response.function_call_arguments.delta. Calls of
+                               different chat indexes may interleave (parallel tool
+                               calls): each keeps its own item and output_index.
+    finish()  closes what is open (output_text.done / refusal.done, content_part.done,
+              output_item.done; function_call_arguments.done, output_item.done), then
+              response.completed — or response.incomplete, as OpenAI does — with usage
     failed()  response.failed; response.error carries the gateway's code and message
 
-Item ids derive from the response id (``msg_<rid>``, ``fc_<rid>_<n>``) so the same
-answer under the same id translates the same way. Refusal deltas of a stream are not
-translated (no provider of ours streams one).
+Item ids derive from the response id (``msg_<rid>``, then ``msg_<rid>_<n>`` for text
+after a tool call; ``fc_<rid>_<n>``) so the same answer under the same id translates
+the same way. Items of an ``incomplete`` response are ``incomplete`` too.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.calls import ChatCall
@@ -64,7 +67,7 @@ def chat_to_response(
                 tool_call.get("id", ""),
                 function.get("name", ""),
                 function.get("arguments", ""),
-                "completed",
+                item_status,
             )
         )
     response = response_shell(call, response_id, completion.get("created", 0), status)
@@ -86,16 +89,17 @@ class ResponseStreamTranslator:
     ) -> None:
         self._call = call
         self._id = response_id
-        #: the svc block, carried by every Response object of the stream
-        self._svc = svc
         self._rid = _rid(response_id)
         # created_at: the stream starts before the first chunk (and its "created") arrives
         self._created_at = int(time.time()) if created_at is None else created_at
+        #: the svc block, carried by every Response object of the stream
+        self._svc = svc
         self._sequence = 0
-        self._done: list[dict[str, Any]] = []
-        self._text: str | None = None  # the open message item's text so far
-        self._tool: dict[str, Any] | None = None  # the open function_call item
-        self._tool_index: int | None = None  # its chat tool_calls index
+        self._done: list[dict[str, Any]] = []  # closed items, in output order
+        self._added = 0  # items added so far: the next item's output_index
+        self._message: _OpenMessage | None = None
+        self._messages = 0
+        self._tools: dict[int, _OpenTool] = {}  # open function_call items by chat index
         self._tool_count = 0
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
@@ -115,7 +119,9 @@ class ResponseStreamTranslator:
                 continue
             delta = choice.get("delta") or {}
             if delta.get("content"):
-                events += self._text_delta(delta["content"])
+                events += self._part_delta("output_text", delta["content"])
+            if delta.get("refusal"):
+                events += self._part_delta("refusal", delta["refusal"])
             for tool_call in delta.get("tool_calls") or ():
                 events += self._tool_delta(tool_call)
             if choice.get("finish_reason"):
@@ -125,7 +131,7 @@ class ResponseStreamTranslator:
     def finish(self) -> list[dict[str, Any]]:
         status, details = _status(self._finish_reason)
         item_status = "completed" if status == "completed" else "incomplete"
-        events = self._close_text(item_status) + self._close_tool()
+        events = self._close_message(item_status) + self._close_tools(item_status)
         response = self._response(status)
         response.update(incomplete_details=details, usage=response_usage(self._usage))
         kind = "response.completed" if status == "completed" else "response.incomplete"
@@ -148,98 +154,161 @@ class ResponseStreamTranslator:
             response["svc"] = self._svc
         return response
 
-    def _text_delta(self, text: str) -> list[dict[str, Any]]:
-        events = self._close_tool()
-        item_id = f"msg_{self._rid}"
-        index = len(self._done)
-        if self._text is None:
-            self._text = ""
+    # -- message items: text and refusal parts ----------------------------------------
+
+    def _part_delta(self, kind: str, text: str) -> list[dict[str, Any]]:
+        """A text (``output_text``) or refusal delta of the assistant's message."""
+        events = self._close_tools()
+        message = self._message
+        if message is None:
+            # the first message keeps the id a whole answer gives it; later ones count on
+            item_id = f"msg_{self._rid}" + (f"_{self._messages}" if self._messages else "")
+            self._messages += 1
+            message = self._message = _OpenMessage(item_id, self._added)
+            self._added += 1
             item = _message_item(item_id, [], "in_progress")
-            events.append(self._event("response.output_item.added", output_index=index, item=item))
+            events.append(
+                self._event("response.output_item.added", output_index=message.index, item=item)
+            )
+        place = message.place(kind)
+        if place is None:
+            message.parts.append({"type": kind, _FIELD[kind]: ""})
+            place = len(message.parts) - 1
             events.append(
                 self._event(
                     "response.content_part.added",
-                    item_id=item_id,
-                    output_index=index,
-                    content_index=0,
-                    part=_output_text(""),
+                    **message.at(place),
+                    part=_empty_part(kind),
                 )
             )
-        self._text += text
-        events.append(
-            self._event(
-                "response.output_text.delta",
-                item_id=item_id,
-                output_index=index,
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-        )
+        message.parts[place][_FIELD[kind]] += text
+        extra = {"logprobs": []} if kind == "output_text" else {}
+        events.append(self._event(_DELTA[kind], **message.at(place), delta=text, **extra))
         return events
 
-    def _close_text(self, status: str = "completed") -> list[dict[str, Any]]:
-        if self._text is None:
+    def _close_message(self, status: str = "completed") -> list[dict[str, Any]]:
+        message = self._message
+        if message is None:
             return []
-        item_id, index, part = f"msg_{self._rid}", len(self._done), _output_text(self._text)
-        place = {"item_id": item_id, "output_index": index, "content_index": 0}
-        item = _message_item(item_id, [part], status)
-        events = [
-            self._event("response.output_text.done", **place, text=self._text, logprobs=[]),
-            self._event("response.content_part.done", **place, part=part),
-            self._event("response.output_item.done", output_index=index, item=item),
-        ]
+        events = []
+        parts = []
+        for place, part in enumerate(message.parts):
+            kind = part["type"]
+            final = _output_text(part["text"]) if kind == "output_text" else dict(part)
+            extra = {"logprobs": []} if kind == "output_text" else {}
+            name = _FIELD[kind]
+            done = {name: part[name], **extra}
+            events.append(self._event(_DONE[kind], **message.at(place), **done))
+            events.append(
+                self._event("response.content_part.done", **message.at(place), part=final)
+            )
+            parts.append(final)
+        item = _message_item(message.id, parts, status)
+        events.append(
+            self._event("response.output_item.done", output_index=message.index, item=item)
+        )
         self._done.append(item)
-        self._text = None
+        self._message = None
         return events
+
+    # -- function_call items -----------------------------------------------------------
 
     def _tool_delta(self, tool_call: dict[str, Any]) -> list[dict[str, Any]]:
+        """A piece of a tool call. Calls of different chat indexes may interleave (parallel
+        tool calls): each index keeps its own item, open until the message ends."""
         events: list[dict[str, Any]] = []
         function = tool_call.get("function") or {}
         index = tool_call.get("index", 0)
-        if self._tool is None or index != self._tool_index:
-            events += self._close_text() + self._close_tool()
+        tool = self._tools.get(index)
+        if tool is None:
+            events += self._close_message()
             item_id = f"fc_{self._rid}_{self._tool_count}"
             self._tool_count += 1
-            self._tool_index = index
-            self._tool = _function_call_item(
-                item_id, tool_call.get("id", ""), function.get("name", ""), "", "in_progress"
+            tool = self._tools[index] = _OpenTool(
+                _function_call_item(
+                    item_id,
+                    tool_call.get("id") or "",
+                    function.get("name") or "",
+                    "",
+                    "in_progress",
+                ),
+                self._added,
             )
+            self._added += 1
             events.append(
                 self._event(
-                    "response.output_item.added", output_index=len(self._done), item=self._tool
+                    "response.output_item.added", output_index=tool.index, item=dict(tool.item)
                 )
             )
+        else:  # a provider may name the call in a later piece
+            tool.item["call_id"] = tool.item["call_id"] or tool_call.get("id") or ""
+            tool.item["name"] = tool.item["name"] or function.get("name") or ""
         arguments = function.get("arguments")
         if arguments:
-            self._tool["arguments"] += arguments
+            tool.item["arguments"] += arguments
             events.append(
                 self._event(
                     "response.function_call_arguments.delta",
-                    item_id=self._tool["id"],
-                    output_index=len(self._done),
+                    item_id=tool.item["id"],
+                    output_index=tool.index,
                     delta=arguments,
                 )
             )
         return events
 
-    def _close_tool(self) -> list[dict[str, Any]]:
-        if self._tool is None:
-            return []
-        item = {**self._tool, "status": "completed"}
-        index = len(self._done)
-        events = [
-            self._event(
-                "response.function_call_arguments.done",
-                item_id=item["id"],
-                output_index=index,
-                arguments=item["arguments"],
-            ),
-            self._event("response.output_item.done", output_index=index, item=item),
-        ]
-        self._done.append(item)
-        self._tool = None
+    def _close_tools(self, status: str = "completed") -> list[dict[str, Any]]:
+        events = []
+        for tool in sorted(self._tools.values(), key=lambda tool: tool.index):
+            item = {**tool.item, "status": status}
+            events += [
+                self._event(
+                    "response.function_call_arguments.done",
+                    item_id=item["id"],
+                    output_index=tool.index,
+                    arguments=item["arguments"],
+                ),
+                self._event("response.output_item.done", output_index=tool.index, item=item),
+            ]
+            self._done.append(item)
+        self._tools.clear()
         return events
+
+
+#: per content part kind: the part's text field, and its delta and done events
+_FIELD = {"output_text": "text", "refusal": "refusal"}
+_DELTA = {"output_text": "response.output_text.delta", "refusal": "response.refusal.delta"}
+_DONE = {"output_text": "response.output_text.done", "refusal": "response.refusal.done"}
+
+
+def _empty_part(kind: str) -> dict[str, Any]:
+    return _output_text("") if kind == "output_text" else {"type": "refusal", "refusal": ""}
+
+
+@dataclass(slots=True)
+class _OpenMessage:
+    """The message item being streamed: its id, output index and parts so far."""
+
+    id: str
+    index: int
+    parts: list[dict[str, Any]] = field(default_factory=list)
+
+    def place(self, kind: str) -> int | None:
+        """The content index of the open part of ``kind``, if any."""
+        for place, part in enumerate(self.parts):
+            if part["type"] == kind:
+                return place
+        return None
+
+    def at(self, place: int) -> dict[str, Any]:
+        return {"item_id": self.id, "output_index": self.index, "content_index": place}
+
+
+@dataclass(slots=True)
+class _OpenTool:
+    """A function_call item being streamed, and its output index."""
+
+    item: dict[str, Any]
+    index: int
 
 
 def response_shell(
