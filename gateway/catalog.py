@@ -83,13 +83,27 @@ class Model:
 _CAPS = ("tools", "structured_output", "vision", "web_search")
 
 
+def _zero_retention_as_served(config: Config, model: ModelConfig) -> ModelConfig:
+    """A model serves zero-retention keys only if its provider has a zero-retention
+    agreement too (``[[providers]] zero_retention``): the model's flag alone would send
+    such a key's content to a provider that keeps it."""
+    if not model.zero_retention_available:
+        return model
+    try:
+        agreed = config.provider(model.provider).zero_retention
+    except KeyError:  # config validation names every model's provider; be safe anyway
+        agreed = False
+    return model if agreed else replace(model, zero_retention_available=False)
+
+
 class Catalog:
     """The configured models: the enabled ones serve, a disabled one answers 503
     model_unavailable (it exists, it is off for now), and aliases name models too."""
 
     def __init__(self, config: Config) -> None:
-        self._every: dict[str, Model] = {m.id: Model(m) for m in config.models}
-        self.models: dict[str, Model] = {m.id: Model(m) for m in config.models if m.enabled}
+        served = [_zero_retention_as_served(config, m) for m in config.models]
+        self._every: dict[str, Model] = {m.id: Model(m) for m in served}
+        self.models: dict[str, Model] = {m.id: Model(m) for m in served if m.enabled}
         self._aliases: dict[str, list[str]] = {}
         for model in config.models:
             for alias in model.aliases:

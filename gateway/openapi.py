@@ -174,7 +174,7 @@ SCHEMAS: dict[str, Any] = {
             "allowed_models": {"type": "array", "minItems": 1, "items": {"type": "string"}},
             "required_tags": STRING_MAP,
             "default_tags": STRING_MAP,
-            "data_mode": {"type": "string", "enum": ["standard", "zero_retention"]},
+            "data_mode": {"type": "string", "enum": ["standard", "zero_retention", "confidential"]},
             "expires_at": {"type": ["string", "null"], "format": "date-time"},
             "mode": {"type": "string"},
             "environment": {"type": "string"},

@@ -22,6 +22,7 @@ ceiling are separate functions the walk calls where it has what they need.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -157,7 +158,10 @@ def _check_byok(runtime: Runtime, org: Org | None, model: Model) -> Model:
         raise GatewayError(
             "byok_unavailable", f"{model.id} cannot be billed on your provider key.", "model"
         )
-    if org is None or runtime.byok_env(org.id, model.config.provider) is None:
+    env = runtime.byok_env(org.id, model.config.provider) if org is not None else None
+    if org is None or env is None or not os.environ.get(env):
+        # no credential set up, or one naming an environment variable this server lacks:
+        # the provider must never be called without the organisation's key
         raise GatewayError(
             "provider_credential_missing",
             f"No provider key is set up for provider {model.config.provider!r}.",

@@ -130,6 +130,15 @@ async def test_provider_credential_missing(gw: Gateway, upstream: FakeUpstream) 
     assert upstream.calls == 0
 
 
+async def test_a_credential_naming_an_unset_variable_is_missing_too(
+    gw: Gateway, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, token = await byok_org(gw, pricing={"*": BYOK_PRICE})
+    monkeypatch.delenv("ACME_UPSTREAM_KEY")
+    assert_error(await post(gw, token, chat()), 409, "provider_credential_missing", "model")
+    assert upstream.calls == 0, "never called without the organisation's key"
+
+
 async def test_byok_pricing_not_set_up_is_503_with_retry_after_60(gw: Gateway) -> None:
     _, token = await byok_org(gw)
     response = await post(gw, token, chat())

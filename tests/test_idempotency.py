@@ -31,8 +31,10 @@ REUSED = ("idempotency_key_reused", "Idempotency-Key")
 def config(tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setenv("FAKE_UPSTREAM_KEY", UPSTREAM_KEY)
     config = live_config(tmp_path, upstream, request_timeout_s=5.0)
+    # zero retention needs both: the model offers it, and its provider agreed to it
     models = tuple(replace(m, zero_retention_available=True) for m in config.models)
-    return replace(config, models=models)
+    providers = tuple(replace(p, zero_retention=True) for p in config.providers)
+    return replace(config, models=models, providers=providers)
 
 
 @pytest.fixture

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+from pathlib import Path
+
 import openai
 import trio
 
+from gateway.catalog import Catalog
+from gateway.config import ModelConfig, ProviderConfig
 from shards import FakeClock
-from tests.conftest import Gateway
+from tests.conftest import Gateway, make_config
 
 FLAGS = ("tools", "structured_output", "vision", "web_search")
 
@@ -84,3 +89,18 @@ async def test_openai_client_reads_401_as_authentication_error(gateway: Gateway)
     error = await trio.to_thread.run_sync(call)
     assert error.code == "invalid_api_key"
     assert error.status_code == 401
+
+
+def test_zero_retention_needs_the_providers_agreement_too(tmp_path: Path) -> None:
+    base = make_config(tmp_path)
+    keeps = ProviderConfig(name="keeps", kind="openai", base_url="http://127.0.0.1:9/v1")
+    agreed = replace(keeps, name="agreed", zero_retention=True)
+    models = (
+        ModelConfig("leaky", "keeps", "up", zero_retention_available=True),
+        ModelConfig("sealed", "agreed", "up", zero_retention_available=True),
+    )
+    catalog = Catalog(replace(base, providers=(*base.providers, keeps, agreed), models=models))
+    offered = {m.id: m.config.zero_retention_available for m in catalog.every()}
+    assert offered == {"leaky": False, "sealed": True}
+    leaky = catalog.get("leaky")
+    assert leaky is not None and leaky.public()["zero_retention_available"] is False
