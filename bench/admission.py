@@ -447,12 +447,27 @@ rounds spread over 3 passes, and the worst rounds are printed under the table.
   keys. It is the keys touched that count, not the shards or the keys loaded: 160
   keys spread over all 16 shards run as fast as the 10 keys of one family on one
   shard, and the same 100,000 keys loaded but 160 of them picked run about as fast
-  as 160 keys loaded.
+  as 160 keys loaded. In between (2026-11-23, 1000 callers, pinned to one core):
+  1000 keys loaded and picked at random about 7 % below 10 keys; 1000 of the
+  100,000 picked (each caller keeps one key) about 15 % below; all 100,000 picked
+  about 20 % below. A line-level profile puts the growth in the three key lookups
+  (dict entry, key id, state) and in the bench's own pick of a key tuple.
 - **Memory** per idle key is far under its target: the key's array and its dict
   entry.
+- **How much the machine moves.** Four runs of the same code at 14:50–15:05 UTC, while
+  this VM at times ran plain Python about 60 % slower than at 13:10 (their context rows:
+  the synchronous calls 15.8–16.2 µs against 9.7 µs, the bare round trip 17–19 µs
+  against 10.2 µs), gave 1000-caller figures of 25,000–37,000 (10 keys) and
+  23,000–31,000 walks/s (100,000 keys), and one caller's median 23.8–24.5 / 25.8–38.8
+  µs. The table above is the 13:10 run; nothing in `shards/` changed after it.
 - **What was tried and left out.** Posting the settlement without waiting for its
   reply (one round trip fewer per walk): no gain that stood out of the noise, and it
-  would weaken "settled when settle returns". Letting the caller run the shard's step
+  would weaken "settled when settle returns". Huge pages for the loaded heap, in case
+  the cost were TLB misses rather than cache misses (glibc's allocator with its
+  `hugetlb` tunable, and `madvise(MADV_COLLAPSE)` over the heap after loading, which
+  did put 37–47 of its 74 MB on 2 MiB pages): the drop from 10 to 100,000 keys stayed
+  the same within the noise in alternating runs (−18 to −26 % with, −19 to −27 %
+  without). Letting the caller run the shard's step
   itself when the mailbox is empty would remove the scheduler passes (a prototype
   measured about 18 µs per walk) but is not the actor design of DESIGN.md.
 """
