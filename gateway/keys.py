@@ -216,10 +216,18 @@ def iso(ts: float | None) -> str | None:
 
 
 def parse_iso(text: str) -> float:
-    """Epoch seconds of an ISO 8601 timestamp; a naive one is taken as UTC."""
+    """Epoch seconds of an ISO 8601 timestamp; a naive one is taken as UTC.
+
+    ValueError also for a moment that exists only in its own offset (9999-12-31T23:59
+    at -23:59 is in year 10000 in UTC): it could not be written back by :func:`iso`.
+    """
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{text} is out of range in UTC") from None
     return moment.timestamp()
 
 

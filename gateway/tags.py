@@ -13,7 +13,7 @@ from typing import Any
 
 from gateway.errors import GatewayError
 
-TAG_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+TAG_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # fullmatch: "$" would allow a final newline
 MAX_TAGS = 16
 MAX_VALUE = 200
 
@@ -25,7 +25,7 @@ def check_tag_map(value: Any, param: str, code: str = "invalid_request") -> dict
     if not isinstance(value, dict):
         raise GatewayError(code, f"{param} must be an object of strings.", param=param)
     for key, item in value.items():
-        if not TAG_KEY.match(key):
+        if not TAG_KEY.fullmatch(key):
             raise GatewayError(code, f"Tag key {key!r} is malformed.", param=param)
         if not isinstance(item, str):
             raise GatewayError(code, f"Tag {key!r} must have a string value.", param=param)

@@ -37,6 +37,8 @@ REFUSALS: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("metadata value not a string", {"body": {"metadata": {"n": 1}}}, "invalid_tags", "metadata"),
     ("metadata bad key", {"body": {"metadata": {"a b": "x"}}}, "invalid_tags", "metadata"),
     ("metadata key over 64", {"body": {"metadata": {"k" * 65: "x"}}}, "invalid_tags", "metadata"),
+    ("metadata key ending in a newline", {"body": {"metadata": {"k\n": "x"}}},
+     "invalid_tags", "metadata"),
     ("metadata value over 200", {"body": {"metadata": {"a": "x" * 201}}},
      "invalid_tags", "metadata"),
     ("svc_tags not an object", {"body": {"svc_tags": 3}}, "invalid_tags", "svc_tags"),

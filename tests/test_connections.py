@@ -99,3 +99,27 @@ async def test_a_connection_in_use_is_kept(idle_gateway: Gateway) -> None:
             answer = await exchange(stream, models(gw))
             assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
             await trio.sleep(IDLE_S / 4)
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
+async def test_a_body_that_never_finishes_holds_no_in_flight_slot(
+    gateway: Gateway, path: str
+) -> None:
+    key = await gateway.create_key(name="one-slot", caps={"max_in_flight": 1})
+    host, port = gateway.url.removeprefix("http://").rsplit(":", 1)
+    stalled = await trio.open_tcp_stream(host, int(port))
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {key['token']}\r\n"
+        'Content-Type: application/json\r\nContent-Length: 60\r\n\r\n{"mod'
+    )
+    await stalled.send_all(head.encode())
+    await trio.sleep(0.3)  # the server has the headers and part of the body
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+    if path.endswith("embeddings"):
+        body = {"model": "text-embedding-3-small", "input": "hi"}
+    async with gateway.client(key["token"]) as client:
+        served = await client.post(path, json=body)
+        status = (await client.get("/v1/key")).json()["rate_limit"]
+    assert served.status_code == 200, served.text
+    assert status["in_flight"] == 0
+    await stalled.aclose()

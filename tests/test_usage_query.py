@@ -7,7 +7,7 @@ import pytest
 from tests.conftest import Gateway
 
 
-@pytest.mark.parametrize("group_by", ['tag:a"b', "tag:", "tag:" + "x" * 65, "week"])
+@pytest.mark.parametrize("group_by", ['tag:a"b', "tag:", "tag:" + "x" * 65, "week", "tag:a\n"])
 async def test_a_malformed_group_by_is_400(gateway: Gateway, group_by: str) -> None:
     async with gateway.client(gateway.token) as client:
         response = await client.get("/v1/usage", params={"group_by": group_by})
@@ -30,6 +30,9 @@ async def test_well_formed_group_by_is_served(gateway: Gateway, group_by: str) -
         ({"start": "2026-12-05"}, ("2026-12-05", "2026-12-31")),
         ({"end": "2026-11-10"}, ("2026-11-01", "2026-11-10")),
         ({"start": "2026-10-02", "end": "2026-10-03"}, ("2026-10-02", "2026-10-03")),
+        ({"start": "9999-12-31"}, ("9999-12-31", "9999-12-31")),
+        ({"start": "9999-12-01"}, ("9999-12-01", "9999-12-31")),
+        ({"start": "2028-02-03"}, ("2028-02-03", "2028-02-29")),
     ],
 )
 async def test_the_default_window_is_the_current_month(
@@ -41,3 +44,12 @@ async def test_the_default_window_is_the_current_month(
         response = await client.get("/v1/usage", params=params)
     assert response.status_code == 200, response.text
     assert (response.json()["start"], response.json()["end"]) == window
+
+
+async def test_an_end_before_a_far_start_is_400_on_end(gateway: Gateway) -> None:
+    async with gateway.client(gateway.token) as client:
+        response = await client.get(
+            "/v1/usage", params={"start": "9999-12-31", "end": "0001-01-01"}
+        )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == "end"

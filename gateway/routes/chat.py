@@ -48,13 +48,15 @@ async def _serve(endpoint: str, parse: Parser) -> Response:
     await require_scope(record, "inference")
     try:
         idem_key = idempotency.header_value()
-        body = await read_json_object() if idem_key is not None else None
+        # the whole body is read before step 3 takes an in-flight slot: a client that
+        # never finishes sending holds its connection, never a slot of its key
+        body = await read_json_object()
     except GatewayError:
         # a malformed header or body is a refused request like any other: it counts in
         # the key's request window (and may be its 429), though no call follows
         await admit(record, take_slot=False)
         raise
-    if idem_key is None or body is None:
+    if idem_key is None:
         return await _call(record, endpoint, parse)
     run = partial(_call, record, endpoint, parse)
     return await idempotency.serve(record, endpoint, idem_key, body, run)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import trio
 from quart import Quart, Response, request
 
+from gateway.admission import admit
 from gateway.auth import authenticate, require_scope
 from gateway.calls.embeddings import parse_embeddings
 from gateway.calls.tags import collect_tags
@@ -22,9 +23,14 @@ async def embeddings() -> Response:
     record = authenticate()
     await require_scope(record, "embeddings")
     rt = runtime()
+    try:
+        # read whole before step 3 takes an in-flight slot (see routes/chat.py)
+        body = await read_json_object()
+    except GatewayError:
+        await admit(record, take_slot=False)  # refused, and counted like any request
+        raise
     call = await open_call(rt, record, request_id(), "embeddings")
     try:
-        body = await read_json_object()
         check_entitlements(rt, record, ["embeddings"])
         call.tags = collect_tags(
             request.headers.get("X-Svc-Tags"), body, record.default_tags, record.required_tags

@@ -103,13 +103,20 @@ def _group() -> str | None:
         return None
     if group in GROUPS:
         return GROUPS[group]
-    if group.startswith("tag:") and TAG_KEY.match(group[4:]):
+    if group.startswith("tag:") and TAG_KEY.fullmatch(group[4:]):
         return group
     raise GatewayError(
         "invalid_request",
         "group_by must be day, model, key or tag:<name> (a tag key).",
         "group_by",
     )
+
+
+def _month_end(day: date) -> date:
+    """The last day of ``day``'s month (December 9999 included)."""
+    if day.month == 12:
+        return day.replace(day=31)
+    return day.replace(month=day.month + 1, day=1) - timedelta(days=1)
 
 
 def _totals(row: dict[str, Any]) -> dict[str, Any]:
@@ -129,8 +136,7 @@ async def get_usage() -> Response:
     start = _day("start", today.replace(day=1))
     # default: the end of the current month (or of the start's month, if later)
     month_of = max(start, today)
-    next_month = (month_of.replace(day=28) + timedelta(days=4)).replace(day=1)
-    end = _day("end", next_month - timedelta(days=1))
+    end = _day("end", _month_end(month_of))
     if end < start:
         raise GatewayError("invalid_request", "end is before start.", param="end")
     group = _group()
