@@ -308,3 +308,23 @@ async def test_rotation_refusals_and_status(gateway: Gateway) -> None:
     rotated = await rotate(gateway, disabled["id"])
     assert (rotated.status_code, rotated.json()["status"]) == (201, "disabled")
     assert await status_code_of(gateway, rotated.json()["token"]) == 401
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("keys_manage", "no"),
+        ("byok", "yes"),
+        ("byok", 1),
+        ("expires_at", "9999-12-31T23:59:59-23:59"),
+    ],
+)
+async def test_admin_key_fields_of_the_wrong_kind_are_400(
+    gateway: Gateway, field: str, value: object
+) -> None:
+    body = {"org_id": gateway.org_id, "name": "odd", "mode": "sandbox", field: value}
+    response = await gateway.admin("POST", "/admin/keys", body)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == field
+    listing = await gateway.admin("GET", f"/admin/keys?org_id={gateway.org_id}")
+    assert listing.status_code == 200 and all(k["name"] != "odd" for k in listing.json()["data"])

@@ -172,7 +172,7 @@ def _key_settings(body: dict[str, Any]) -> dict[str, Any]:
     scopes = string_list(body, "scopes") or ROOT_SCOPES
     if any(scope not in SCOPES for scope in scopes):
         raise GatewayError("invalid_request", "Unknown scope.", param="scopes")
-    if body.get("keys_manage") and "keys:manage" not in scopes:
+    if _flag(body, "keys_manage") and "keys:manage" not in scopes:
         scopes = (*scopes, "keys:manage")
     data_mode = body.get("data_mode", "standard")
     if data_mode not in DATA_MODES:
@@ -192,12 +192,22 @@ def _key_settings(body: dict[str, Any]) -> dict[str, Any]:
         "scopes": tuple(dict.fromkeys(scopes)),
         "caps": parse_caps(body.get("caps"), Caps()),
         "data_mode": data_mode,
-        "byok": bool(body.get("byok", False)),
+        "byok": _flag(body, "byok"),
         "allowed_models": allowed,
         "required_tags": check_tag_map(body.get("required_tags"), "required_tags"),
         "default_tags": check_tag_map(body.get("default_tags"), "default_tags"),
         "expires_at": parse_expiry(body.get("expires_at")),
     }
+
+
+def _flag(body: dict[str, Any], name: str) -> bool:
+    """A boolean field: absent or null is false; "no" or 1 is a 400, not its truthiness."""
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise GatewayError("invalid_request", f"{name} must be a boolean.", param=name)
+    return value
 
 
 def _with_token(record: KeyRecord, token: str) -> dict[str, Any]:
