@@ -23,6 +23,7 @@ import trio
 
 from tests.conftest import Gateway
 from tests.procs import assert_one_line_error, base_env, run_cli, start_server
+from tests.test_mock_provider import HUGE_NUMBER_SCHEMAS, RECURSIVE_SCHEMAS
 
 PROVIDER_MOCK = '[[providers]]\nname = "mock"\nkind = "mock"\n'
 
@@ -202,23 +203,19 @@ BAD_RESPONSE_FORMATS = {
 }
 
 # Valid schemas the sandbox once answered with a 500 (a 503 "The stream failed." when
-# streamed) or never answered: recursion without end, numbers beyond 64 bits
+# streamed) or never answered: recursion without end, numbers beyond 64 bits. A few of the
+# mock's own cases, each served over HTTP on every endpoint.
 ODD_SCHEMAS = {
-    "$ref to the root": {"$ref": "#"},
-    "allOf of the root": {"allOf": [{"$ref": "#"}]},
-    "anyOf of the root": {"anyOf": [{"$ref": "#"}]},
-    "required self-recursive $defs": {
-        "$defs": {
-            "n": {"type": "object", "properties": {"c": {"$ref": "#/$defs/n"}}, "required": ["c"]}
-        },
-        "$ref": "#/$defs/n",
-    },
-    "allOf of a $ref to itself": {
-        "allOf": [{"$ref": "#/$defs/a"}],
-        "$defs": {"a": {"$ref": "#/$defs/a"}},
-    },
-    "integer minimum 1e300": {"type": "integer", "minimum": 1e300},
-    "integer exclusiveMinimum 10**30": {"type": "integer", "exclusiveMinimum": 10**30},
+    name: {**RECURSIVE_SCHEMAS, **HUGE_NUMBER_SCHEMAS}[name]
+    for name in (
+        "$ref to the root",
+        "allOf of the root",
+        "anyOf of the root",
+        "required self-recursive $defs",
+        "allOf of a $ref to itself",
+        "integer minimum 1e300",
+        "integer exclusiveMinimum 10**30",
+    )
 }
 
 

@@ -95,6 +95,18 @@ async def call(gw: Gateway, token: str, body: dict[str, Any]) -> httpx.Response:
         return await client.post("/v1/chat/completions", json=body)
 
 
+async def stream_data(
+    gw: Gateway, token: str, body: dict[str, Any], path: str = "/v1/chat/completions"
+) -> tuple[list[str], str]:
+    """The ``data:`` payloads of a stream answered 200, and its request id."""
+    async with gw.client(token) as client, client.stream("POST", path, json=body) as response:
+        assert response.status_code == 200
+        data = [
+            line[5:].strip() async for line in response.aiter_lines() if line.startswith("data:")
+        ]
+        return data, response.headers["X-Request-Id"]
+
+
 def settled(after: dict[str, Any]) -> int:
     return round(after["record"]["cost"]["settled_usd"] * NANOS_PER_USD)
 
@@ -194,16 +206,9 @@ async def test_stream_dropped_after_output_counts_the_full_estimate(
 ) -> None:
     gw, token = live
     body = body_for("[[fault drop_after=3]]", stream=True)
-    async with (
-        gw.client(token) as client,
-        client.stream("POST", "/v1/chat/completions", json=body) as response,
-    ):
-        assert response.status_code == 200
-        lines = [line async for line in response.aiter_lines() if line.startswith("data:")]
-        request_id = response.headers["X-Request-Id"]
-    error = orjson.loads(lines[-2][5:])["error"]
-    assert error["code"] == "service_unavailable"
-    assert lines[-1] == "data: [DONE]"
+    data, request_id = await stream_data(gw, token, body)
+    assert orjson.loads(data[-2])["error"]["code"] == "service_unavailable"
+    assert data[-1] == "[DONE]"
     after = await state(gw, token, request_id)
     assert settled(after) == cost(estimate_of(body), MAX_TOKENS) == after["spent"]
     assert after["used"] == 0 and after["in_flight"] == 0
@@ -212,17 +217,8 @@ async def test_stream_dropped_after_output_counts_the_full_estimate(
 async def test_stream_with_usage_bills_the_real_cost(live: tuple[Gateway, str]) -> None:
     gw, token = live
     body = body_for("stream me", stream=True, stream_options={"include_usage": True})
-    async with (
-        gw.client(token) as client,
-        client.stream("POST", "/v1/chat/completions", json=body) as response,
-    ):
-        chunks = [
-            orjson.loads(line[5:])
-            async for line in response.aiter_lines()
-            if line.startswith("data:") and line != "data: [DONE]"
-        ]
-        request_id = response.headers["X-Request-Id"]
-    usage = chunks[-1]["usage"]
+    data, request_id = await stream_data(gw, token, body)
+    usage = orjson.loads(data[-2])["usage"]
     after = await state(gw, token, request_id)
     assert settled(after) == cost(usage["prompt_tokens"], usage["completion_tokens"])
     assert after["used"] == settled(after)
@@ -233,14 +229,8 @@ async def test_stream_failing_after_its_usage_bills_the_real_cost(
 ) -> None:
     gw, token = live
     body = body_for("[[fault drop_at_end]]", stream=True)
-    async with (
-        gw.client(token) as client,
-        client.stream("POST", "/v1/chat/completions", json=body) as response,
-    ):
-        assert response.status_code == 200
-        lines = [line async for line in response.aiter_lines() if line.startswith("data:")]
-        request_id = response.headers["X-Request-Id"]
-    assert orjson.loads(lines[-2][5:])["error"]["code"] == "service_unavailable"
+    data, request_id = await stream_data(gw, token, body)
+    assert orjson.loads(data[-2])["error"]["code"] == "service_unavailable"
     after = await state(gw, token, request_id)
     usage = after["record"]["usage"]
     real = cost(usage["prompt_tokens"], usage["completion_tokens"])
@@ -257,16 +247,8 @@ async def test_usage_in_the_finish_chunk_reaches_the_client_only_when_asked(
     body = body_for("[[fault usage_with_finish]]", stream=True)
     if asked:
         body["stream_options"] = {"include_usage": True}
-    async with (
-        gw.client(token) as client,
-        client.stream("POST", "/v1/chat/completions", json=body) as response,
-    ):
-        chunks = [
-            orjson.loads(line[5:])
-            async for line in response.aiter_lines()
-            if line.startswith("data:") and line != "data: [DONE]"
-        ]
-        request_id = response.headers["X-Request-Id"]
+    data, request_id = await stream_data(gw, token, body)
+    chunks = [orjson.loads(item) for item in data[:-1]]
     with_usage = [chunk for chunk in chunks if chunk.get("usage")]
     assert with_usage == ([chunks[-1]] if asked else [])
     if asked:
@@ -282,10 +264,8 @@ async def test_usage_inside_a_content_chunk_doubles_nothing(live: tuple[Gateway,
     body = {"model": "live-chat", "input": "[[fault usage_with_content]]", "max_output_tokens": 9}
     async with gw.client(token) as client:
         whole = (await client.post("/v1/responses", json=body)).json()
-        async with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
-            events = [
-                orjson.loads(line[5:]) async for line in r.aiter_lines() if line.startswith("data:")
-            ]
+    data, _ = await stream_data(gw, token, {**body, "stream": True}, "/v1/responses")
+    events = [orjson.loads(item) for item in data]
     deltas = [e["delta"] for e in events if e["type"] == "response.output_text.delta"]
     text = whole["output"][0]["content"][0]["text"]
     assert "".join(deltas) == text and text
