@@ -188,9 +188,9 @@ async def test_success_without_usage_counts_the_full_estimate(live: tuple[Gatewa
     assert after["used"] == 0
 
 
-async def test_own_timeout_is_504_and_counts_the_full_estimate(live: tuple[Gateway, str]) -> None:
-    gw, token = live
-    body = body_for("[[fault delay=5]]")
+async def assert_timeout_counts_the_full_estimate(gw: Gateway, token: str, delay: float) -> None:
+    """A call the upstream answers only after ``delay`` s: 504, the full estimate, unbilled."""
+    body = body_for(f"[[fault delay={delay}]]")
     with trio.fail_after(10):
         response = await call(gw, token, body)
     assert response.status_code == 504
@@ -199,6 +199,10 @@ async def test_own_timeout_is_504_and_counts_the_full_estimate(live: tuple[Gatew
     after = await state(gw, token, response.headers["X-Request-Id"])
     assert settled(after) == cost(estimate_of(body), MAX_TOKENS) == after["spent"]
     assert after["used"] == 0
+
+
+async def test_own_timeout_is_504_and_counts_the_full_estimate(live: tuple[Gateway, str]) -> None:
+    await assert_timeout_counts_the_full_estimate(*live, delay=5)
 
 
 async def test_stream_dropped_after_output_counts_the_full_estimate(
@@ -292,15 +296,7 @@ async def test_provider_timeout_is_504_and_counts_the_full_estimate(
     config = live_config(tmp_path, upstream, provider_timeout_s=0.5, request_timeout_s=10.0)
     gw = await start_gateway(nursery, config)
     token = (await gw.create_key(name="slow", mode="live", caps={"usd_day": 10}))["token"]
-    body = body_for("[[fault delay=2]]")
-    with trio.fail_after(8):
-        response = await call(gw, token, body)
-    assert response.status_code == 504
-    assert response.json()["error"]["code"] == "request_timeout"
-    assert response.headers["x-should-retry"] == "false"
-    after = await state(gw, token, response.headers["X-Request-Id"])
-    assert settled(after) == cost(estimate_of(body), MAX_TOKENS) == after["spent"]
-    assert after["used"] == 0
+    await assert_timeout_counts_the_full_estimate(gw, token, delay=2)
     gw.stop.set()
 
 
