@@ -24,11 +24,17 @@ log = logging.getLogger("gateway.app")
 # Refusals of admission itself: the spec says they carry no rate-limit headers.
 _NO_RATE_HEADERS = {"invalid_api_key", "scope_denied", "invalid_tags", "missing_tags"}
 # Werkzeug's HTTP errors that can reach us before a handler runs.
-_HTTP_CODES = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+_HTTP_CODES = {
+    404: "not_found",
+    405: "method_not_allowed",
+    408: "invalid_request",  # the body did not arrive within the call's time limit
+    413: "request_too_large",
+}
 _MESSAGES = {
     "not_found": "No such endpoint.",
     "method_not_allowed": "This method is not allowed on this path.",
 }
+_HTTP_MESSAGES = {408: "The request body did not arrive in time."}
 
 
 async def _drain_body() -> bool:
@@ -54,7 +60,9 @@ def create_app(runtime: Runtime) -> QuartTrio:
         MAX_CONTENT_LENGTH=runtime.config.server.max_body_bytes,
         # Quart cuts any answer after RESPONSE_TIMEOUT (60 s) silently; we own deadlines.
         RESPONSE_TIMEOUT=None,
-        BODY_TIMEOUT=None,
+        # A body still arriving when a call would have timed out is refused (400, and the
+        # connection closed): a client cannot hold a connection open by never finishing.
+        BODY_TIMEOUT=runtime.config.server.request_timeout_s,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
     # "/v1//models" is an unknown path (a JSON 404), not an HTML redirect to the merged one
@@ -92,7 +100,8 @@ def create_app(runtime: Runtime) -> QuartTrio:
         code = _HTTP_CODES.get(error.code or 500)
         if code is None:
             code = "invalid_request" if (error.code or 500) < 500 else "internal_error"
-        return await _gateway_error(GatewayError(code, _MESSAGES.get(code)))
+        message = _HTTP_MESSAGES.get(error.code or 500) or _MESSAGES.get(code)
+        return await _gateway_error(GatewayError(code, message))
 
     @app.errorhandler(Exception)
     async def _unexpected(error: Exception) -> Response:
