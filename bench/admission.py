@@ -11,7 +11,9 @@ budget) and step 10 (settle: release the slot and post part of the reservation),
 each a real message to a real actor, with the request objects built per call as a
 handler would. The first two are the admission. Keys are sub-keys of a parent
 (so both caps are checked), in families of ten over 16 shards (so the 10 keys are
-one family, on one shard), picked at random per call. Each pool is loaded, then
+one family, on one shard), picked at random per call. Each key is resolved once to
+its ``KeyRef`` (the gateway's key records carry theirs from birth), and the messages
+carry the refs. Each pool is loaded, then
 the heap is settled as ``svc-gateway serve`` settles it (``gateway.heap``).
 
 Measured:
@@ -56,6 +58,7 @@ from gateway.heap import settle_heap  # noqa: E402
 from shards import (  # noqa: E402
     NANOS_PER_USD,
     AdmitRequest,
+    KeyRef,
     Reservation,
     ReserveRequest,
     SettleRequest,
@@ -85,57 +88,65 @@ def key_ids(n: int) -> list[tuple[str, str, str]]:
     return out
 
 
-def new_pool(keys: list[tuple[str, str, str]]) -> ShardPool:
-    """A pool with ``keys`` loaded, then the heap settled as ``svc-gateway serve`` does."""
+#: a key as a handler holds it: its ref and its parent's (the gateway's key record)
+Key = tuple[KeyRef, KeyRef]
+
+
+def resolve(pool: ShardPool, keys: list[tuple[str, str, str]]) -> list[Key]:
+    """Resolve each key once, as the gateway's keyring does when a record is born."""
+    ref = pool.key_ref
+    return [(ref(key, family), ref(parent, family)) for key, family, parent in keys]
+
+
+def new_pool(keys: list[tuple[str, str, str]]) -> tuple[ShardPool, list[Key]]:
+    """A pool with ``keys`` loaded and resolved, then the heap settled as ``svc-gateway
+    serve`` settles it."""
     gc.unfreeze()  # let the previous measurement's pool go
     pool = ShardPool(n_shards=16)
     pool.set_org(ORG, 10**9 * USD, None)
     for key, family, parent in keys:
         pool.load_spend(key, family, 0, 0)
         pool.load_spend(parent, family, 0, 0)
+    resolved = resolve(pool, keys)
     settle_heap()
-    return pool
+    return pool, resolved
 
 
-def admit_req(key: str, family: str) -> AdmitRequest:
-    return AdmitRequest(
-        key_id=key, family_id=family, org_id=ORG, rpm=1_000_000_000, max_in_flight=10_000
+def admit_req(key: KeyRef) -> AdmitRequest:
+    return AdmitRequest(key=key, org_id=ORG, rpm=1_000_000_000, max_in_flight=10_000)
+
+
+def reserve_req(key: KeyRef, parent: KeyRef) -> ReserveRequest:
+    return ReserveRequest(
+        key=key, parent=parent, org_id=ORG, tokens=1_200, tpm=None, cost=3_000_000,
+        key_usd_day=10**6 * USD, key_usd_month=10**7 * USD, parent_usd_day=10**7 * USD,
+        parent_usd_month=10**8 * USD, org_cost=3_000_000, check_credits=True,
+    )  # fmt: skip
+
+
+def settle_req(key: KeyRef, res: Reservation) -> SettleRequest:
+    return SettleRequest(
+        key=key, slot_taken=True, reservation=res, cap_amount=1_000_000, billed_amount=1_000_000
     )
 
 
-def reserve_req(key: str, family: str, parent: str) -> ReserveRequest:
-    return ReserveRequest(
-        key_id=key, family_id=family, parent_id=parent, org_id=ORG, tokens=1_200,
-        tpm=None, cost=3_000_000, key_usd_day=10**6 * USD, key_usd_month=10**7 * USD,
-        parent_usd_day=10**7 * USD, parent_usd_month=10**8 * USD, org_cost=3_000_000,
-        check_credits=True,
-    )  # fmt: skip
-
-
-def settle_req(key: str, family: str, parent: str, res: Reservation) -> SettleRequest:
-    return SettleRequest(
-        key_id=key, family_id=family, parent_id=parent, org_id=ORG, slot_taken=True,
-        reservation=res, cap_amount=1_000_000, billed_amount=1_000_000,
-    )  # fmt: skip
-
-
-async def walk(pool: ShardPool, key: str, family: str, parent: str) -> None:
+async def walk(pool: ShardPool, key: KeyRef, parent: KeyRef) -> None:
     """One admission: the three steps of a model call, as the gateway sends them."""
-    admission = await pool.admit(admit_req(key, family))
+    admission = await pool.admit(admit_req(key))
     assert admission.ok
-    reservation = await pool.reserve(reserve_req(key, family, parent))
+    reservation = await pool.reserve(reserve_req(key, parent))
     assert isinstance(reservation, Reservation)
-    await pool.settle(settle_req(key, family, parent, reservation))
+    await pool.settle(settle_req(key, reservation))
 
 
-def sync_walk(pool: ShardPool, key: str, family: str, parent: str) -> None:
+def sync_walk(pool: ShardPool, key: KeyRef, parent: KeyRef) -> None:
     """The three steps as plain calls on the owning shard's state (no actor, no await)."""
-    state = pool._shards[pool.shard_index(family)].state  # the handlers themselves
-    admission = state.admit(admit_req(key, family))
+    state = pool._shards[key.shard].state  # the handlers themselves
+    admission = state.admit(admit_req(key))
     assert admission.ok
-    reservation = state.reserve(reserve_req(key, family, parent))
+    reservation = state.reserve(reserve_req(key, parent))
     assert isinstance(reservation, Reservation)
-    state.settle(settle_req(key, family, parent, reservation))
+    state.settle(settle_req(key, reservation))
 
 
 def percentile(sorted_ns: list[int], q: float) -> float:
@@ -154,8 +165,7 @@ class Latency:
 
 async def latency(n_keys: int) -> list[Latency]:
     """``ROUNDS`` rounds of one caller."""
-    keys = key_ids(n_keys)
-    pool = new_pool(keys)
+    pool, keys = new_pool(key_ids(n_keys))
     rng = random.Random(1)
     clock = time.perf_counter_ns
     rounds = []
@@ -167,13 +177,13 @@ async def latency(n_keys: int) -> list[Latency]:
             picks = [rng.choice(keys) for _ in range(LATENCY_CALLS)]
             steps, whole = [], []
             gc.collect()
-            for key, family, parent in picks:
+            for key, parent in picks:
                 t0 = clock()
-                admission = await pool.admit(admit_req(key, family))
-                reservation = await pool.reserve(reserve_req(key, family, parent))
+                admission = await pool.admit(admit_req(key))
+                reservation = await pool.reserve(reserve_req(key, parent))
                 t1 = clock()
                 assert admission.ok and isinstance(reservation, Reservation)
-                await pool.settle(settle_req(key, family, parent, reservation))
+                await pool.settle(settle_req(key, reservation))
                 whole.append(clock() - t0)
                 steps.append(t1 - t0)
             steps.sort()
@@ -190,8 +200,7 @@ async def latency(n_keys: int) -> list[Latency]:
 
 async def throughput(n_keys: int, callers: int) -> list[float]:
     """``ROUNDS`` rounds: admissions completed per second by ``callers`` tasks."""
-    keys = key_ids(n_keys)
-    pool = new_pool(keys)
+    pool, keys = new_pool(key_ids(n_keys))
     done = 0
     stop_at = 0.0
 
@@ -231,14 +240,14 @@ def bytes_per_idle_key(n_keys: int = MEMORY_KEYS) -> float:
     allocation down, and the actor hop would only add transient ones.
     """
     keys = key_ids(n_keys)
-    pool = new_pool([])
-    for key, family, parent in keys[:10]:  # warm up caches, create the first family
-        sync_walk(pool, key, family, parent)
+    pool, _ = new_pool([])
+    for key, parent in resolve(pool, keys[:10]):  # warm up caches, create the first family
+        sync_walk(pool, key, parent)
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-    for key, family, parent in keys[10:]:
-        sync_walk(pool, key, family, parent)
+    for key, parent in resolve(pool, keys[10:]):  # each key resolved, then one call
+        sync_walk(pool, key, parent)
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
@@ -259,11 +268,8 @@ async def amedian_us(step: Callable[[], Awaitable[object]]) -> float:
 
 async def bare_round_trip() -> float:
     """One admit with a prebuilt request: a single round trip to an actor."""
-    pool = new_pool(key_ids(10))
-    key, family, _ = key_ids(1)[0]
-    request = AdmitRequest(
-        key_id=key, family_id=family, org_id=ORG, rpm=10**9, max_in_flight=1, take_slot=False
-    )
+    pool, keys = new_pool(key_ids(10))
+    request = AdmitRequest(key=keys[0][0], org_id=ORG, rpm=10**9, max_in_flight=1, take_slot=False)
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
         result = await amedian_us(lambda: pool.admit(request))
@@ -278,13 +284,13 @@ async def scheduler_pass() -> float:
 
 def synchronous_steps() -> float:
     """Median of :func:`sync_walk`: what the three steps cost without the actor hop."""
-    pool = new_pool(key_ids(10))
-    key, family, parent = key_ids(1)[0]
+    pool, keys = new_pool(key_ids(10))
+    key, parent = keys[0]
     samples = []
     clock = time.perf_counter_ns
     for _ in range(LATENCY_CALLS):
         t0 = clock()
-        sync_walk(pool, key, family, parent)
+        sync_walk(pool, key, parent)
         samples.append(clock() - t0)
     return statistics.median(samples) / 1_000
 

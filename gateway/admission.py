@@ -16,7 +16,7 @@ from quart import g
 from gateway.catalog import usd_to_nanos
 from gateway.errors import GatewayError
 from gateway.http import runtime
-from gateway.keys import KeyRecord
+from gateway.keys import KeyRecord, key_ref
 from shards import (
     Admission,
     AdmitRequest,
@@ -65,8 +65,7 @@ async def count_request(record: KeyRecord) -> None:
 def _admit_request(record: KeyRecord, *, take_slot: bool) -> AdmitRequest:
     org = runtime().orgs.get(record.org_id)
     return AdmitRequest(
-        key_id=record.id,
-        family_id=record.family_id,
+        key=key_ref(record),
         org_id=record.org_id,
         rpm=record.caps.rpm,
         max_in_flight=record.caps.max_in_flight,
@@ -111,9 +110,8 @@ async def reserve(record: KeyRecord, *, tokens: int, cost: int, org_cost: int) -
     rt = runtime()
     parent = rt.keyring.get(record.parent_id) if record.parent_id else None
     request = ReserveRequest(
-        key_id=record.id,
-        family_id=record.family_id,
-        parent_id=parent.id if parent else None,
+        key=key_ref(record),
+        parent=key_ref(parent) if parent else None,
         org_id=record.org_id,
         tokens=tokens,
         tpm=record.caps.tpm,
@@ -162,10 +160,7 @@ async def settle(
     """
     await rt.pool.settle(
         SettleRequest(
-            key_id=record.id,
-            family_id=record.family_id,
-            parent_id=record.parent_id,
-            org_id=record.org_id,
+            key=key_ref(record),
             slot_taken=slot_taken,
             reservation=reservation,
             cap_amount=cap_amount,

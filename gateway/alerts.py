@@ -40,6 +40,7 @@ import trio
 
 from gateway.catalog import nanos_to_usd, usd_to_nanos
 from gateway.errors import GatewayError
+from gateway.keys import key_ref
 from gateway.store import StoreError
 from gateway.store import webhooks as ops
 from shards import ShardUnavailable, SpendWindow
@@ -193,8 +194,7 @@ class Alerts:
         if caps.usd_day is None and caps.usd_month is None:
             return []
         status = await self.runtime.pool.key_status(
-            record.id,
-            record.family_id,
+            key_ref(record),
             rpm=caps.rpm,
             tpm=caps.tpm,
             max_in_flight=caps.max_in_flight,

@@ -21,11 +21,20 @@ from gateway import keys as k
 from gateway.errors import GatewayError
 from gateway.keys import KeyRecord
 from gateway.store import Store, records
+from shards import KeyRef
 
 
 class Keyring:
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        store: Store,
+        key_ref: Callable[[str, str], KeyRef],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.store = store
+        #: resolves a key in the shard pool (``ShardPool.key_ref``): every record is
+        #: born with its ref, and ``with_changes`` carries it on
+        self.key_ref = key_ref
         self.clock = clock
         self._by_prefix: dict[str, KeyRecord] = {}
         self._by_id: dict[str, KeyRecord] = {}
@@ -36,7 +45,8 @@ class Keyring:
 
     def load(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:
-            self._put(KeyRecord.from_row(row))
+            record = KeyRecord.from_row(row)
+            self._put(record.with_changes(shard_ref=self.key_ref(record.id, record.family_id)))
 
     def _put(self, record: KeyRecord) -> None:
         self._by_prefix[record.prefix] = record
@@ -111,8 +121,9 @@ class Keyring:
         while prefix in self._by_prefix:
             prefix = k.new_prefix(family)
         token = k.new_token(mode, prefix)
+        key_id = k.new_id("key")
         record = KeyRecord(
-            id=k.new_id("key"),
+            id=key_id,
             org_id=org_id,
             family_id=family,
             prefix=prefix,
@@ -121,6 +132,7 @@ class Keyring:
             mode=mode,
             parent_id=parent_id,
             created_at=self.clock(),
+            shard_ref=self.key_ref(key_id, family),
             **settings,
         )
         return record, token

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
+from shards import KeyRef
+
 SCOPES = ("inference", "embeddings", "usage:read", "keys:manage")
 STATUSES = ("active", "disabled", "revoked", "expired")
 DATA_MODES = ("standard", "zero_retention", "confidential")
@@ -117,6 +119,9 @@ class KeyRecord:
     last_used_at: float | None = None
     parent_id: str | None = None
     rotated_to: str | None = None
+    #: the key resolved in the shard pool (never stored): admission messages carry it,
+    #: see :class:`shards.KeyRef`; the keyring sets it when the record is born
+    shard_ref: KeyRef | None = field(default=None, compare=False, repr=False)
 
     def effective_status(self, now: float) -> str:
         if self.status in ("revoked", "disabled", "expired"):
@@ -233,3 +238,11 @@ def parse_iso(text: str) -> float:
 
 def new_id(kind: str) -> str:
     return f"{kind}_{secrets.token_hex(12)}"
+
+
+def key_ref(record: KeyRecord) -> KeyRef:
+    """The key as the shards name it (the keyring resolves every record it makes)."""
+    ref = record.shard_ref
+    if ref is None:
+        raise RuntimeError(f"key {record.id} was never resolved in the shard pool")
+    return ref

@@ -45,7 +45,12 @@ class Runtime:
     admin_token: str | None = None
 
     def __post_init__(self) -> None:
-        self.keyring = Keyring(self.store, self.clock.now)
+        self.pool = ShardPool(
+            n_shards=self.config.server.shards,
+            clock=self.clock,
+            platform_rpm=self.config.server.platform_rpm,
+        )
+        self.keyring = Keyring(self.store, self.pool.key_ref, self.clock.now)
         self.catalog = Catalog(self.config)
         self.orgs: dict[str, Org] = {}
         self.idempotency = IdempotencyBook()
@@ -55,11 +60,6 @@ class Runtime:
         self.providers: dict[str, Provider] = build_providers(self.config, self.mock)
         #: the root nursery of the server, where stream pumps run (set by serve())
         self.nursery: trio.Nursery | None = None
-        self.pool = ShardPool(
-            n_shards=self.config.server.shards,
-            clock=self.clock,
-            platform_rpm=self.config.server.platform_rpm,
-        )
         self.public_limiter = PublicCatalogLimiter(
             self.config.server.public_catalog_rpm, self.clock.now
         )

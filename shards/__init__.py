@@ -5,11 +5,12 @@ request handler talks to it in three steps of the request walk::
 
     pool = ShardPool(n_shards=16)
     await nursery.start(pool.run)
+    ref = pool.key_ref(key_id, family_id)            # once per key, kept with it
 
-    adm = await pool.admit(AdmitRequest(...))       # 3: rpm, org/platform rpm, slot
-    res = await pool.reserve(ReserveRequest(...))   # 8: tpm, spend caps, credits
-    ...                                             # 9: call the provider
-    await pool.settle(SettleRequest(...))           # 10: release, post or void
+    adm = await pool.admit(AdmitRequest(key=ref, ...))     # 3: rpm, org rpm, slot
+    res = await pool.reserve(ReserveRequest(key=ref, ...)) # 8: tpm, caps, credits
+    ...                                                    # 9: call the provider
+    await pool.settle(SettleRequest(key=ref, ...))         # 10: release, post or void
 
 Where to read next: :mod:`shards.pool` (routing, supervision, the API),
 :mod:`shards.actor` (mailbox, one-shot replies, abandonment),
@@ -24,6 +25,7 @@ limits mean unlimited.
 
 from .actor import ShardUnavailable
 from .clock import Clock, FakeClock, NonDecreasingClock, SystemClock
+from .keys import KeyRef
 from .messages import (
     BUDGET_EXCEEDED,
     INSUFFICIENT_CREDITS,
@@ -64,6 +66,7 @@ __all__ = [
     "AdmitRequest",
     "Clock",
     "FakeClock",
+    "KeyRef",
     "KeyStatus",
     "KeyStatusRequest",
     "NonDecreasingClock",

@@ -7,6 +7,8 @@ call builds five of them; a frozen dataclass took twice as long, a tenth of a
 round trip). Build them by keyword, so that a call site reads like the spec's
 table of fields; fields with defaults come last, as tuples require.
 
+A request names its key by a :class:`~shards.keys.KeyRef` (resolved once by
+:meth:`~shards.pool.ShardPool.key_ref`), never by a bare id: see that class for why.
 Money is integer nano-USD (``NANOS_PER_USD`` per dollar); tokens are ints; a limit of
 ``None`` means unlimited.
 
@@ -23,7 +25,10 @@ GET /v1/key             :class:`KeyStatusRequest`    :class:`KeyStatus`
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeVar
+
+if TYPE_CHECKING:
+    from .keys import KeyRef
 
 __all__ = [
     "BUDGET_EXCEEDED",
@@ -94,8 +99,7 @@ def keyword_only(cls: type[_N]) -> type[_N]:
 class AdmitRequest(NamedTuple):
     """Count one request against the rate windows and maybe take an in-flight slot."""
 
-    key_id: str
-    family_id: str
+    key: KeyRef
     org_id: str
     rpm: int
     max_in_flight: int
@@ -127,14 +131,14 @@ class Admission(NamedTuple):
 class ReserveRequest(NamedTuple):
     """Reserve the worst case of one call: tokens, key/parent spend, org money."""
 
-    key_id: str
-    family_id: str
+    key: KeyRef
     org_id: str
     #: worst-case tokens (estimated prompt + full output ceiling)
     tokens: int
     #: worst-case nano-USD counted against the key's and parent's spend caps
     cost: int
-    parent_id: str | None = None
+    #: the key's parent (same family, so same shard); None for a root key
+    parent: KeyRef | None = None
     tpm: int | None = None
     key_usd_day: int | None = None
     key_usd_month: int | None = None
@@ -192,12 +196,10 @@ class SettleRequest(NamedTuple):
     Idempotent by reservation id: a settle whose reservation was already resolved
     is a duplicate and changes nothing, its ``slot_taken`` included, so a settle
     may be retried. (Without a reservation, the slot release is not deduplicated.)
+    The reservation names the parent and the org it was made against.
     """
 
-    key_id: str
-    family_id: str
-    org_id: str
-    parent_id: str | None = None
+    key: KeyRef
     slot_taken: bool = False
     reservation: Reservation | None = None
     #: nano-USD counted against the key's and parent's caps (≤ reserved)
@@ -213,8 +215,7 @@ class SettleRequest(NamedTuple):
 class KeyStatusRequest(NamedTuple):
     """Read a key's windows for GET /v1/key; counts nothing, takes no slot."""
 
-    key_id: str
-    family_id: str
+    key: KeyRef
     rpm: int
     tpm: int | None
     max_in_flight: int

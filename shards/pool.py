@@ -3,7 +3,10 @@
 Routing: a key *family* (a root key, its rotations and its sub-keys) maps to one
 shard by ``crc32(family_id) % n_shards`` (:func:`shard_index`), stable across
 processes and restarts, unlike Python's salted ``hash``. So a parent and its
-sub-keys always meet in one actor, and their caps are checked in one step.
+sub-keys always meet in one actor, and their caps are checked in one step. A key is
+routed once, when the caller resolves it to a :class:`~shards.keys.KeyRef`
+(:meth:`ShardPool.key_ref`); every message then carries the ref, which names its
+shard.
 
 The request walk through the pool::
 
@@ -45,6 +48,7 @@ import trio
 
 from .actor import Shard, ShardUnavailable, Watchdog
 from .clock import Clock, NonDecreasingClock, SystemClock
+from .keys import KeyRef
 from .messages import (
     Admission,
     AdmitRequest,
@@ -107,7 +111,7 @@ class ShardPool:
         ids = itertools.count(1)
         self._watchdog = Watchdog(reply_timeout_s)
         self._shards = tuple(
-            Shard(i, ShardState(self._clock, self._orgs, ids), queue_size, self._watchdog)
+            Shard(i, ShardState(self._clock, self._orgs, ids, i), queue_size, self._watchdog)
             for i in range(n_shards)
         )
         self._n = n_shards
@@ -150,20 +154,31 @@ class ShardPool:
     def _shard(self, family_id: str) -> Shard:
         return self._shards[zlib.crc32(family_id.encode()) % self._n]
 
+    def key_ref(self, key_id: str, family_id: str) -> KeyRef:
+        """Resolve a key once: the ref every message about it carries (see
+        :class:`~shards.keys.KeyRef`). The same ref for the same key id, always.
+
+        Key ids are unique across families (the gateway's are): a shard refuses an id
+        it already holds under another family (``ValueError``).
+        Synchronous: call it from the trio thread (or before the pool runs).
+        """
+        return self._shard(family_id).state.key_ref(key_id, family_id)
+
     # -- the request walk -----------------------------------------------------------
 
     # ``admit``, ``reserve`` and ``settle`` hand back the shard's own coroutine instead
-    # of awaiting it in one of their own: one coroutine and frame fewer per step.
+    # of awaiting it in one of their own: one coroutine and frame fewer per step. They
+    # route by the ref's shard index: the ref's owner checks it was not another pool's.
 
     def admit(self, req: AdmitRequest) -> Awaitable[Admission]:
         """Step 3 (await it): count the request, check rpm (key, org, platform),
         take a slot."""
-        return self._shards[zlib.crc32(req.family_id.encode()) % self._n].call(req)
+        return self._shards[req.key.shard].call(req)
 
     def reserve(self, req: ReserveRequest) -> Awaitable[Reservation | ReserveRefusal]:
         """Step 8 (await it): count tpm, then reserve key + parent + org
         all-or-nothing."""
-        return self._shards[zlib.crc32(req.family_id.encode()) % self._n].call(req)
+        return self._shards[req.key.shard].call(req)
 
     def settle(self, req: SettleRequest) -> Awaitable[None]:
         """Step 10 (await it): release the slot, resolve the reservation once
@@ -173,12 +188,11 @@ class ShardPool:
         :class:`ShardUnavailable` only if the shard failed or did not confirm in
         time; a late settlement is still applied when the actor reaches it.
         """
-        return self._shards[zlib.crc32(req.family_id.encode()) % self._n].call_must_deliver(req)
+        return self._shards[req.key.shard].call_must_deliver(req)
 
     async def key_status(
         self,
-        key_id: str,
-        family_id: str,
+        key: KeyRef,
         *,
         rpm: int,
         tpm: int | None,
@@ -187,10 +201,9 @@ class ShardPool:
         usd_month: int | None,
     ) -> KeyStatus:
         """Windows of one key for GET /v1/key; counts nothing, takes no slot."""
-        result: KeyStatus = await self._shard(family_id).call(
+        result: KeyStatus = await self._shards[key.shard].call(
             KeyStatusRequest(
-                key_id=key_id,
-                family_id=family_id,
+                key=key,
                 rpm=rpm,
                 tpm=tpm,
                 max_in_flight=max_in_flight,
@@ -202,8 +215,7 @@ class ShardPool:
 
     def key_status_nowait(
         self,
-        key_id: str,
-        family_id: str,
+        key: KeyRef,
         *,
         rpm: int,
         tpm: int | None,
@@ -212,10 +224,9 @@ class ShardPool:
         usd_month: int | None,
     ) -> KeyStatus:
         """Synchronous :meth:`key_status`, bypassing the mailbox (reads only)."""
-        return self._shard(family_id).state.status(
+        return self._shards[key.shard].state.status(
             KeyStatusRequest(
-                key_id=key_id,
-                family_id=family_id,
+                key=key,
                 rpm=rpm,
                 tpm=tpm,
                 max_in_flight=max_in_flight,
@@ -234,7 +245,9 @@ class ShardPool:
         A parent's figures must include its sub-keys' spend: a parent's windows
         hold the whole family's spend, as the caps count it.
         """
-        self._shard(family_id).state.load_spend(key_id, day_spent_nanos, month_spent_nanos)
+        self._shard(family_id).state.load_spend(
+            key_id, family_id, day_spent_nanos, month_spent_nanos
+        )
 
     def set_org(
         self,

@@ -1,10 +1,11 @@
 """The admission state of one shard, and the synchronous steps that change it.
 
-A :class:`ShardState` owns the :class:`KeyState` of every key whose family maps to
-its shard (a sub-key always sits beside its parent), the reservations still pending
-there, and a reference to the pool-wide :class:`~shards.org.OrgBook`. Its methods
-are plain synchronous functions: the shard actor calls them one message at a time,
-and none of them awaits, so each check-then-update is atomic under trio.
+A :class:`ShardState` owns the :class:`KeyState` (behind its :class:`KeyRef`) of
+every key whose family maps to its shard (a sub-key always sits beside its parent),
+the reservations still pending there, and a reference to the pool-wide
+:class:`~shards.org.OrgBook`. Its methods are plain synchronous functions: the shard
+actor calls them one message at a time, and none of them awaits, so each
+check-then-update is atomic under trio.
 
 Admission (step 3, :meth:`ShardState.admit`)
 --------------------------------------------
@@ -61,8 +62,8 @@ from .keys import (
     MONTH_POSTED,
     REQUESTS,
     TOKENS,
+    KeyRef,
     KeyState,
-    new_key_state,
     over_cap,
     resolve,
     roll_minute,
@@ -102,40 +103,51 @@ _ORG_RETRY_AFTER = 60
 _IN_FLIGHT_RETRY_AFTER = 5
 
 
-_IDLE = new_key_state()
-
-
 class ShardState:
     """All keys of one shard. Methods are synchronous: see the module docstring."""
 
     def __init__(
-        self, clock: Clock, orgs: OrgBook, ids: itertools.count[int] | None = None
+        self,
+        clock: Clock,
+        orgs: OrgBook,
+        ids: itertools.count[int] | None = None,
+        index: int = 0,
     ) -> None:
         self._clock = clock
         self.orgs = orgs
-        self.keys: dict[str, KeyState] = {}
+        #: this shard's index in its pool (what its keys' refs route by)
+        self.index = index
+        self.keys: dict[str, KeyRef] = {}
         #: reservation id → (reservation, its key's state, its parent's state), while
         #: pending: the settlement finds the states without looking them up again
         self.pending: dict[int, tuple[Reservation, KeyState, KeyState | None]] = {}
         self._ids = ids if ids is not None else itertools.count(1)
 
-    def key(self, key_id: str) -> KeyState:
-        """The key's state, created on first use.
+    def key_ref(self, key_id: str, family_id: str) -> KeyRef:
+        """The key's ref, created (with a blank state) on first use.
 
-        The steps write ``self.keys.get(k) or self.key(k)``: the common case without
-        the method call (a key state, ten ints, is never empty, so never false).
+        Synchronous: call it from the trio thread, like every change outside the
+        actor (a blank state changes no admission).
         """
-        state = self.keys.get(key_id)
-        if state is None:
-            state = self.keys[key_id] = new_key_state()
-        return state
+        ref = self.keys.get(key_id)
+        if ref is None:
+            ref = self.keys[key_id] = KeyRef(key_id, family_id, self.index, self)
+        elif ref.family_id != family_id:
+            raise ValueError(f"key {key_id!r} is of family {ref.family_id!r}, not {family_id!r}")
+        return ref
+
+    def _foreign(self, ref: KeyRef) -> ValueError:
+        return ValueError(f"{ref!r} belongs to another shard")
 
     # -- step 3 -----------------------------------------------------------------
 
     def admit(self, req: AdmitRequest) -> Admission:
         t = self._clock.now()
         minute = int(t // MINUTE_S)
-        key = self.keys.get(req.key_id) or self.key(req.key_id)
+        ref = req.key
+        if ref.owner is not self:
+            raise self._foreign(ref)
+        key = ref.state
         roll_minute(key, minute)
         key[REQUESTS] = count = key[REQUESTS] + 1
         rpm = req.rpm
@@ -202,11 +214,17 @@ class ShardState:
         cost, org_cost, tokens = req.cost, req.org_cost, req.tokens
         if cost < 0 or org_cost < 0 or tokens < 0:
             raise ValueError(f"negative amount in {req!r}")
-        if req.parent_id == req.key_id:
-            raise ValueError(f"key {req.key_id!r} is its own parent")
+        ref, parent_ref = req.key, req.parent
+        if ref.owner is not self:
+            raise self._foreign(ref)
+        if parent_ref is not None:
+            if parent_ref.owner is not self:
+                raise self._foreign(parent_ref)
+            if parent_ref is ref:
+                raise ValueError(f"key {ref.key_id!r} is its own parent")
         t = self._clock.now()
         minute = int(t // MINUTE_S)
-        key = self.keys.get(req.key_id) or self.key(req.key_id)
+        key = ref.state
         roll_minute(key, minute)
         counted = key[TOKENS] + tokens
         key[TOKENS] = counted if counted < INT64_MAX else INT64_MAX
@@ -219,8 +237,8 @@ class ShardState:
         if over := over_cap(key, cost, req.key_usd_day, req.key_usd_month):
             return ReserveRefusal(code=KEY_CAP_EXCEEDED, scope="key", limit=over)
         parent = None
-        if req.parent_id is not None:
-            parent = self.keys.get(req.parent_id) or self.key(req.parent_id)
+        if parent_ref is not None:
+            parent = parent_ref.state
             roll_spend(parent, day, month)
             if over := over_cap(parent, cost, req.parent_usd_day, req.parent_usd_month):
                 return ReserveRefusal(code=KEY_CAP_EXCEEDED, scope="parent", limit=over)
@@ -240,9 +258,9 @@ class ShardState:
         org.month_pending += org_cost
         res = Reservation(
             id=next(self._ids),
-            key_id=req.key_id,
-            family_id=req.family_id,
-            parent_id=req.parent_id,
+            key_id=ref.key_id,
+            family_id=ref.family_id,
+            parent_id=parent_ref.key_id if parent_ref is not None else None,
             org_id=req.org_id,
             tokens=tokens,
             key_nanos=cost,
@@ -257,6 +275,9 @@ class ShardState:
     # -- step 10 ----------------------------------------------------------------
 
     def settle(self, req: SettleRequest) -> None:
+        ref = req.key
+        if ref.owner is not self:
+            raise self._foreign(ref)
         entry = None
         if req.reservation is not None:
             entry = self.pending.pop(req.reservation.id, None)
@@ -264,15 +285,11 @@ class ShardState:
                 logger.debug("reservation %d already resolved", req.reservation.id)
                 return
         if req.slot_taken:
-            holder = (
-                entry[1]
-                if entry is not None and entry[0].key_id == req.key_id
-                else self.key(req.key_id)
-            )
+            holder = ref.state
             if holder[IN_FLIGHT] > 0:
                 holder[IN_FLIGHT] -= 1
             else:
-                logger.error("settle released a slot key %s did not hold", req.key_id)
+                logger.error("settle released a slot key %s did not hold", ref.key_id)
         if entry is None:
             return
         res, key, parent = entry
@@ -297,14 +314,17 @@ class ShardState:
     # -- reads and loading ------------------------------------------------------
 
     def status(self, req: KeyStatusRequest) -> KeyStatus:
+        ref = req.key
+        if ref.owner is not self:
+            raise self._foreign(ref)
         t = self._clock.now()
         minute = int(t // MINUTE_S)
         day = int(t // DAY_S)
         month = month_of_day(day)
-        key = self.keys.get(req.key_id, _IDLE)
+        key = ref.state
         fresh_minute = key[MINUTE] == minute
         return KeyStatus(
-            key_id=req.key_id,
+            key_id=ref.key_id,
             day=_window(
                 key[DAY_POSTED] if key[DAY] == day else 0,
                 key[DAY_PENDING] if key[DAY] == day else 0,
@@ -326,11 +346,11 @@ class ShardState:
             reset_requests_s=seconds_until_minute_reset(t),
         )
 
-    def load_spend(self, key_id: str, day_spent: int, month_spent: int) -> None:
+    def load_spend(self, key_id: str, family_id: str, day_spent: int, month_spent: int) -> None:
         """Set the posted spend of the current day and month (start-up rebuild)."""
         t = self._clock.now()
         day = int(t // DAY_S)
-        key = self.key(key_id)
+        key = self.key_ref(key_id, family_id).state
         roll_spend(key, day, month_of_day(day))
         key[DAY_POSTED] = day_spent
         key[MONTH_POSTED] = month_spent

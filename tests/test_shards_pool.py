@@ -55,22 +55,28 @@ async def pool(wall: FakeClock) -> AsyncIterator[ShardPool]:
         nursery.cancel_scope.cancel()
 
 
-def admit_req(key: str = "k1", family: str = "f1", **kw: Any) -> AdmitRequest:
+def admit_req(pool: ShardPool, key: str = "k1", family: str = "f1", **kw: Any) -> AdmitRequest:
     kw = {"rpm": 60, "max_in_flight": 20, **kw}
-    return AdmitRequest(key_id=key, family_id=family, org_id="org", **kw)
+    return AdmitRequest(key=pool.key_ref(key, family), org_id="org", **kw)
 
 
-def reserve_req(key: str = "k1", family: str = "f1", **kw: Any) -> ReserveRequest:
+def reserve_req(
+    pool: ShardPool, key: str = "k1", family: str = "f1", parent: str | None = None, **kw: Any
+) -> ReserveRequest:
     kw = {"tokens": 10, "cost": 1 * USD, "org_cost": 1 * USD, **kw}
-    return ReserveRequest(key_id=key, family_id=family, org_id="org", **kw)
-
-
-def settle_req(res: Reservation | None, cap: int = 0, *, slot: bool = False) -> SettleRequest:
-    return SettleRequest(
-        key_id=res.key_id if res else "k1",
-        family_id=res.family_id if res else "f1",
-        parent_id=res.parent_id if res else None,
+    return ReserveRequest(
+        key=pool.key_ref(key, family),
+        parent=pool.key_ref(parent, family) if parent else None,
         org_id="org",
+        **kw,
+    )
+
+
+def settle_req(
+    pool: ShardPool, res: Reservation | None, cap: int = 0, *, slot: bool = False
+) -> SettleRequest:
+    return SettleRequest(
+        key=pool.key_ref(res.key_id, res.family_id) if res else pool.key_ref("k1", "f1"),
         slot_taken=slot,
         reservation=res,
         cap_amount=cap,
@@ -80,7 +86,12 @@ def settle_req(res: Reservation | None, cap: int = 0, *, slot: bool = False) -> 
 
 def status(pool: ShardPool, key: str = "k1", family: str = "f1") -> KeyStatus:
     return pool.key_status_nowait(
-        key, family, rpm=60, tpm=None, max_in_flight=20, usd_day=None, usd_month=None
+        pool.key_ref(key, family),
+        rpm=60,
+        tpm=None,
+        max_in_flight=20,
+        usd_day=None,
+        usd_month=None,
     )
 
 
@@ -111,29 +122,42 @@ def test_routing_is_stable_and_not_pythons_hash() -> None:
 
 async def test_parent_and_sub_key_share_the_family_shard(pool: ShardPool) -> None:
     res = await pool.reserve(
-        reserve_req("child", "fam_x", parent_id="parent", parent_usd_day=1 * USD)
+        reserve_req(pool, "child", "fam_x", parent="parent", parent_usd_day=1 * USD)
     )
     assert isinstance(res, Reservation)
     refused = await pool.reserve(
-        reserve_req("child2", "fam_x", parent_id="parent", parent_usd_day=1 * USD)
+        reserve_req(pool, "child2", "fam_x", parent="parent", parent_usd_day=1 * USD)
     )
     assert isinstance(refused, ReserveRefusal) and refused.scope == "parent"
     keys = pool.statistics().keys_per_shard
     assert keys[pool.shard_index("fam_x")] == 3 and sum(keys) == 3
 
 
+async def test_a_key_resolves_to_one_ref_that_another_pool_refuses(
+    pool: ShardPool, wall: FakeClock
+) -> None:
+    ref = pool.key_ref("k1", "f1")
+    assert pool.key_ref("k1", "f1") is ref and ref.shard == pool.shard_index("f1")
+    other = ShardPool(n_shards=4, clock=wall)
+    stranger = other.key_ref("k1", "f1")  # same id, same shard index, another pool
+    with pytest.raises(ShardUnavailable):
+        await pool.admit(AdmitRequest(key=stranger, org_id="org", rpm=60, max_in_flight=20))
+    assert stranger.state.tolist() == other.key_ref("fresh", "f1").state.tolist()
+    assert status(pool).requests_this_minute == 0
+
+
 # ----------------------------------------------------------- the request walk
 
 
 async def test_walk_admit_reserve_settle(pool: ShardPool) -> None:
-    adm = await pool.admit(admit_req())
+    adm = await pool.admit(admit_req(pool))
     assert adm.ok and adm.slot_taken
-    res = await pool.reserve(reserve_req(cost=5 * USD, org_cost=5 * USD))
+    res = await pool.reserve(reserve_req(pool, cost=5 * USD, org_cost=5 * USD))
     assert isinstance(res, Reservation)
     assert pool.org_snapshot("org").reserved == 5 * USD
-    await pool.settle(settle_req(res, 2 * USD, slot=True))
+    await pool.settle(settle_req(pool, res, 2 * USD, slot=True))
     s = await pool.key_status(
-        "k1", "f1", rpm=60, tpm=None, max_in_flight=20, usd_day=None, usd_month=None
+        pool.key_ref("k1", "f1"), rpm=60, tpm=None, max_in_flight=20, usd_day=None, usd_month=None
     )
     assert (s.in_flight, s.day.spent, s.day.reserved, s.requests_this_minute) == (
         0,
@@ -151,22 +175,22 @@ async def test_walk_admit_reserve_settle(pool: ShardPool) -> None:
 async def test_key_status_takes_no_slot_and_counts_nothing(pool: ShardPool) -> None:
     for _ in range(3):
         await pool.key_status(
-            "k1", "f1", rpm=1, tpm=None, max_in_flight=1, usd_day=None, usd_month=None
+            pool.key_ref("k1", "f1"), rpm=1, tpm=None, max_in_flight=1, usd_day=None, usd_month=None
         )
     assert (status(pool).requests_this_minute, status(pool).in_flight) == (0, 0)
-    assert (await pool.admit(admit_req(rpm=1, max_in_flight=1))).ok
+    assert (await pool.admit(admit_req(pool, rpm=1, max_in_flight=1))).ok
 
 
 async def test_load_spend_counts_against_caps(pool: ShardPool) -> None:
     pool.load_spend("k1", "f1", 9 * USD, 20 * USD)
-    refused = await pool.reserve(reserve_req(cost=2 * USD, key_usd_day=10 * USD))
+    refused = await pool.reserve(reserve_req(pool, cost=2 * USD, key_usd_day=10 * USD))
     assert isinstance(refused, ReserveRefusal) and refused.limit == "usd_day"
     assert (status(pool).day.spent, status(pool).month.spent) == (9 * USD, 20 * USD)
 
 
 async def test_org_credits_can_be_topped_up(pool: ShardPool) -> None:
     pool.set_org("poor", 1 * USD, None)
-    req = reserve_req(org_cost=2 * USD)._replace(org_id="poor")
+    req = reserve_req(pool, org_cost=2 * USD)._replace(org_id="poor")
     refused = await pool.reserve(req)
     assert isinstance(refused, ReserveRefusal) and refused.code == "insufficient_credits"
     assert pool.add_org_credits("poor", 1 * USD) == 2 * USD
@@ -184,9 +208,9 @@ async def test_caller_that_times_out_leaves_no_effect(
     # No actor is running yet: the message waits in the mailbox, the caller gives up.
     start = trio.current_time()
     with pytest.raises(ShardUnavailable):
-        await pool.admit(admit_req())
+        await pool.admit(admit_req(pool))
     with pytest.raises(ShardUnavailable):
-        await pool.reserve(reserve_req())
+        await pool.reserve(reserve_req(pool))
     assert trio.current_time() - start == pytest.approx(4.0)
     assert sum(pool.statistics().queue_lengths) == 2
     async with trio.open_nursery() as nursery:
@@ -197,7 +221,7 @@ async def test_caller_that_times_out_leaves_no_effect(
         s = status(pool)
         assert (s.requests_this_minute, s.in_flight, s.tokens_this_minute) == (0, 0, 0)
         assert s.day.reserved == 0 and pool.org_snapshot("org").reserved == 0
-        assert (await pool.admit(admit_req())).ok  # and the shard serves on
+        assert (await pool.admit(admit_req(pool))).ok  # and the shard serves on
         nursery.cancel_scope.cancel()
 
 
@@ -210,7 +234,7 @@ async def test_watchdog_bounds_the_wait_while_the_pool_runs(
         await nursery.start(pool._watchdog.run)
         start = trio.current_time()
         with pytest.raises(ShardUnavailable):
-            await pool.admit(admit_req())
+            await pool.admit(admit_req(pool))
         waited = trio.current_time() - start
         assert 2.0 <= waited <= 2.5 + 1e-9
         assert pool.statistics().timed_out == 1
@@ -224,7 +248,7 @@ async def test_watchdog_bounds_the_wait_while_the_pool_runs(
 async def test_cancelled_caller_abandons_its_message(pool: ShardPool) -> None:
     with trio.CancelScope() as scope:
         scope.cancel()  # the client went away before the shard answered
-        await pool.admit(admit_req())
+        await pool.admit(admit_req(pool))
     assert scope.cancelled_caught
     await trio.testing.wait_all_tasks_blocked()
     assert pool.statistics().abandoned == 1
@@ -236,9 +260,9 @@ async def test_full_mailbox_is_back_pressure_then_unavailable(
 ) -> None:
     pool = ShardPool(n_shards=1, clock=wall, queue_size=1, reply_timeout_s=1.0)
     with pytest.raises(ShardUnavailable):
-        await pool.admit(admit_req())  # queued, then abandoned
+        await pool.admit(admit_req(pool))  # queued, then abandoned
     with pytest.raises(ShardUnavailable, match="mailbox full"):
-        await pool.admit(admit_req())  # never queued
+        await pool.admit(admit_req(pool))  # never queued
     assert pool.statistics().queue_lengths == (1,)
 
 
@@ -255,12 +279,13 @@ async def test_tiny_mailbox_many_callers_every_walk_completes(wall: FakeClock) -
     async def caller(n: int) -> None:
         nonlocal walks
         for i in range(25):
-            key, family = f"k{n % 8}", families[(n + i) % 4]
-            admission = await pool.admit(admit_req(key, family, rpm=10**6))
+            family = families[(n + i) % 4]
+            key = f"{family}/k{n % 8}"
+            admission = await pool.admit(admit_req(pool, key, family, rpm=10**6))
             assert admission.ok
-            res = await pool.reserve(reserve_req(key, family, cost=1_000, org_cost=1_000))
+            res = await pool.reserve(reserve_req(pool, key, family, cost=1_000, org_cost=1_000))
             assert isinstance(res, Reservation)
-            await pool.settle(settle_req(res, 1_000, slot=True))
+            await pool.settle(settle_req(pool, res, 1_000, slot=True))
             walks += 1
 
     with trio.fail_after(30):
@@ -277,7 +302,7 @@ async def test_tiny_mailbox_many_callers_every_walk_completes(wall: FakeClock) -
     assert (stats.handled, stats.timed_out, stats.failed) == (3 * walks, 0, 0)
     assert stats.queue_lengths == (0, 0) and stats.pending_reservations == (0, 0)
     assert [shard.queued for shard in shards] == [0, 0]
-    in_flight = [status(pool, f"k{k}", f).in_flight for k in range(8) for f in families]
+    in_flight = [status(pool, f"{f}/k{k}", f).in_flight for k in range(8) for f in families]
     assert set(in_flight) == {0}
     assert pool.org_snapshot("org").used == walks * 1_000
 
@@ -290,12 +315,12 @@ async def test_failing_message_answers_unavailable_and_the_actor_serves_on(
 ) -> None:
     with caplog.at_level(logging.ERROR, logger="shards"):
         with pytest.raises(ShardUnavailable):
-            await pool.admit(admit_req(rpm=None))  # the handler raises TypeError
+            await pool.admit(admit_req(pool, rpm=None))  # the handler raises TypeError
         with pytest.raises(ShardUnavailable):
-            await pool.reserve(reserve_req(cost=-1))  # the handler raises ValueError
+            await pool.reserve(reserve_req(pool, cost=-1))  # the handler raises ValueError
     assert [r.name for r in caplog.records] == ["shards", "shards"]
     assert caplog.records[0].exc_info is not None
-    assert (await pool.admit(admit_req())).ok
+    assert (await pool.admit(admit_req(pool))).ok
     stats = pool.statistics()
     assert (stats.failed, stats.handled, stats.running) == (2, 1, True)
 
@@ -309,7 +334,7 @@ async def test_a_dead_actor_loop_takes_the_pool_down(wall: FakeClock) -> None:
             # (not a handler, whose errors go back to the caller) once a call wakes it
             pool._shards[pool.shard_index("f1")].send_channel.send_nowait(None)  # type: ignore[arg-type]
             with pytest.raises(ShardUnavailable):  # the stopping actor answers its queue
-                await pool.admit(admit_req())
+                await pool.admit(admit_req(pool))
             await trio.sleep_forever()
 
 
@@ -317,11 +342,11 @@ async def test_a_dead_actor_loop_takes_the_pool_down(wall: FakeClock) -> None:
 
 
 async def test_settle_is_delivered_when_the_caller_is_cancelled(pool: ShardPool) -> None:
-    res = await pool.reserve(reserve_req(cost=5 * USD, org_cost=5 * USD))
+    res = await pool.reserve(reserve_req(pool, cost=5 * USD, org_cost=5 * USD))
     assert isinstance(res, Reservation)
     with trio.CancelScope() as scope:
         scope.cancel()  # the client disconnected before the settlement
-        await pool.settle(settle_req(res, 3 * USD))
+        await pool.settle(settle_req(pool, res, 3 * USD))
         await trio.lowlevel.checkpoint()  # the cancellation lands after the settlement
     assert scope.cancelled_caught
     assert (status(pool).day.spent, status(pool).day.reserved) == (3 * USD, 0)
@@ -335,7 +360,7 @@ async def test_settle_survives_cancellation_while_queued(
     pool.set_org("org", 100 * USD, None)
     async with trio.open_nursery() as nursery:
         await nursery.start(pool.run)
-        res = await pool.reserve(reserve_req(cost=5 * USD, org_cost=5 * USD))
+        res = await pool.reserve(reserve_req(pool, cost=5 * USD, org_cost=5 * USD))
         assert isinstance(res, Reservation)
         nursery.cancel_scope.cancel()
     # The shard is stopped: the settlement waits in its mailbox, the client leaves.
@@ -345,7 +370,7 @@ async def test_settle_survives_cancellation_while_queued(
     async def settle_then_disconnect() -> None:
         with client:
             try:
-                await pool.settle(settle_req(res, 4 * USD))
+                await pool.settle(settle_req(pool, res, 4 * USD))
                 outcome.append("confirmed")
             except ShardUnavailable:
                 outcome.append("unconfirmed")
@@ -370,11 +395,11 @@ async def test_settle_survives_cancellation_while_queued(
 
 
 async def test_settle_twice_through_the_pool_counts_once(pool: ShardPool) -> None:
-    res = await pool.reserve(reserve_req(cost=5 * USD, org_cost=5 * USD))
+    res = await pool.reserve(reserve_req(pool, cost=5 * USD, org_cost=5 * USD))
     assert isinstance(res, Reservation)
     async with trio.open_nursery() as nursery:
         for _ in range(3):
-            nursery.start_soon(pool.settle, settle_req(res, 2 * USD))
+            nursery.start_soon(pool.settle, settle_req(pool, res, 2 * USD))
     assert status(pool).day.spent == 2 * USD
     assert pool.org_snapshot("org").used == 2 * USD
 

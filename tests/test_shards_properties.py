@@ -142,8 +142,7 @@ def check_invariants(pool: ShardPool, sc: Scenario, ledger: Ledger) -> None:
     for key in KEYS:
         caps = sc.caps[key]
         s = pool.key_status_nowait(
-            key,
-            FAMILY,
+            pool.key_ref(key, FAMILY),
             rpm=caps.rpm,
             tpm=None,
             max_in_flight=caps.max_in_flight,
@@ -171,8 +170,7 @@ async def client(
         caps = sc.caps[op.key]
         admission = await pool.admit(
             AdmitRequest(
-                key_id=op.key,
-                family_id=FAMILY,
+                key=pool.key_ref(op.key, FAMILY),
                 org_id=ORG,
                 rpm=caps.rpm,
                 max_in_flight=caps.max_in_flight,
@@ -186,9 +184,8 @@ async def client(
         is_child = op.key != PARENT
         outcome = await pool.reserve(
             ReserveRequest(
-                key_id=op.key,
-                family_id=FAMILY,
-                parent_id=PARENT if is_child else None,
+                key=pool.key_ref(op.key, FAMILY),
+                parent=pool.key_ref(PARENT, FAMILY) if is_child else None,
                 org_id=ORG,
                 tokens=1,
                 cost=op.cost,
@@ -204,10 +201,7 @@ async def client(
         reservation = outcome if isinstance(outcome, Reservation) else None
         await trio.sleep(op.pause_before_settle)
         settle = SettleRequest(
-            key_id=op.key,
-            family_id=FAMILY,
-            parent_id=PARENT if is_child else None,
-            org_id=ORG,
+            key=pool.key_ref(op.key, FAMILY),
             slot_taken=admission.slot_taken,
             reservation=reservation,
             cap_amount=op.cap_amount,
@@ -262,8 +256,7 @@ async def play(sc: Scenario) -> None:
         for key in KEYS:
             caps = sc.caps[key]
             s = pool.key_status_nowait(
-                key,
-                FAMILY,
+                pool.key_ref(key, FAMILY),
                 rpm=caps.rpm,
                 tpm=None,
                 max_in_flight=caps.max_in_flight,

@@ -19,6 +19,7 @@ from shards import (
     NANOS_PER_USD,
     AdmitRequest,
     FakeClock,
+    KeyRef,
     KeyStatusRequest,
     NonDecreasingClock,
     Reservation,
@@ -54,24 +55,24 @@ class World:
         month = month_window(self.clock.now())
         self.orgs.set_org(ORG, credits, budget, billed, month)
 
+    def ref(self, key: str) -> KeyRef:
+        return self.state.key_ref(key, FAMILY)
+
     def admit(self, key: str = PARENT, **kw: Any) -> Any:
         kw = {"rpm": 60, "max_in_flight": 20, **kw}
-        return self.state.admit(AdmitRequest(key_id=key, family_id=FAMILY, org_id=ORG, **kw))
+        return self.state.admit(AdmitRequest(key=self.ref(key), org_id=ORG, **kw))
 
     def reserve(self, key: str = PARENT, **kw: Any) -> Reservation | ReserveRefusal:
         kw = {"tokens": 10, "cost": 1 * USD, "org_cost": 1 * USD, **kw}
         if key == CHILD:
-            kw.setdefault("parent_id", PARENT)
-        return self.state.reserve(ReserveRequest(key_id=key, family_id=FAMILY, org_id=ORG, **kw))
+            kw.setdefault("parent", self.ref(PARENT))
+        return self.state.reserve(ReserveRequest(key=self.ref(key), org_id=ORG, **kw))
 
     def settle(self, res: Reservation | None, cap: int = 0, billed: int = 0, **kw: Any) -> None:
         key = res.key_id if res is not None else kw.pop("key", PARENT)
         self.state.settle(
             SettleRequest(
-                key_id=key,
-                family_id=FAMILY,
-                parent_id=res.parent_id if res is not None else None,
-                org_id=ORG,
+                key=self.ref(key),
                 reservation=res,
                 cap_amount=cap,
                 billed_amount=billed,
@@ -81,7 +82,7 @@ class World:
 
     def status(self, key: str = PARENT, **kw: Any) -> Any:
         kw = {"rpm": 60, "tpm": None, "max_in_flight": 20, "usd_day": None, "usd_month": None}
-        return self.state.status(KeyStatusRequest(key_id=key, family_id=FAMILY, **kw))
+        return self.state.status(KeyStatusRequest(key=self.ref(key), **kw))
 
     def spend(self, key: str) -> tuple[int, int, int, int]:
         """(day posted, day pending, month posted, month pending) as a reader sees them."""
@@ -275,8 +276,8 @@ def test_spend_caps_on_key_and_parent(
     expected: tuple[str, str] | None,
 ) -> None:
     w = World()
-    w.state.load_spend(CHILD, spent[0], spent[0])
-    w.state.load_spend(PARENT, spent[1], spent[1])  # a parent's figure includes the child's
+    w.state.load_spend(CHILD, FAMILY, spent[0], spent[0])
+    w.state.load_spend(PARENT, FAMILY, spent[1], spent[1])  # a parent's figure includes the child's
     outcome = w.reserve(CHILD, cost=cost, org_cost=0, **key_caps, **parent_caps)
     if expected is None:
         res = reserved(outcome)
@@ -485,11 +486,10 @@ def test_day_and_month_windows_reset(
 
 def test_status_remaining_is_never_negative_and_none_when_unlimited() -> None:
     w = World()
-    w.state.load_spend(PARENT, 12 * USD, 12 * USD)
+    w.state.load_spend(PARENT, FAMILY, 12 * USD, 12 * USD)
     s = w.state.status(
         KeyStatusRequest(
-            key_id=PARENT,
-            family_id=FAMILY,
+            key=w.ref(PARENT),
             rpm=60,
             tpm=None,
             max_in_flight=20,
@@ -501,27 +501,49 @@ def test_status_remaining_is_never_negative_and_none_when_unlimited() -> None:
     assert (s.month.limit, s.month.remaining) == (None, None)
 
 
-def test_status_counts_nothing_and_creates_no_key() -> None:
+def test_status_counts_nothing() -> None:
     w = World()
-    status = w.status("never_seen")
-    assert (status.requests_this_minute, status.in_flight, status.day.spent) == (0, 0, 0)
-    assert "never_seen" not in w.state.keys
+    w.admit()
+    before = w.ref(PARENT).state.tolist()
+    status = w.status()
+    assert (status.requests_this_minute, status.in_flight, status.day.spent) == (1, 1, 0)
+    assert w.ref(PARENT).state.tolist() == before
+    fresh = w.status("never_seen")
+    assert (fresh.requests_this_minute, fresh.in_flight, fresh.day.spent) == (0, 0, 0)
+
+
+def test_a_key_ref_is_one_per_key_and_stays_in_its_family_and_shard() -> None:
+    w = World()
+    assert w.ref(PARENT) is w.ref(PARENT)
+    with pytest.raises(ValueError, match="family"):
+        w.state.key_ref(PARENT, "another_family")
+    other = World()
+    with pytest.raises(ValueError, match="another shard"):
+        w.state.admit(AdmitRequest(key=other.ref(PARENT), org_id=ORG, rpm=1, max_in_flight=1))
+    with pytest.raises(ValueError, match="another shard"):
+        w.reserve(CHILD, parent=other.ref(PARENT))
+    with pytest.raises(ValueError, match="own parent"):
+        w.reserve(CHILD, parent=w.ref(CHILD))
+    assert other.ref(PARENT).state.tolist() == other.ref("untouched").state.tolist()
 
 
 # ------------------------------------------------------------------ messages
 
 
 def test_messages_are_frozen_keyword_only_with_defaults() -> None:
-    req = AdmitRequest(key_id="k", family_id="f", org_id="o", rpm=1, max_in_flight=1)
+    req = AdmitRequest(key="k", org_id="o", rpm=1, max_in_flight=1)  # type: ignore[arg-type]
     assert (req.take_slot, req.org_rpm) == (True, None)
     with pytest.raises(AttributeError):
         req.rpm = 2  # type: ignore[misc]
     with pytest.raises(TypeError):
-        AdmitRequest("k", "f", "o", 1, 1)  # type: ignore[misc]
+        AdmitRequest("k", "o", 1, 1)  # type: ignore[misc]
     with pytest.raises(TypeError):
-        AdmitRequest(key_id="k", family_id="f", org_id="o", rpm=1)  # type: ignore[call-arg]
+        AdmitRequest(key="k", org_id="o", rpm=1)  # type: ignore[call-arg]
     assert req._replace(rpm=5) == AdmitRequest(
-        key_id="k", family_id="f", org_id="o", rpm=5, max_in_flight=1
+        key="k",  # type: ignore[arg-type]
+        org_id="o",
+        rpm=5,
+        max_in_flight=1,
     )
     assert not hasattr(req, "__dict__")
     assert copy.deepcopy(req) == req and pickle.loads(pickle.dumps(req)) == req

@@ -10,7 +10,7 @@ from gateway.admission import admit, unavailable
 from gateway.auth import authenticate
 from gateway.catalog import nanos_to_usd, usd_to_nanos
 from gateway.http import json_response, runtime
-from gateway.keys import KeyRecord, iso
+from gateway.keys import KeyRecord, iso, key_ref
 from shards import ShardUnavailable, SpendWindow
 
 
@@ -34,8 +34,7 @@ async def key_view(record: KeyRecord) -> dict[str, Any]:
     caps = record.caps
     try:
         status = await rt.pool.key_status(
-            record.id,
-            record.family_id,
+            key_ref(record),
             rpm=caps.rpm,
             tpm=caps.tpm,
             max_in_flight=caps.max_in_flight,
