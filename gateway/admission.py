@@ -64,8 +64,10 @@ async def count_request(record: KeyRecord) -> None:
 
 def _admit_request(record: KeyRecord, *, take_slot: bool) -> AdmitRequest:
     org = runtime().orgs.get(record.org_id)
+    ref = key_ref(record)
     return AdmitRequest(
-        key=key_ref(record),
+        shard=ref.shard,
+        key=ref.state,
         org_id=record.org_id,
         rpm=record.caps.rpm,
         max_in_flight=record.caps.max_in_flight,
@@ -109,9 +111,11 @@ async def reserve(record: KeyRecord, *, tokens: int, cost: int, org_cost: int) -
     """Step 8: tokens, key and parent spend caps, organisation credits and budget."""
     rt = runtime()
     parent = rt.keyring.get(record.parent_id) if record.parent_id else None
+    ref = key_ref(record)
     request = ReserveRequest(
-        key=key_ref(record),
-        parent=key_ref(parent) if parent else None,
+        shard=ref.shard,
+        key=ref.state,
+        parent=key_ref(parent).state if parent else None,
         org_id=record.org_id,
         tokens=tokens,
         tpm=record.caps.tpm,
@@ -158,9 +162,11 @@ async def settle(
 
     Takes the runtime explicitly: stream pumps settle outside any request context.
     """
+    ref = key_ref(record)
     await rt.pool.settle(
         SettleRequest(
-            key=key_ref(record),
+            shard=ref.shard,
+            key=ref.state,
             slot_taken=slot_taken,
             reservation=reservation,
             cap_amount=cap_amount,

@@ -5,12 +5,13 @@ request handler talks to it in three steps of the request walk::
 
     pool = ShardPool(n_shards=16)
     await nursery.start(pool.run)
-    ref = pool.key_ref(key_id, family_id)            # once per key, kept with it
+    ref = pool.key_ref(key_id, family_id)    # once per key, kept with the key
+    key = {"shard": ref.shard, "key": ref.state}
 
-    adm = await pool.admit(AdmitRequest(key=ref, ...))     # 3: rpm, org rpm, slot
-    res = await pool.reserve(ReserveRequest(key=ref, ...)) # 8: tpm, caps, credits
-    ...                                                    # 9: call the provider
-    await pool.settle(SettleRequest(key=ref, ...))         # 10: release, post or void
+    adm = await pool.admit(AdmitRequest(**key, ...))      # 3: rpm, org rpm, slot
+    res = await pool.reserve(ReserveRequest(**key, ...))  # 8: tpm, caps, credits
+    ...                                                   # 9: call the provider
+    await pool.settle(SettleRequest(**key, ...))          # 10: release, post or void
 
 Where to read next: :mod:`shards.pool` (routing, supervision, the API),
 :mod:`shards.actor` (mailbox, one-shot replies, abandonment),
@@ -25,7 +26,7 @@ limits mean unlimited.
 
 from .actor import ShardUnavailable
 from .clock import Clock, FakeClock, NonDecreasingClock, SystemClock
-from .keys import KeyRef
+from .keys import KeyRef, KeyState
 from .messages import (
     BUDGET_EXCEEDED,
     INSUFFICIENT_CREDITS,
@@ -67,6 +68,7 @@ __all__ = [
     "Clock",
     "FakeClock",
     "KeyRef",
+    "KeyState",
     "KeyStatus",
     "KeyStatusRequest",
     "NonDecreasingClock",

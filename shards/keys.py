@@ -10,7 +10,8 @@ random, a key's state is out of the CPU caches whenever a call reaches it, and
 every cache line it spans costs a miss. A slotted object spans two lines, and each
 counter above 256 is an int object of its own somewhere else in the heap (five or
 more lines per key); the array keeps all ten counters in one buffer of 80 bytes
-and is not tracked by the garbage collector. An idle key costs about 200 bytes.
+and is not tracked by the garbage collector. An idle key, its ref included, costs
+about 300 bytes.
 
 Every counter stays within 64 bits by construction: a reservation is refused unless
 posted + pending + cost fits in :data:`INT64_MAX` nano-USD on each window, so a key
@@ -25,7 +26,7 @@ its own spend only. Rate windows and the in-flight count are per key.
 from __future__ import annotations
 
 from array import array
-from typing import TypeAlias
+from typing import NamedTuple, TypeAlias
 
 from .messages import Reservation
 
@@ -61,44 +62,40 @@ DAY, DAY_POSTED, DAY_PENDING = 4, 5, 6
 #: the UTC-month window, likewise
 MONTH, MONTH_POSTED, MONTH_PENDING = 7, 8, 9
 
+#: a key that has seen nothing: no window open, nothing counted
 _BLANK = array("q", [-1, 0, 0, 0, -1, 0, 0, -1, 0, 0])
 
 #: the largest value a counter holds
 INT64_MAX = 2**63 - 1
 
 
-class KeyRef:
-    """A key resolved once to its shard and its state: how messages name a key.
+class KeyRef(NamedTuple):
+    """A key resolved once: its shard and its state, which messages carry.
 
     Why messages do not name a key by its id: a call names its key in three
     messages (admit, reserve, settle), and a lookup by id in each of them (route by
     a checksum of the family id, then hash the key id into the shard's dict) reads
     the id strings, the dict's slot and entry, each a cache line of its own. With
     100,000 keys picked at random none of them is in the CPU caches when a call
-    arrives, and those misses cost a fifth of the throughput. The caller resolves a
-    key once (:meth:`~shards.pool.ShardPool.key_ref`) and keeps the ref beside its
-    own record of the key; a message then carries the ref, and the shard reaches
-    the state in one step. ``bench/admission.py`` measures the difference.
+    arrives, and those misses cost about a fifth of the throughput. The caller
+    resolves a key once (:meth:`~shards.pool.ShardPool.key_ref`) and keeps the ref
+    with its own record of the key; each message then carries the shard index and
+    the state itself (not the ref: one object fewer to reach per step), so the
+    pool routes by an int and the shard reaches the counters at once.
+    ``bench/admission.py`` measures it.
 
-    A ref is opaque to callers: ``state`` is read and written only by the owning
-    shard (``owner``, checked on every message), so the actor stays the only
-    writer. One ref per key id and pool, for the pool's lifetime: a key's state is
-    never replaced, so a ref never goes stale.
+    The state is a handle, not shared data: only the owning shard's actor reads or
+    writes it (callers pass it on untouched, as they would a file descriptor). One
+    ref per key id and pool, for the pool's lifetime: a key's state is never
+    replaced, so a ref never goes stale.
     """
 
-    __slots__ = ("family_id", "key_id", "owner", "shard", "state")
-
-    def __init__(self, key_id: str, family_id: str, shard: int, owner: object) -> None:
-        self.key_id = key_id
-        self.family_id = family_id
-        #: the index of the owning shard in its pool (where messages are routed)
-        self.shard = shard
-        #: the :class:`~shards.state.ShardState` that alone may touch ``state``
-        self.owner = owner
-        self.state = new_key_state()
-
-    def __repr__(self) -> str:
-        return f"KeyRef({self.key_id!r}, family {self.family_id!r}, shard {self.shard})"
+    key_id: str
+    family_id: str
+    #: the index of the owning shard in its pool (where messages are routed)
+    shard: int
+    #: the key's counters, read and written by the owning shard only
+    state: KeyState
 
 
 def new_key_state() -> KeyState:

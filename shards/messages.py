@@ -1,14 +1,17 @@
 """The vocabulary between request handlers and shard actors.
 
 Every request a handler sends and every answer a shard gives is a
-:class:`typing.NamedTuple`: immutable once sent, so the actor and the caller can
-never share mutable state, and the cheapest immutable record to build (a model
-call builds five of them; a frozen dataclass took twice as long, a tenth of a
-round trip). Build them by keyword, so that a call site reads like the spec's
-table of fields; fields with defaults come last, as tuples require.
+:class:`typing.NamedTuple`: immutable once sent, so the actor and the caller share
+no mutable state but the key's counters (below), and the cheapest immutable record
+to build (a model call builds five of them; a frozen dataclass took twice as long,
+a tenth of a round trip). Build them by keyword, so that a call site reads like the
+spec's table of fields; fields with defaults come last, as tuples require.
 
-A request names its key by a :class:`~shards.keys.KeyRef` (resolved once by
-:meth:`~shards.pool.ShardPool.key_ref`), never by a bare id: see that class for why.
+A request names its key by the ``shard`` and ``state`` of its
+:class:`~shards.keys.KeyRef` (resolved once by :meth:`~shards.pool.ShardPool.key_ref`),
+never by a bare id: see that class for why. The state is the one mutable object a
+message carries, as a handle: only the owning shard reads or writes it.
+
 Money is integer nano-USD (``NANOS_PER_USD`` per dollar); tokens are ints; a limit of
 ``None`` means unlimited.
 
@@ -28,7 +31,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Final, Literal, NamedTuple, TypeVar
 
 if TYPE_CHECKING:
-    from .keys import KeyRef
+    from .keys import KeyState
 
 __all__ = [
     "BUDGET_EXCEEDED",
@@ -99,7 +102,8 @@ def keyword_only(cls: type[_N]) -> type[_N]:
 class AdmitRequest(NamedTuple):
     """Count one request against the rate windows and maybe take an in-flight slot."""
 
-    key: KeyRef
+    shard: int
+    key: KeyState
     org_id: str
     rpm: int
     max_in_flight: int
@@ -131,14 +135,15 @@ class Admission(NamedTuple):
 class ReserveRequest(NamedTuple):
     """Reserve the worst case of one call: tokens, key/parent spend, org money."""
 
-    key: KeyRef
+    shard: int
+    key: KeyState
     org_id: str
     #: worst-case tokens (estimated prompt + full output ceiling)
     tokens: int
     #: worst-case nano-USD counted against the key's and parent's spend caps
     cost: int
-    #: the key's parent (same family, so same shard); None for a root key
-    parent: KeyRef | None = None
+    #: the state of the key's parent (same family, so same shard); None for a root key
+    parent: KeyState | None = None
     tpm: int | None = None
     key_usd_day: int | None = None
     key_usd_month: int | None = None
@@ -156,9 +161,6 @@ class Reservation(NamedTuple):
     ok = True  # (not a field)
 
     id: int
-    key_id: str
-    family_id: str
-    parent_id: str | None
     org_id: str
     tokens: int
     #: pending on the key's day and month windows
@@ -196,10 +198,11 @@ class SettleRequest(NamedTuple):
     Idempotent by reservation id: a settle whose reservation was already resolved
     is a duplicate and changes nothing, its ``slot_taken`` included, so a settle
     may be retried. (Without a reservation, the slot release is not deduplicated.)
-    The reservation names the parent and the org it was made against.
+    The reservation holds the parent and the org it was made against.
     """
 
-    key: KeyRef
+    shard: int
+    key: KeyState
     slot_taken: bool = False
     reservation: Reservation | None = None
     #: nano-USD counted against the key's and parent's caps (≤ reserved)
@@ -215,7 +218,8 @@ class SettleRequest(NamedTuple):
 class KeyStatusRequest(NamedTuple):
     """Read a key's windows for GET /v1/key; counts nothing, takes no slot."""
 
-    key: KeyRef
+    shard: int
+    key: KeyState
     rpm: int
     tpm: int | None
     max_in_flight: int
@@ -240,7 +244,6 @@ class SpendWindow(NamedTuple):
 class KeyStatus(NamedTuple):
     """What GET /v1/key reports under ``usage`` and ``rate_limit``."""
 
-    key_id: str
     day: SpendWindow
     month: SpendWindow
     rpm: int

@@ -5,8 +5,8 @@ shard by ``crc32(family_id) % n_shards`` (:func:`shard_index`), stable across
 processes and restarts, unlike Python's salted ``hash``. So a parent and its
 sub-keys always meet in one actor, and their caps are checked in one step. A key is
 routed once, when the caller resolves it to a :class:`~shards.keys.KeyRef`
-(:meth:`ShardPool.key_ref`); every message then carries the ref, which names its
-shard.
+(:meth:`ShardPool.key_ref`); every message then carries the ref's shard index and
+state.
 
 The request walk through the pool::
 
@@ -168,17 +168,17 @@ class ShardPool:
 
     # ``admit``, ``reserve`` and ``settle`` hand back the shard's own coroutine instead
     # of awaiting it in one of their own: one coroutine and frame fewer per step. They
-    # route by the ref's shard index: the ref's owner checks it was not another pool's.
+    # route by the shard index the caller's ref gave it.
 
     def admit(self, req: AdmitRequest) -> Awaitable[Admission]:
         """Step 3 (await it): count the request, check rpm (key, org, platform),
         take a slot."""
-        return self._shards[req.key.shard].call(req)
+        return self._shards[req.shard].call(req)
 
     def reserve(self, req: ReserveRequest) -> Awaitable[Reservation | ReserveRefusal]:
         """Step 8 (await it): count tpm, then reserve key + parent + org
         all-or-nothing."""
-        return self._shards[req.key.shard].call(req)
+        return self._shards[req.shard].call(req)
 
     def settle(self, req: SettleRequest) -> Awaitable[None]:
         """Step 10 (await it): release the slot, resolve the reservation once
@@ -188,7 +188,7 @@ class ShardPool:
         :class:`ShardUnavailable` only if the shard failed or did not confirm in
         time; a late settlement is still applied when the actor reaches it.
         """
-        return self._shards[req.key.shard].call_must_deliver(req)
+        return self._shards[req.shard].call_must_deliver(req)
 
     async def key_status(
         self,
@@ -203,7 +203,8 @@ class ShardPool:
         """Windows of one key for GET /v1/key; counts nothing, takes no slot."""
         result: KeyStatus = await self._shards[key.shard].call(
             KeyStatusRequest(
-                key=key,
+                shard=key.shard,
+                key=key.state,
                 rpm=rpm,
                 tpm=tpm,
                 max_in_flight=max_in_flight,
@@ -226,7 +227,8 @@ class ShardPool:
         """Synchronous :meth:`key_status`, bypassing the mailbox (reads only)."""
         return self._shards[key.shard].state.status(
             KeyStatusRequest(
-                key=key,
+                shard=key.shard,
+                key=key.state,
                 rpm=rpm,
                 tpm=tpm,
                 max_in_flight=max_in_flight,

@@ -1,6 +1,6 @@
 """The admission state of one shard, and the synchronous steps that change it.
 
-A :class:`ShardState` owns the :class:`KeyState` (behind its :class:`KeyRef`) of
+A :class:`ShardState` owns the :class:`KeyState` (resolved as a :class:`KeyRef`) of
 every key whose family maps to its shard (a sub-key always sits beside its parent),
 the reservations still pending there, and a reference to the pool-wide
 :class:`~shards.org.OrgBook`. Its methods are plain synchronous functions: the shard
@@ -64,6 +64,7 @@ from .keys import (
     TOKENS,
     KeyRef,
     KeyState,
+    new_key_state,
     over_cap,
     resolve,
     roll_minute,
@@ -131,23 +132,17 @@ class ShardState:
         """
         ref = self.keys.get(key_id)
         if ref is None:
-            ref = self.keys[key_id] = KeyRef(key_id, family_id, self.index, self)
+            ref = self.keys[key_id] = KeyRef(key_id, family_id, self.index, new_key_state())
         elif ref.family_id != family_id:
             raise ValueError(f"key {key_id!r} is of family {ref.family_id!r}, not {family_id!r}")
         return ref
-
-    def _foreign(self, ref: KeyRef) -> ValueError:
-        return ValueError(f"{ref!r} belongs to another shard")
 
     # -- step 3 -----------------------------------------------------------------
 
     def admit(self, req: AdmitRequest) -> Admission:
         t = self._clock.now()
         minute = int(t // MINUTE_S)
-        ref = req.key
-        if ref.owner is not self:
-            raise self._foreign(ref)
-        key = ref.state
+        key = req.key
         roll_minute(key, minute)
         key[REQUESTS] = count = key[REQUESTS] + 1
         rpm = req.rpm
@@ -214,17 +209,11 @@ class ShardState:
         cost, org_cost, tokens = req.cost, req.org_cost, req.tokens
         if cost < 0 or org_cost < 0 or tokens < 0:
             raise ValueError(f"negative amount in {req!r}")
-        ref, parent_ref = req.key, req.parent
-        if ref.owner is not self:
-            raise self._foreign(ref)
-        if parent_ref is not None:
-            if parent_ref.owner is not self:
-                raise self._foreign(parent_ref)
-            if parent_ref is ref:
-                raise ValueError(f"key {ref.key_id!r} is its own parent")
+        key, parent = req.key, req.parent
+        if parent is key:
+            raise ValueError("a key is its own parent")
         t = self._clock.now()
         minute = int(t // MINUTE_S)
-        key = ref.state
         roll_minute(key, minute)
         counted = key[TOKENS] + tokens
         key[TOKENS] = counted if counted < INT64_MAX else INT64_MAX
@@ -236,9 +225,7 @@ class ShardState:
         roll_spend(key, day, month)
         if over := over_cap(key, cost, req.key_usd_day, req.key_usd_month):
             return ReserveRefusal(code=KEY_CAP_EXCEEDED, scope="key", limit=over)
-        parent = None
-        if parent_ref is not None:
-            parent = parent_ref.state
+        if parent is not None:
             roll_spend(parent, day, month)
             if over := over_cap(parent, cost, req.parent_usd_day, req.parent_usd_month):
                 return ReserveRefusal(code=KEY_CAP_EXCEEDED, scope="parent", limit=over)
@@ -258,9 +245,6 @@ class ShardState:
         org.month_pending += org_cost
         res = Reservation(
             id=next(self._ids),
-            key_id=ref.key_id,
-            family_id=ref.family_id,
-            parent_id=parent_ref.key_id if parent_ref is not None else None,
             org_id=req.org_id,
             tokens=tokens,
             key_nanos=cost,
@@ -275,9 +259,6 @@ class ShardState:
     # -- step 10 ----------------------------------------------------------------
 
     def settle(self, req: SettleRequest) -> None:
-        ref = req.key
-        if ref.owner is not self:
-            raise self._foreign(ref)
         entry = None
         if req.reservation is not None:
             entry = self.pending.pop(req.reservation.id, None)
@@ -285,11 +266,11 @@ class ShardState:
                 logger.debug("reservation %d already resolved", req.reservation.id)
                 return
         if req.slot_taken:
-            holder = ref.state
+            holder = req.key
             if holder[IN_FLIGHT] > 0:
                 holder[IN_FLIGHT] -= 1
             else:
-                logger.error("settle released a slot key %s did not hold", ref.key_id)
+                logger.error("shard %d: settle released a slot its key did not hold", self.index)
         if entry is None:
             return
         res, key, parent = entry
@@ -314,17 +295,13 @@ class ShardState:
     # -- reads and loading ------------------------------------------------------
 
     def status(self, req: KeyStatusRequest) -> KeyStatus:
-        ref = req.key
-        if ref.owner is not self:
-            raise self._foreign(ref)
         t = self._clock.now()
         minute = int(t // MINUTE_S)
         day = int(t // DAY_S)
         month = month_of_day(day)
-        key = ref.state
+        key = req.key
         fresh_minute = key[MINUTE] == minute
         return KeyStatus(
-            key_id=ref.key_id,
             day=_window(
                 key[DAY_POSTED] if key[DAY] == day else 0,
                 key[DAY_PENDING] if key[DAY] == day else 0,

@@ -35,6 +35,7 @@ from shards import (
     ShardUnavailable,
     shard_index,
 )
+from shards.keys import DAY_POSTED
 
 USD = NANOS_PER_USD
 SHARDS_DIR = Path(__file__).resolve().parent.parent / "shards"
@@ -55,28 +56,40 @@ async def pool(wall: FakeClock) -> AsyncIterator[ShardPool]:
         nursery.cancel_scope.cancel()
 
 
-def admit_req(pool: ShardPool, key: str = "k1", family: str = "f1", **kw: Any) -> AdmitRequest:
+def key(pool: ShardPool, key: str = "k1", family: str = "f1") -> dict[str, Any]:
+    """The message fields that name a key (its shard and state)."""
+    ref = pool.key_ref(key, family)
+    return {"shard": ref.shard, "key": ref.state}
+
+
+def admit_req(pool: ShardPool, key_id: str = "k1", family: str = "f1", **kw: Any) -> AdmitRequest:
     kw = {"rpm": 60, "max_in_flight": 20, **kw}
-    return AdmitRequest(key=pool.key_ref(key, family), org_id="org", **kw)
+    return AdmitRequest(**key(pool, key_id, family), org_id="org", **kw)
 
 
 def reserve_req(
-    pool: ShardPool, key: str = "k1", family: str = "f1", parent: str | None = None, **kw: Any
+    pool: ShardPool, key_id: str = "k1", family: str = "f1", parent: str | None = None, **kw: Any
 ) -> ReserveRequest:
     kw = {"tokens": 10, "cost": 1 * USD, "org_cost": 1 * USD, **kw}
     return ReserveRequest(
-        key=pool.key_ref(key, family),
-        parent=pool.key_ref(parent, family) if parent else None,
+        **key(pool, key_id, family),
+        parent=pool.key_ref(parent, family).state if parent else None,
         org_id="org",
         **kw,
     )
 
 
 def settle_req(
-    pool: ShardPool, res: Reservation | None, cap: int = 0, *, slot: bool = False
+    pool: ShardPool,
+    res: Reservation | None,
+    cap: int = 0,
+    *,
+    slot: bool = False,
+    key_id: str = "k1",
+    family: str = "f1",
 ) -> SettleRequest:
     return SettleRequest(
-        key=pool.key_ref(res.key_id, res.family_id) if res else pool.key_ref("k1", "f1"),
+        **key(pool, key_id, family),
         slot_taken=slot,
         reservation=res,
         cap_amount=cap,
@@ -133,17 +146,13 @@ async def test_parent_and_sub_key_share_the_family_shard(pool: ShardPool) -> Non
     assert keys[pool.shard_index("fam_x")] == 3 and sum(keys) == 3
 
 
-async def test_a_key_resolves_to_one_ref_that_another_pool_refuses(
-    pool: ShardPool, wall: FakeClock
-) -> None:
+def test_a_key_resolves_to_one_ref_on_its_family_shard(wall: FakeClock) -> None:
+    pool = ShardPool(n_shards=4, clock=wall)
     ref = pool.key_ref("k1", "f1")
     assert pool.key_ref("k1", "f1") is ref and ref.shard == pool.shard_index("f1")
-    other = ShardPool(n_shards=4, clock=wall)
-    stranger = other.key_ref("k1", "f1")  # same id, same shard index, another pool
-    with pytest.raises(ShardUnavailable):
-        await pool.admit(AdmitRequest(key=stranger, org_id="org", rpm=60, max_in_flight=20))
-    assert stranger.state.tolist() == other.key_ref("fresh", "f1").state.tolist()
-    assert status(pool).requests_this_minute == 0
+    pool.load_spend("k1", "f1", 3, 4)  # the same key: the same state
+    assert ref.state[DAY_POSTED] == 3
+    assert [len(shard.state.keys) for shard in pool._shards].count(1) == 1
 
 
 # ----------------------------------------------------------- the request walk
@@ -285,7 +294,7 @@ async def test_tiny_mailbox_many_callers_every_walk_completes(wall: FakeClock) -
             assert admission.ok
             res = await pool.reserve(reserve_req(pool, key, family, cost=1_000, org_cost=1_000))
             assert isinstance(res, Reservation)
-            await pool.settle(settle_req(pool, res, 1_000, slot=True))
+            await pool.settle(settle_req(pool, res, 1_000, slot=True, key_id=key, family=family))
             walks += 1
 
     with trio.fail_after(30):

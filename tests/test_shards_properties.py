@@ -168,9 +168,11 @@ async def client(
     for pause_before, op in plan:
         await trio.sleep(pause_before)
         caps = sc.caps[op.key]
+        ref = pool.key_ref(op.key, FAMILY)
         admission = await pool.admit(
             AdmitRequest(
-                key=pool.key_ref(op.key, FAMILY),
+                shard=ref.shard,
+                key=ref.state,
                 org_id=ORG,
                 rpm=caps.rpm,
                 max_in_flight=caps.max_in_flight,
@@ -184,8 +186,9 @@ async def client(
         is_child = op.key != PARENT
         outcome = await pool.reserve(
             ReserveRequest(
-                key=pool.key_ref(op.key, FAMILY),
-                parent=pool.key_ref(PARENT, FAMILY) if is_child else None,
+                shard=ref.shard,
+                key=ref.state,
+                parent=pool.key_ref(PARENT, FAMILY).state if is_child else None,
                 org_id=ORG,
                 tokens=1,
                 cost=op.cost,
@@ -201,7 +204,8 @@ async def client(
         reservation = outcome if isinstance(outcome, Reservation) else None
         await trio.sleep(op.pause_before_settle)
         settle = SettleRequest(
-            key=pool.key_ref(op.key, FAMILY),
+            shard=ref.shard,
+            key=ref.state,
             slot_taken=admission.slot_taken,
             reservation=reservation,
             cap_amount=op.cap_amount,

@@ -49,6 +49,8 @@ class World:
         self.clock = clock or FakeClock.at(2026, 3, 10, 10, 0, 0)
         self.orgs = OrgBook(platform_rpm)
         self.state = ShardState(NonDecreasingClock(self.clock), self.orgs)
+        #: reservation id → the key that made it (a settle names its key)
+        self.reserved_by: dict[int, str] = {}
         self.set_org(credits=1_000 * USD)
 
     def set_org(self, credits: int, budget: int | None = None, billed: int = 0) -> None:
@@ -58,21 +60,29 @@ class World:
     def ref(self, key: str) -> KeyRef:
         return self.state.key_ref(key, FAMILY)
 
+    def key(self, key: str) -> dict[str, Any]:
+        """The message fields that name ``key``."""
+        ref = self.ref(key)
+        return {"shard": ref.shard, "key": ref.state}
+
     def admit(self, key: str = PARENT, **kw: Any) -> Any:
         kw = {"rpm": 60, "max_in_flight": 20, **kw}
-        return self.state.admit(AdmitRequest(key=self.ref(key), org_id=ORG, **kw))
+        return self.state.admit(AdmitRequest(**self.key(key), org_id=ORG, **kw))
 
     def reserve(self, key: str = PARENT, **kw: Any) -> Reservation | ReserveRefusal:
         kw = {"tokens": 10, "cost": 1 * USD, "org_cost": 1 * USD, **kw}
         if key == CHILD:
-            kw.setdefault("parent", self.ref(PARENT))
-        return self.state.reserve(ReserveRequest(key=self.ref(key), org_id=ORG, **kw))
+            kw.setdefault("parent", self.ref(PARENT).state)
+        outcome = self.state.reserve(ReserveRequest(**self.key(key), org_id=ORG, **kw))
+        if isinstance(outcome, Reservation):
+            self.reserved_by[outcome.id] = key
+        return outcome
 
     def settle(self, res: Reservation | None, cap: int = 0, billed: int = 0, **kw: Any) -> None:
-        key = res.key_id if res is not None else kw.pop("key", PARENT)
+        key = self.reserved_by[res.id] if res is not None else kw.pop("key", PARENT)
         self.state.settle(
             SettleRequest(
-                key=self.ref(key),
+                **self.key(key),
                 reservation=res,
                 cap_amount=cap,
                 billed_amount=billed,
@@ -82,7 +92,7 @@ class World:
 
     def status(self, key: str = PARENT, **kw: Any) -> Any:
         kw = {"rpm": 60, "tpm": None, "max_in_flight": 20, "usd_day": None, "usd_month": None}
-        return self.state.status(KeyStatusRequest(key=self.ref(key), **kw))
+        return self.state.status(KeyStatusRequest(**self.key(key), **kw))
 
     def spend(self, key: str) -> tuple[int, int, int, int]:
         """(day posted, day pending, month posted, month pending) as a reader sees them."""
@@ -489,7 +499,7 @@ def test_status_remaining_is_never_negative_and_none_when_unlimited() -> None:
     w.state.load_spend(PARENT, FAMILY, 12 * USD, 12 * USD)
     s = w.state.status(
         KeyStatusRequest(
-            key=w.ref(PARENT),
+            **w.key(PARENT),
             rpm=60,
             tpm=None,
             max_in_flight=20,
@@ -512,34 +522,30 @@ def test_status_counts_nothing() -> None:
     assert (fresh.requests_this_minute, fresh.in_flight, fresh.day.spent) == (0, 0, 0)
 
 
-def test_a_key_ref_is_one_per_key_and_stays_in_its_family_and_shard() -> None:
+def test_a_key_ref_is_one_per_key_and_stays_in_its_family() -> None:
     w = World()
-    assert w.ref(PARENT) is w.ref(PARENT)
+    ref = w.ref(PARENT)
+    assert w.ref(PARENT) is ref and (ref.key_id, ref.family_id, ref.shard) == (PARENT, FAMILY, 0)
     with pytest.raises(ValueError, match="family"):
         w.state.key_ref(PARENT, "another_family")
-    other = World()
-    with pytest.raises(ValueError, match="another shard"):
-        w.state.admit(AdmitRequest(key=other.ref(PARENT), org_id=ORG, rpm=1, max_in_flight=1))
-    with pytest.raises(ValueError, match="another shard"):
-        w.reserve(CHILD, parent=other.ref(PARENT))
     with pytest.raises(ValueError, match="own parent"):
-        w.reserve(CHILD, parent=w.ref(CHILD))
-    assert other.ref(PARENT).state.tolist() == other.ref("untouched").state.tolist()
+        w.reserve(CHILD, parent=w.ref(CHILD).state)
 
 
 # ------------------------------------------------------------------ messages
 
 
 def test_messages_are_frozen_keyword_only_with_defaults() -> None:
-    req = AdmitRequest(key="k", org_id="o", rpm=1, max_in_flight=1)  # type: ignore[arg-type]
+    req = AdmitRequest(shard=0, key="k", org_id="o", rpm=1, max_in_flight=1)  # type: ignore[arg-type]
     assert (req.take_slot, req.org_rpm) == (True, None)
     with pytest.raises(AttributeError):
         req.rpm = 2  # type: ignore[misc]
     with pytest.raises(TypeError):
-        AdmitRequest("k", "o", 1, 1)  # type: ignore[misc]
+        AdmitRequest(0, "k", "o", 1, 1)  # type: ignore[misc]
     with pytest.raises(TypeError):
-        AdmitRequest(key="k", org_id="o", rpm=1)  # type: ignore[call-arg]
+        AdmitRequest(shard=0, key="k", org_id="o", rpm=1)  # type: ignore[call-arg]
     assert req._replace(rpm=5) == AdmitRequest(
+        shard=0,
         key="k",  # type: ignore[arg-type]
         org_id="o",
         rpm=5,
