@@ -116,11 +116,13 @@ def new_pool(keys: list[tuple[str, str, str]]) -> tuple[ShardPool, list[Key]]:
 
 
 def admit_req(shard: int, key: KeyState) -> AdmitRequest:
-    return AdmitRequest(shard=shard, key=key, org_id=ORG, rpm=1_000_000_000, max_in_flight=10_000)
+    return AdmitRequest.build(
+        shard=shard, key=key, org_id=ORG, rpm=1_000_000_000, max_in_flight=10_000
+    )
 
 
 def reserve_req(shard: int, key: KeyState, parent: KeyState) -> ReserveRequest:
-    return ReserveRequest(
+    return ReserveRequest.build(
         shard=shard, key=key, parent=parent, org_id=ORG, tokens=1_200, tpm=None,
         cost=3_000_000, key_usd_day=10**6 * USD, key_usd_month=10**7 * USD,
         parent_usd_day=10**7 * USD, parent_usd_month=10**8 * USD, org_cost=3_000_000,
@@ -129,7 +131,7 @@ def reserve_req(shard: int, key: KeyState, parent: KeyState) -> ReserveRequest:
 
 
 def settle_req(shard: int, key: KeyState, res: Reservation) -> SettleRequest:
-    return SettleRequest(
+    return SettleRequest.build(
         shard=shard, key=key, slot_taken=True, reservation=res, cap_amount=1_000_000,
         billed_amount=1_000_000,
     )  # fmt: skip
@@ -308,7 +310,7 @@ async def bare_round_trip() -> float:
     """One admit with a prebuilt request: a single round trip to an actor."""
     pool, keys = new_pool(key_ids(10))
     key = keys[0][0]
-    request = AdmitRequest(
+    request = AdmitRequest.build(
         shard=key.shard, key=key.state, org_id=ORG, rpm=10**9, max_in_flight=1, take_slot=False
     )
     async with trio.open_nursery() as nursery:
@@ -456,11 +458,17 @@ each call outside the timed part, and the whole walk's median is the third row. 
 throughput rows count whole walks (admit, reserve and settle, all awaited, as the
 gateway does). Keys are sub-keys (so parent caps are checked too), picked at random
 per call, in families of ten over 16 shards: the 10 keys are one family on one
-shard, the 100,000 keys 10,000 families over all 16. "100k vs 10" is the change
-from 10 to 100,000 keys loaded. The 2-core machine is shared with other jobs whose
-load comes in bursts of seconds (the same round moves by up to 50 % between runs,
-and one of the two cores is at times much slower): each figure is the best of 6
-rounds spread over 3 passes, and the worst rounds are printed under the table.
+shard, the 100,000 keys 10,000 families over all 16. Each key is resolved once to
+its `KeyRef` (as the gateway's keyring does when a key record is born), and the
+messages carry its shard index and state. "100k vs 10" is the change from 10 to
+100,000 keys loaded. The paired row runs both pools in one process, taking turns in
+adjacent 0.4 s rounds, and gives the median of the ten ratios: a burst of the
+machine's other load meets both sides of a pair, so it is the steadier measure of
+"flat in keys" (the best rounds of separate runs can land in different moments).
+The 2-core machine is shared with other jobs whose load comes in bursts of seconds
+(the same round moves by up to 50 % between runs, and one of the two cores is at
+times much slower): each other figure is the best of 6 rounds spread over 3
+passes, and the worst rounds are printed under the table.
 
 ### Reading the figures
 
@@ -490,22 +498,30 @@ rounds spread over 3 passes, and the worst rounds are printed under the table.
   about 1 %. Together, over this day's runs of this bench: 1000 callers from about
   21,000 to 27,000–30,000 walks/s with 100,000 keys and from about 31,000 to
   32,000–39,000 with 10; one caller's admit + reserve median from 33.6 to 25.6 µs
-  with 100,000 keys and from 30.6 to 23.6 µs with 10.
-- **Not flat in keys.** One caller's latency stays within a few µs (the per-key work
-  is the same), but with 1000 callers and 100,000 keys picked at random every step
-  meets a key whose state, dict entry and id are out of the caches (between a
-  caller's admit and its reserve, 999 other callers ran), and the caller tasks'
-  own frames compete for the same caches: 15 to 30 % fewer walks/s than with 10
-  keys. It is the keys touched that count, not the shards or the keys loaded: 160
-  keys spread over all 16 shards run as fast as the 10 keys of one family on one
-  shard, and the same 100,000 keys loaded but 160 of them picked run about as fast
-  as 160 keys loaded. In between (2026-11-23, 1000 callers, pinned to one core):
-  1000 keys loaded and picked at random about 7 % below 10 keys; 1000 of the
-  100,000 picked (each caller keeps one key) about 15 % below; all 100,000 picked
-  about 20 % below. A line-level profile puts the growth in the three key lookups
-  (dict entry, key id, state) and in the bench's own pick of a key tuple.
-- **Memory** per idle key is far under its target: the key's array and its dict
-  entry.
+  with 100,000 keys and from 30.6 to 23.6 µs with 10. Later that day, keys resolved
+  once (below).
+- **Keys resolved once (2026-11-23, afternoon).** Until then every step named its
+  key by id: the pool routed by a checksum of the family id and the shard looked the
+  key (and its parent) up in its dict, reading the id strings, the dict's slot and
+  entry, each a cache line that with 100,000 keys picked at random is never in the
+  caches; between a caller's admit and its reserve 999 other callers ran, so every
+  step met them cold again. Now a key is resolved once (`ShardPool.key_ref`, kept on
+  the gateway's key record) and each message carries the shard index and the
+  counters' array itself. In paired rounds (1000 callers) the drop from 10 to
+  100,000 keys went from 16–22 % to 12–16 %; one caller's latency is now flat (+1 to
+  +2 %, was +7 to +9 %). A ref object in the messages instead (one more object per
+  step to reach) kept the old drop, which is why messages carry its two parts.
+- **What is left of "not flat in keys".** With 1000 callers the remaining drop (the
+  paired row) is the cost of touching, at random, memory that 100,000 keys spread
+  over about 30 MB: the harness's own pick of a key (a list slot, a tuple, the two
+  refs) and, in the shard, each key's and parent's array (an object and its buffer)
+  in each of the three steps. Split in paired rounds: picking a random key of
+  100,000 (and touching its state once) while walking one of ten costs 5 to 10 %;
+  each of 1000 callers keeping one key of the 100,000 for the whole round costs 7 to
+  12 %; random keys per call 14 to 17 %. No layout tried in Python got under that:
+  one array per shard for all keys with int handles, or the ref itself an array
+  subclass, measured the same or worse. The 100-caller drop is smaller because
+  fewer callers run between a caller's steps.
 - **How much the machine moves.** Four runs of the same code at 14:50–15:05 UTC, while
   this VM at times ran plain Python about 60 % slower than at 13:10 (their context rows:
   the synchronous calls 15.8–16.2 µs against 9.7 µs, the bare round trip 17–19 µs

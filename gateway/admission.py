@@ -65,7 +65,7 @@ async def count_request(record: KeyRecord) -> None:
 def _admit_request(record: KeyRecord, *, take_slot: bool) -> AdmitRequest:
     org = runtime().orgs.get(record.org_id)
     ref = key_ref(record)
-    return AdmitRequest(
+    return AdmitRequest.build(
         shard=ref.shard,
         key=ref.state,
         org_id=record.org_id,
@@ -112,7 +112,7 @@ async def reserve(record: KeyRecord, *, tokens: int, cost: int, org_cost: int) -
     rt = runtime()
     parent = rt.keyring.get(record.parent_id) if record.parent_id else None
     ref = key_ref(record)
-    request = ReserveRequest(
+    request = ReserveRequest.build(
         shard=ref.shard,
         key=ref.state,
         parent=key_ref(parent).state if parent else None,
@@ -164,7 +164,7 @@ async def settle(
     """
     ref = key_ref(record)
     await rt.pool.settle(
-        SettleRequest(
+        SettleRequest.build(
             shard=ref.shard,
             key=ref.state,
             slot_taken=slot_taken,

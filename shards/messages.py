@@ -71,24 +71,35 @@ _N = TypeVar("_N", bound=tuple[object, ...])
 
 
 def keyword_only(cls: type[_N]) -> type[_N]:
-    """Make a NamedTuple's constructor keyword-only, as cheap as the positional one.
+    """Make a NamedTuple's constructor keyword-only, and add ``cls.build``.
 
     Money and token fields are ints side by side: a call by position that swapped
     two of them would still type-check. The generated ``__new__`` has the same
     fields and defaults, keyword-only, and builds the tuple as NamedTuple's does.
+
+    ``cls.build(...)`` is the same constructor called as a plain function, which
+    is what the request path uses: calling a class goes through ``type.__call__``,
+    which packs the keywords into a dict, unpacks them for ``__new__`` and then
+    calls ``__init__``: 0.6 to 1 µs per message here against 0.4 µs for ``build``,
+    and a model call builds five messages.
     """
     names: tuple[str, ...] = cls._fields  # type: ignore[attr-defined]
     defaults: dict[str, object] = cls._field_defaults  # type: ignore[attr-defined]
     env: dict[str, Any] = {f"_d_{name}": value for name, value in defaults.items()}
     env["_tuple_new"] = tuple.__new__
+    env["_this"] = cls
     params = ", ".join(f"{n}=_d_{n}" if n in defaults else n for n in names)
+    fields = ", ".join(names)
     source = (
-        f"def __new__(_cls, *, {params}):\n    return _tuple_new(_cls, ({', '.join(names)},))\n"
+        f"def __new__(_cls, *, {params}):\n    return _tuple_new(_cls, ({fields},))\n"
+        f"def build(*, {params}):\n    return _tuple_new(_this, ({fields},))\n"
     )
     exec(source, env)
-    new = env["__new__"]
+    new, build = env["__new__"], env["build"]
     new.__qualname__ = f"{cls.__qualname__}.__new__"
+    build.__qualname__ = f"{cls.__qualname__}.build"
     cls.__new__ = staticmethod(new)  # type: ignore[assignment]
+    cls.build = staticmethod(build)  # type: ignore[attr-defined]
     # copy and pickle rebuild a tuple by position: through ``_make``, not ``__new__``
     make = cls._make  # type: ignore[attr-defined]
     cls.__reduce__ = lambda self: (make, (tuple(self),))  # type: ignore[assignment,method-assign]

@@ -202,7 +202,7 @@ class ShardPool:
     ) -> KeyStatus:
         """Windows of one key for GET /v1/key; counts nothing, takes no slot."""
         result: KeyStatus = await self._shards[key.shard].call(
-            KeyStatusRequest(
+            KeyStatusRequest.build(
                 shard=key.shard,
                 key=key.state,
                 rpm=rpm,
@@ -226,7 +226,7 @@ class ShardPool:
     ) -> KeyStatus:
         """Synchronous :meth:`key_status`, bypassing the mailbox (reads only)."""
         return self._shards[key.shard].state.status(
-            KeyStatusRequest(
+            KeyStatusRequest.build(
                 shard=key.shard,
                 key=key.state,
                 rpm=rpm,

@@ -151,7 +151,7 @@ class ShardState:
         reset = (minute + 1) * MINUTE_S - int(t)
         remaining = rpm - count if count < rpm else 0
         if count > rpm:
-            return Admission(
+            return Admission.build(
                 ok=False,
                 code=RATE_LIMITED,
                 retry_after=reset,
@@ -169,7 +169,7 @@ class ShardState:
         elif (cap := self.orgs.platform_rpm) is not None and platform_count > cap:
             scope = "platform"
         if scope is not None:
-            return Admission(
+            return Admission.build(
                 ok=False,
                 code=RATE_LIMITED,
                 retry_after=_ORG_RETRY_AFTER,
@@ -181,7 +181,7 @@ class ShardState:
             )
         if req.take_slot:
             if key[IN_FLIGHT] >= req.max_in_flight:
-                return Admission(
+                return Admission.build(
                     ok=False,
                     code=TOO_MANY_IN_FLIGHT,
                     retry_after=_IN_FLIGHT_RETRY_AFTER,
@@ -192,7 +192,7 @@ class ShardState:
                     slot_taken=False,
                 )
             key[IN_FLIGHT] += 1
-        return Admission(
+        return Admission.build(
             ok=True,
             code=None,
             retry_after=None,
@@ -219,22 +219,24 @@ class ShardState:
         key[TOKENS] = counted if counted < INT64_MAX else INT64_MAX
         if req.tpm is not None and counted > req.tpm:
             retry = seconds_until_minute_reset(t)
-            return ReserveRefusal(code=RATE_LIMITED, scope="key", limit="tpm", retry_after=retry)
+            return ReserveRefusal.build(
+                code=RATE_LIMITED, scope="key", limit="tpm", retry_after=retry
+            )
         day = int(t // DAY_S)
         month = month_of_day(day)
         roll_spend(key, day, month)
         if over := over_cap(key, cost, req.key_usd_day, req.key_usd_month):
-            return ReserveRefusal(code=KEY_CAP_EXCEEDED, scope="key", limit=over)
+            return ReserveRefusal.build(code=KEY_CAP_EXCEEDED, scope="key", limit=over)
         if parent is not None:
             roll_spend(parent, day, month)
             if over := over_cap(parent, cost, req.parent_usd_day, req.parent_usd_month):
-                return ReserveRefusal(code=KEY_CAP_EXCEEDED, scope="parent", limit=over)
+                return ReserveRefusal.build(code=KEY_CAP_EXCEEDED, scope="parent", limit=over)
         org = self.orgs.get(req.org_id)
         org.roll_month(month)
         if req.check_credits and org.debited + org.pending + org_cost > org.credits:
-            return ReserveRefusal(code=INSUFFICIENT_CREDITS, scope="org", limit="credits")
+            return ReserveRefusal.build(code=INSUFFICIENT_CREDITS, scope="org", limit="credits")
         if org.budget is not None and org.month_billed + org.month_pending + org_cost > org.budget:
-            return ReserveRefusal(code=BUDGET_EXCEEDED, scope="org", limit="budget_month")
+            return ReserveRefusal.build(code=BUDGET_EXCEEDED, scope="org", limit="budget_month")
         # Every check passed: from here on nothing can refuse.
         key[DAY_PENDING] += cost
         key[MONTH_PENDING] += cost
@@ -243,7 +245,7 @@ class ShardState:
             parent[MONTH_PENDING] += cost
         org.pending += org_cost
         org.month_pending += org_cost
-        res = Reservation(
+        res = Reservation.build(
             id=next(self._ids),
             org_id=req.org_id,
             tokens=tokens,
@@ -301,7 +303,7 @@ class ShardState:
         month = month_of_day(day)
         key = req.key
         fresh_minute = key[MINUTE] == minute
-        return KeyStatus(
+        return KeyStatus.build(
             day=_window(
                 key[DAY_POSTED] if key[DAY] == day else 0,
                 key[DAY_PENDING] if key[DAY] == day else 0,
@@ -351,6 +353,6 @@ def _clamp(amount: int, reserved: int, res: Reservation, what: str) -> int:
 
 def _window(posted: int, pending: int, limit: int | None, resets: int) -> SpendWindow:
     remaining = None if limit is None else max(0, limit - posted - pending)
-    return SpendWindow(
+    return SpendWindow.build(
         spent=posted, reserved=pending, limit=limit, remaining=remaining, resets_at=resets
     )

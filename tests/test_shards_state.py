@@ -553,3 +553,25 @@ def test_messages_are_frozen_keyword_only_with_defaults() -> None:
     )
     assert not hasattr(req, "__dict__")
     assert copy.deepcopy(req) == req and pickle.loads(pickle.dumps(req)) == req
+
+
+@pytest.mark.parametrize(
+    ("cls", "fields"),
+    [
+        (AdmitRequest, {"shard": 1, "key": "k", "org_id": "o", "rpm": 2, "max_in_flight": 3}),
+        (
+            Reservation,
+            {"id": 1, "org_id": "o", "tokens": 2, "key_nanos": 3, "parent_nanos": 4}
+            | {"org_nanos": 5, "day": 6, "month": 7},
+        ),
+        (ReserveRefusal, {"code": "rate_limited", "scope": "key", "limit": "tpm"}),
+    ],
+)
+def test_build_is_the_keyword_only_constructor(cls: Any, fields: dict[str, Any]) -> None:
+    built = cls.build(**fields)
+    assert type(built) is cls and built == cls(**fields)
+    assert built._asdict() == {**cls._field_defaults, **fields}
+    with pytest.raises(TypeError):
+        cls.build(*fields.values())
+    with pytest.raises(TypeError):
+        cls.build(**fields, unknown=1)
