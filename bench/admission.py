@@ -498,8 +498,11 @@ passes, and the worst rounds are printed under the table.
   about 1 %. Together, over this day's runs of this bench: 1000 callers from about
   21,000 to 27,000–30,000 walks/s with 100,000 keys and from about 31,000 to
   32,000–39,000 with 10; one caller's admit + reserve median from 33.6 to 25.6 µs
-  with 100,000 keys and from 30.6 to 23.6 µs with 10. Later that day, keys resolved
-  once (below).
+  with 100,000 keys and from 30.6 to 23.6 µs with 10. Later that day: keys resolved
+  once (below), and messages built by a plain function (`Cls.build`) instead of a
+  class call, whose keyword arguments `type.__call__` packs into a dict and unpacks
+  again (0.6 to 1.4 µs per message against 0.4 to 0.6): the three synchronous steps
+  from 9.4–9.7 to 7.3 µs.
 - **Keys resolved once (2026-11-23, afternoon).** Until then every step named its
   key by id: the pool routed by a checksum of the family id and the shard looked the
   key (and its parent) up in its dict, reading the id strings, the dict's slot and
@@ -507,27 +510,36 @@ passes, and the worst rounds are printed under the table.
   caches; between a caller's admit and its reserve 999 other callers ran, so every
   step met them cold again. Now a key is resolved once (`ShardPool.key_ref`, kept on
   the gateway's key record) and each message carries the shard index and the
-  counters' array itself. In paired rounds (1000 callers) the drop from 10 to
-  100,000 keys went from 16–22 % to 12–16 %; one caller's latency is now flat (+1 to
-  +2 %, was +7 to +9 %). A ref object in the messages instead (one more object per
-  step to reach) kept the old drop, which is why messages carry its two parts.
-- **What is left of "not flat in keys".** With 1000 callers the remaining drop (the
-  paired row) is the cost of touching, at random, memory that 100,000 keys spread
-  over about 30 MB: the harness's own pick of a key (a list slot, a tuple, the two
-  refs) and, in the shard, each key's and parent's array (an object and its buffer)
-  in each of the three steps. Split in paired rounds: picking a random key of
-  100,000 (and touching its state once) while walking one of ten costs 5 to 10 %;
-  each of 1000 callers keeping one key of the 100,000 for the whole round costs 7 to
-  12 %; random keys per call 14 to 17 %. No layout tried in Python got under that:
-  one array per shard for all keys with int handles, or the ref itself an array
-  subclass, measured the same or worse. The 100-caller drop is smaller because
-  fewer callers run between a caller's steps.
-- **How much the machine moves.** Four runs of the same code at 14:50–15:05 UTC, while
-  this VM at times ran plain Python about 60 % slower than at 13:10 (their context rows:
-  the synchronous calls 15.8–16.2 µs against 9.7 µs, the bare round trip 17–19 µs
-  against 10.2 µs), gave 1000-caller figures of 25,000–37,000 (10 keys) and
-  23,000–31,000 walks/s (100,000 keys), and one caller's median 23.8–24.5 / 25.8–38.8
-  µs. The table above is the 13:10 run; nothing in `shards/` changed after it.
+  counters' array itself. One caller's latency is now flat in keys (+2 to +4 % in
+  the day's last runs, was +7 to +9 %). With many callers the gain is modest and
+  hard to see through the noise: 100 callers −15 to +4 % (was −14 %); 1000 callers,
+  paired rounds, −13 to −21 % in this bench's last four runs and a median of about
+  −15 % in a dozen shorter paired runs, against −16 to −22 % for the code before.
+  A ref object in the messages instead (one more object per step to reach) kept
+  the old drop, which is why messages carry its two parts.
+- **Not flat with 1000 callers: what is left.** The drop is the cost of touching, at
+  random, memory that 100,000 keys spread over about 30 MB, at a moment when the
+  1000 walks in flight have pushed everything else out of the caches: the harness's
+  own pick of a key (a list slot, a tuple, the two refs) and, in the shard, each
+  key's and parent's array (an object and its buffer) in each of the three steps,
+  about ten lines per walk that with 10 keys stay in the caches. Split in paired
+  rounds: picking a random key of 100,000 (and touching its state once) while
+  walking one of ten costs 5 to 10 %; each of 1000 callers keeping one key of the
+  100,000 for the whole round costs 7 to 12 %; random keys per call 14 to 17 %.
+  With 100 callers, fewer walks run between a caller's steps and the lines are
+  still cached. No layout tried in Python got under that: one array per shard for
+  all keys with int handles, or the ref itself an array subclass, measured the same
+  or worse; an untried one is sub-tables small enough that every index is one of
+  CPython's cached small ints (one line per state instead of two).
+- **Memory** per idle key is far under its target: the key's array, its ref and its
+  dict entry.
+- **How much the machine moves.** Three runs within ten minutes (16:23 UTC, before
+  `build`; 16:31 and 16:32, the same code as the table) gave, with 1000 callers,
+  32,283 / 40,517 / 38,850 walks/s with 10 keys and 27,158 / 31,379 / 35,138 with
+  100,000 (−16 / −23 / −10 %), and paired medians of −14 / −19 / −21 % whose single
+  pairs ranged from −47 to +7 %; worst rounds go down to 18,000–23,000. The context
+  rows (synchronous steps, bare round trip) show when the VM itself was slow. The
+  ≥ 30,000 target at 100,000 keys holds in a quiet moment, with little margin.
 - **What was tried and left out.** Posting the settlement without waiting for its
   reply (one round trip fewer per walk): no gain that stood out of the noise, and it
   would weaken "settled when settle returns". Huge pages for the loaded heap, in case
