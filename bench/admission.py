@@ -527,10 +527,11 @@ passes, and the worst rounds are printed under the table.
   walking one of ten costs 5 to 10 %; each of 1000 callers keeping one key of the
   100,000 for the whole round costs 7 to 12 %; random keys per call 14 to 17 %.
   With 100 callers, fewer walks run between a caller's steps and the lines are
-  still cached. No layout tried in Python got under that: one array per shard for
-  all keys with int handles, or the ref itself an array subclass, measured the same
-  or worse; an untried one is sub-tables small enough that every index is one of
-  CPython's cached small ints (one line per state instead of two).
+  still cached. No layout tried in Python got under that, in paired rounds against
+  this one: one array per shard for all keys with int handles; the ref itself an
+  array subclass; arrays of 25 keys each, so that a key's counters are one buffer
+  line behind an object shared by 25 keys and its offset a cached small int. Each
+  measured the same or worse.
 - **Memory** per idle key is far under its target: the key's array, its ref and its
   dict entry.
 - **How much the machine moves.** Three runs within ten minutes (16:23 UTC, before
