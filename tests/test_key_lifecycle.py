@@ -317,6 +317,8 @@ async def test_rotation_refusals_and_status(gateway: Gateway) -> None:
         ("byok", "yes"),
         ("byok", 1),
         ("expires_at", "9999-12-31T23:59:59-23:59"),
+        ("parent_id", "key_abc"),  # a field of sub-keys: refused, not a root key
+        ("allowed_model", ["gpt-4o-mini"]),  # a typo: refused, not an unrestricted key
     ],
 )
 async def test_admin_key_fields_of_the_wrong_kind_are_400(

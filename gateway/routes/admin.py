@@ -162,7 +162,22 @@ async def set_webhook(org_id: str) -> Response:
 # -- keys ------------------------------------------------------------------------------------
 
 
+#: the body of POST /admin/keys (DECISIONS.md, admin API table)
+KEY_FIELDS = frozenset(
+    {
+        "org_id", "name", "mode", "environment", "scopes", "keys_manage", "caps",
+        "data_mode", "byok", "allowed_models", "required_tags", "default_tags", "expires_at",
+    }
+)  # fmt: skip
+
+
 def _key_settings(body: dict[str, Any]) -> dict[str, Any]:
+    # refused, not ignored: a typo ("allowed_model") or a field of sub-keys ("parent_id")
+    # must not silently give a key without what was asked
+    if unknown := sorted(set(body) - KEY_FIELDS):
+        raise GatewayError(
+            "invalid_request", f"Unknown field {unknown[0]!r} in a key body.", unknown[0]
+        )
     mode = body.get("mode", "sandbox")
     if mode not in MODES:
         raise GatewayError("invalid_request", "mode must be live or sandbox.", param="mode")
