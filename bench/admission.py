@@ -78,7 +78,7 @@ ROUNDS = 2
 PASSES = 3
 BIG = 100_000
 #: pairs of adjacent rounds (10 keys, 100,000 keys) for the paired flatness row
-PAIRS = 10
+PAIRS = 16
 MEMORY_KEYS = 50_000
 
 
@@ -462,7 +462,7 @@ shard, the 100,000 keys 10,000 families over all 16. Each key is resolved once t
 its `KeyRef` (as the gateway's keyring does when a key record is born), and the
 messages carry its shard index and state. "100k vs 10" is the change from 10 to
 100,000 keys loaded. The paired row runs both pools in one process, taking turns in
-adjacent 0.4 s rounds, and gives the median of the ten ratios: a burst of the
+adjacent 0.4 s rounds, and gives the median of the 16 ratios: a burst of the
 machine's other load meets both sides of a pair, so it is the steadier measure of
 "flat in keys" (the best rounds of separate runs can land in different moments).
 The 2-core machine is shared with other jobs whose load comes in bursts of seconds
@@ -512,8 +512,8 @@ passes, and the worst rounds are printed under the table.
   the gateway's key record) and each message carries the shard index and the
   counters' array itself. One caller's latency is now flat in keys (+2 to +4 % in
   the day's last runs, was +7 to +9 %). With many callers the gain is modest and
-  hard to see through the noise: 100 callers −15 to +4 % (was −14 %); 1000 callers,
-  paired rounds, −13 to −21 % in this bench's last four runs and a median of about
+  hard to see through the noise: 100 callers −15 to +5 % (was −14 %); 1000 callers,
+  paired rounds, −14 to −21 % in this bench's last five runs and a median of about
   −15 % in a dozen shorter paired runs, against −16 to −22 % for the code before.
   A ref object in the messages instead (one more object per step to reach) kept
   the old drop, which is why messages carry its two parts.
@@ -534,13 +534,16 @@ passes, and the worst rounds are printed under the table.
   measured the same or worse.
 - **Memory** per idle key is far under its target: the key's array, its ref and its
   dict entry.
-- **How much the machine moves.** Three runs within ten minutes (16:23 UTC, before
-  `build`; 16:31 and 16:32, the same code as the table) gave, with 1000 callers,
-  32,283 / 40,517 / 38,850 walks/s with 10 keys and 27,158 / 31,379 / 35,138 with
-  100,000 (−16 / −23 / −10 %), and paired medians of −14 / −19 / −21 % whose single
-  pairs ranged from −47 to +7 %; worst rounds go down to 18,000–23,000. The context
-  rows (synchronous steps, bare round trip) show when the VM itself was slow. The
-  ≥ 30,000 target at 100,000 keys holds in a quiet moment, with little margin.
+- **How much the machine moves.** Runs of this bench within forty minutes (16:23 UTC,
+  before `build`; 16:31, 16:33, 17:00 and 17:01, the code of the table, whose last run
+  is the table) gave, with 1000 callers, 32,283 / 40,517 / 38,850 / 26,850 / 37,807
+  walks/s with 10 keys and 27,158 / 31,379 / 35,138 / 31,281 / 33,766 with 100,000
+  (−16 / −23 / −10 / +17 / −11 %): the best rounds of separate runs can land in
+  different moments of the machine's other load, which is why the paired row exists.
+  Its medians were −14 / −19 / −21 / −18 / −16 %, single pairs ranging from −47 to
+  +23 %; worst rounds go down to 18,000–23,000. The context rows (synchronous steps,
+  bare round trip) show when the VM itself was slow. The ≥ 30,000 target at 100,000
+  keys holds in a quiet moment, with little margin.
 - **What was tried and left out.** Posting the settlement without waiting for its
   reply (one round trip fewer per walk): no gain that stood out of the noise, and it
   would weaken "settled when settle returns". Huge pages for the loaded heap, in case
