@@ -8,10 +8,10 @@ request handler talks to it in three steps of the request walk::
     ref = pool.key_ref(key_id, family_id)    # once per key, kept with the key
     key = {"shard": ref.shard, "key": ref.state}
 
-    adm = await pool.admit(AdmitRequest(**key, ...))      # 3: rpm, org rpm, slot
-    res = await pool.reserve(ReserveRequest(**key, ...))  # 8: tpm, caps, credits
-    ...                                                   # 9: call the provider
-    await pool.settle(SettleRequest(**key, ...))          # 10: release, post or void
+    adm = await pool.admit(AdmitRequest.build(**key, ...))      # 3: rpm, slot
+    res = await pool.reserve(ReserveRequest.build(**key, ...))  # 8: tpm, caps, credits
+    ...                                                         # 9: call the provider
+    await pool.settle(SettleRequest.build(**key, ...))          # 10: post or void
 
 Where to read next: :mod:`shards.pool` (routing, supervision, the API),
 :mod:`shards.actor` (mailbox, one-shot replies, abandonment),

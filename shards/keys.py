@@ -77,7 +77,7 @@ class KeyRef(NamedTuple):
     a checksum of the family id, then hash the key id into the shard's dict) reads
     the id strings, the dict's slot and entry, each a cache line of its own. With
     100,000 keys picked at random none of them is in the CPU caches when a call
-    arrives, and those misses cost about a fifth of the throughput. The caller
+    arrives, and each miss costs more than the rest of the lookup. The caller
     resolves a key once (:meth:`~shards.pool.ShardPool.key_ref`) and keeps the ref
     with its own record of the key; each message then carries the shard index and
     the state itself (not the ref: one object fewer to reach per step), so the
