@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
-from quart import Response, g, request
+from quart import Response, current_app, g, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from gateway.errors import GatewayError, render
 from gateway.http import new_request_id
@@ -53,6 +53,19 @@ async def _drain_body() -> bool:
     return True
 
 
+def _allowed_methods() -> str:
+    """The ``Allow`` value of a 405 (RFC 9110 requires it): the path's methods, without
+    the HEAD the framework adds to GET routes (HEAD is a 405 here)."""
+    adapter = current_app.create_url_adapter(request)
+    try:
+        adapter.match(method="-")  # no route takes it: the path's methods come back
+    except MethodNotAllowed as exc:
+        return ", ".join(sorted(set(exc.valid_methods or ()) - {"HEAD"}))
+    except HTTPException:
+        pass
+    return ""
+
+
 def create_app(runtime: Runtime) -> QuartTrio:
     app = QuartTrio("svc-gateway")
     app.config.update(
@@ -79,6 +92,8 @@ def create_app(runtime: Runtime) -> QuartTrio:
     async def _common_headers(response: Response) -> Response:
         if not await _drain_body():
             response.headers["Connection"] = "close"
+        if response.status_code == 405:
+            response.headers["Allow"] = _allowed_methods()
         request_id = getattr(g, "request_id", None)
         if request_id is not None:
             response.headers["X-Request-Id"] = request_id
