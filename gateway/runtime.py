@@ -57,7 +57,9 @@ class Runtime:
         self.alerts = Alerts(self)
         self.byok: dict[tuple[str, str], str] = {}
         self.mock = MockProvider.for_models(self.config.models)
-        self.providers: dict[str, Provider] = build_providers(self.config, self.mock)
+        self.providers: dict[str, Provider] = build_providers(
+            self.config, self.mock, self.provider_secrets
+        )
         #: the root nursery of the server, where stream pumps run (set by serve())
         self.nursery: trio.Nursery | None = None
         self.public_limiter = PublicCatalogLimiter(
@@ -173,6 +175,12 @@ class Runtime:
         else:
             env = self.config.provider(model.config.provider).api_key_env
         return os.environ.get(env) if env else None
+
+    def provider_secrets(self) -> list[str]:
+        """Every upstream credential this server can send now: the providers' keys and
+        the organisations' BYOK keys (read at each use, as :meth:`provider_key` does)."""
+        names = {p.api_key_env for p in self.config.providers} | set(self.byok.values())
+        return [value for name in names if name and (value := os.environ.get(name))]
 
     async def aclose_providers(self) -> None:
         for provider in self.providers.values():
