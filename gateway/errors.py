@@ -84,6 +84,8 @@ CATALOG: dict[str, ErrorSpec] = {
     "not_found": _spec(404, False, "Not found."),
     # 405
     "method_not_allowed": _spec(405, False, "Method not allowed on this path."),
+    # 408 (a request body that did not arrive in time: [server] body_timeout_s)
+    "request_body_timeout": _spec(408, True, "The request body did not arrive in time."),
     # 409
     "idempotency_conflict": _spec(409, True, "The Idempotency-Key is in conflict."),
     "provider_credential_missing": _spec(
@@ -115,7 +117,7 @@ DEFAULT_5XX_RETRY_AFTER = 1
 
 def error_type(status: int) -> str:
     """The spec's error.type, derived from the status alone."""
-    if status in (400, 405, 413, 422):
+    if status in (400, 405, 408, 413, 422):
         return "invalid_request_error"
     if status == 401:
         return "authentication_error"

@@ -1,4 +1,8 @@
-"""Small HTTP helpers shared by the routes: JSON answers, body parsing, the request id."""
+"""Small HTTP helpers shared by the routes: JSON answers, body parsing, the request id.
+
+Bodies are read through the request's :class:`~gateway.bodies.BodyGate` (never Quart's
+buffer): only a handler that has authenticated the request reads one.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 from quart import Response, current_app, g, request
 
+from gateway.bodies import gate_of
 from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
@@ -48,8 +53,16 @@ MAX_DEPTH = 255
 
 
 async def read_json_object(param: str | None = None) -> dict[str, Any]:
-    """The request body as a JSON object, or 400 invalid_request."""
-    raw = await request.get_data(cache=True)
+    """The request body as a JSON object, or 400 invalid_request (408, 413, 503 when it
+    cannot be read: see gateway/bodies.py). Read once; later calls get the same object."""
+    if "body" not in g:
+        g.body = await _read_json_object(param)
+    return g.body
+
+
+async def _read_json_object(param: str | None) -> dict[str, Any]:
+    gate = gate_of(request)
+    raw = await gate.read() if gate is not None else b""
     if not raw:
         raise GatewayError("invalid_request", "The request body must be a JSON object.", param)
     try:

@@ -6,7 +6,8 @@
       ├─ spend alerts      (threshold checks and webhook delivery)
       ├─ last-used flusher
       ├─ stream pumps      (one per streamed call, bounded by the call's deadline)
-      └─ hypercorn         (nursery.start: hands back the bound addresses)
+      └─ hypercorn         (nursery.start: hands back the bound addresses; at most
+                            [server] max_connections open, gateway/connections.py)
 
 Supervision is structural: if the writer or a shard dies, the exception cancels the
 root nursery and with it the HTTP server, so the process never keeps answering with
@@ -23,12 +24,12 @@ from collections.abc import Awaitable, Callable
 import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.config import Sockets
-from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from gateway.app import create_app
 from gateway.asgi_guard import FinalSendGuard
 from gateway.config import Config
+from gateway.connections import connection_cap, serve_http
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.server")
@@ -90,10 +91,11 @@ async def serve(
             root.start_soon(_flush_last_used, runtime)
 
             async def http(*, task_status: trio.TaskStatus[list[str]]) -> None:
-                await worker_serve(
+                await serve_http(
                     app,
                     config,
-                    sockets=sockets,
+                    sockets,
+                    connection_cap(runtime.config),
                     shutdown_trigger=shutdown_trigger,
                     task_status=task_status,
                 )
