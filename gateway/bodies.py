@@ -9,9 +9,10 @@ limit. Here :class:`BodyGateMiddleware` sits between the server and Quart:
    decides, nothing of the body is taken from the server: Quart's receiving task waits,
    the server's small per-request queue fills, and TCP holds the client back.
 2. A handler that has authenticated the request (headers only) calls :meth:`BodyGate.read`:
-   the body's bytes are first reserved in the server-wide :class:`BodyBudget` (503
-   ``service_unavailable`` when the budget stays full for ``BUDGET_WAIT_S``), then read
-   under the size limit (413) and the deadline (408 ``request_body_timeout``).
+   the body's bytes are first reserved in the server-wide :class:`BodyBudget` (it waits
+   for room, unread, up to ``body_timeout_s``; past that 503 ``service_unavailable``,
+   retryable), then read under the size limit (413) and the deadline (408
+   ``request_body_timeout``).
 3. Every other answer discards the body (:meth:`BodyGate.discard`): read and dropped,
    never kept, under the same deadline, so a kept-alive connection stays usable. A body
    too large, too slow or cut off makes the answer close the connection instead.
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
 #: bytes a second a body must average once the grace has passed
 MIN_RATE = 1024
 MIN_RATE_GRACE_S = 5.0
-#: how long a body waits for room in the budget before the request is refused (503)
-BUDGET_WAIT_S = 5.0
 #: the scope key under which the middleware hands a request's gate to the app
 SCOPE_KEY = "svc.body_gate"
 ASGIApp = Callable[[Scope, ASGIReceiveCallable, ASGISendCallable], Awaitable[None]]
@@ -162,7 +161,8 @@ class BodyGate:
         self.reserved = 0
 
     async def _reserve(self, size: int) -> None:
-        if not await self.budget.take(size, trio.current_time() + BUDGET_WAIT_S):
+        """Room in the budget, waited for (the body unread) up to ``body_timeout_s``."""
+        if not await self.budget.take(size, trio.current_time() + self.timeout_s):
             raise GatewayError(
                 "service_unavailable", "The server is busy reading other request bodies."
             )

@@ -24,6 +24,7 @@ from functools import partial
 import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.config import Sockets
+from hypercorn.events import Event, Updated
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -71,15 +72,23 @@ def connection_cap(config: Config) -> int:
 
 
 class _CountedStream(trio.abc.HalfCloseableStream):
-    """A client connection that gives its place back when closed (once)."""
+    """A client connection that gives its place back when closed (once).
+
+    Its sends are serialised, EOF included: hypercorn sends answers under a lock but
+    half-closes without it, from the reading task, when a client keeps sending after an
+    answer that closes the connection (a refused trickling body); the answer's last
+    send then failed with BusyResourceError, logged as an error of the app.
+    """
 
     def __init__(self, stream: trio.SocketStream, release: Callable[[], None]) -> None:
         self.stream = stream
         self.socket = stream.socket  # hypercorn reads the peer and local addresses
         self._release: Callable[[], None] | None = release
+        self._sending = trio.Lock()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await self.stream.send_all(data)
+        async with self._sending:
+            await self.stream.send_all(data)
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.stream.wait_send_all_might_not_block()
@@ -88,7 +97,8 @@ class _CountedStream(trio.abc.HalfCloseableStream):
         return await self.stream.receive_some(max_bytes)
 
     async def send_eof(self) -> None:
-        await self.stream.send_eof()
+        async with self._sending:
+            await self.stream.send_eof()
 
     async def aclose(self) -> None:
         try:
@@ -97,6 +107,30 @@ class _CountedStream(trio.abc.HalfCloseableStream):
             if self._release is not None:
                 self._release()
                 self._release = None
+
+
+class _Connection(TCPServer):
+    """hypercorn's connection, ended as soon as the client is gone.
+
+    Once its read loop ends (the client closed or reset the connection), hypercorn
+    still waits for the connection's idle timer (``keep_alive_timeout``, 30 s) before it
+    closes the socket: a client that connects and leaves held a descriptor, and a
+    place under the cap, for that long. The timer is stopped instead, so the socket is
+    closed at once (a request still in progress was already told of the disconnect),
+    and an answer that finishes after that does not start it again.
+    """
+
+    client_gone = False
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        self.client_gone = True
+        await self.idle_task.stop()
+
+    async def protocol_send(self, event: Event) -> None:
+        if self.client_gone and isinstance(event, Updated) and event.idle:
+            return  # an answer finishing after the client left: no timer to wait for
+        await super().protocol_send(event)
 
 
 class CappedListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
@@ -152,7 +186,7 @@ async def serve_http(
                 for sock in sockets.insecure_sockets
             ]
             task_status.started(binds)
-            handler = partial(TCPServer, app, config, context, ConnectionState(lifespan_state))
+            handler = partial(_Connection, app, config, context, ConnectionState(lifespan_state))
             try:
                 async with trio.open_nursery(strict_exception_groups=True) as nursery:
                     nursery.start_soon(raise_shutdown, shutdown_trigger)

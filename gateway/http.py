@@ -7,7 +7,6 @@ buffer): only a handler that has authenticated the request reads one.
 from __future__ import annotations
 
 import json
-import re
 import secrets
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +23,11 @@ if TYPE_CHECKING:
 #: output budgets: an integer too large for 64 bits is still an integer, only over any limit
 OUTPUT_BUDGETS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 INT64_MAX = 2**63 - 1
-_LONG_DIGITS = re.compile(rb"\d{19,}")
+#: every digit as "0": a body holds an integer of 19 digits or more iff the mapped body
+#: holds 19 zeros in a row (a C-speed scan; the regex \d{19,} took 0.4 s on a 10 MB body,
+#: all of it blocking the event loop)
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"0" * 9)
+_LONG_DIGITS = b"0" * 19
 
 
 def new_request_id() -> str:
@@ -75,7 +78,7 @@ async def _read_json_object(param: str | None) -> dict[str, Any]:
         raise GatewayError("invalid_request", "The request body must be a JSON object.", param)
     if raw.count(b"[") + raw.count(b"{") > MAX_DEPTH:
         _refuse_too_deep(body, param)
-    if _LONG_DIGITS.search(raw):
+    if _LONG_DIGITS in raw.translate(_DIGITS_AS_ZERO):
         _exact_output_budgets(raw, body)
     return body
 
