@@ -9,10 +9,10 @@ limit. Here :class:`BodyGateMiddleware` sits between the server and Quart:
    decides, nothing of the body is taken from the server: Quart's receiving task waits,
    the server's small per-request queue fills, and TCP holds the client back.
 2. A handler that has authenticated the request (headers only) calls :meth:`BodyGate.read`:
-   the body's bytes are first reserved in the server-wide :class:`BodyBudget` (it waits
-   for room, unread, up to ``body_timeout_s``; past that 503 ``service_unavailable``,
-   retryable), then read under the size limit (413) and the deadline (408
-   ``request_body_timeout``).
+   a body over ``SMALL_BODY`` first reserves its bytes in the server-wide
+   :class:`BodyBudget` (it waits for room, unread, up to ``body_timeout_s``; past that
+   503 ``service_unavailable``, retryable), then every body is read under the size
+   limit (413) and the deadline (408 ``request_body_timeout``).
 3. Every other answer discards the body (:meth:`BodyGate.discard`): read and dropped,
    never kept, under the same deadline, so a kept-alive connection stays usable. A body
    too large, too slow or cut off makes the answer close the connection instead.
@@ -43,6 +43,12 @@ if TYPE_CHECKING:
 #: bytes a second a body must average once the grace has passed
 MIN_RATE = 1024
 MIN_RATE_GRACE_S = 5.0
+#: a body up to this size is not counted in the budget: at most ``max_connections`` of
+#: them are read at once, so they are bounded already, and a request with a usual body
+#: (a long stream included) never waits for room
+SMALL_BODY = 64 * 1024
+#: large refused bodies read and dropped at once
+DISCARDS = 4
 #: the scope key under which the middleware hands a request's gate to the app
 SCOPE_KEY = "svc.body_gate"
 ASGIApp = Callable[[Scope, ASGIReceiveCallable, ASGISendCallable], Awaitable[None]]
@@ -51,15 +57,17 @@ ASGIApp = Callable[[Scope, ASGIReceiveCallable, ASGISendCallable], Awaitable[Non
 class BodyBudget:
     """Bytes of request bodies held at once, across every request of the server.
 
-    A body holds its share from the moment it is reserved until its request has been
-    answered (its parsed form lives as long as the call). Never more than ``limit`` is
-    held: a reservation waits for room, bounded by a deadline.
+    A body over ``SMALL_BODY`` holds its share from the moment it is reserved until its
+    request has been answered (its parsed form lives as long as the call). Never more
+    than ``limit`` is held: a reservation waits for room, bounded by a deadline.
     """
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.held = 0
         self._freed = trio.Event()
+        #: large bodies being read only to be dropped (see BodyGate.discard)
+        self.discarding = trio.CapacityLimiter(DISCARDS)
 
     async def take(self, size: int, deadline: float) -> bool:
         """Reserve ``size`` bytes, waiting for room until ``deadline``; False past it."""
@@ -75,6 +83,11 @@ class BodyBudget:
         self.held -= size
         self._freed.set()
         self._freed = trio.Event()
+
+
+def _share(size: int) -> int:
+    """What a body of ``size`` bytes counts in the budget."""
+    return size if size > SMALL_BODY else 0
 
 
 class BodyState(enum.Enum):
@@ -115,7 +128,7 @@ class BodyGate:
         if self.announced is not None and self.announced > self.max_bytes:
             self._settle(BodyState.BROKEN)  # not read: its answer closes the connection
             raise self._too_large()
-        await self._reserve(self.announced or 0)  # still held: a refusal discards it
+        await self._reserve(_share(self.announced or 0))  # still held: a refusal discards it
         self.state = BodyState.READING
         body = bytearray()
         reader = _Reader(self)
@@ -123,7 +136,7 @@ class BodyGate:
             if len(body) + len(chunk) > self.max_bytes:
                 self._settle(BodyState.BROKEN)
                 raise self._too_large()
-            more = len(body) + len(chunk) - self.reserved
+            more = _share(len(body) + len(chunk)) - self.reserved
             if more > 0:  # a chunked body reserves as it grows
                 try:
                     await self._reserve(more)
@@ -136,24 +149,40 @@ class BodyGate:
 
     async def discard(self) -> bool:
         """Read what is left of the body and drop it; False when the connection must
-        close instead (the body too large, too slow or cut off)."""
-        if self.state is BodyState.HELD:
-            if self.announced is not None and self.announced > self.max_bytes:
-                self._settle(BodyState.BROKEN)
-                return False
-            self.state = BodyState.READING
-            size = 0
-            reader = _Reader(self)
-            try:
-                while (chunk := await reader.next_chunk()) is not None:
-                    size += len(chunk)
-                    if size > self.max_bytes:
-                        self._settle(BodyState.BROKEN)
-                        return False
-            except GatewayError:
-                return False  # too slow or cut off: settled as broken
-            self._settle(BodyState.DISCARDED)
-        return self.state is not BodyState.BROKEN
+        close instead (the body too large, too slow or cut off).
+
+        Large bodies (over ``SMALL_BODY``, or of unknown length) are dropped at most
+        ``DISCARDS`` at a time, each waiting up to ``body_timeout_s`` for its turn (else
+        the connection closes): reading what nobody will use is the work an
+        unauthenticated flood asks of the server, and it must not crowd out the rest.
+        """
+        if self.state is not BodyState.HELD:
+            return self.state is not BodyState.BROKEN
+        if self.announced is not None and self.announced > self.max_bytes:
+            self._settle(BodyState.BROKEN)
+            return False
+        if self.announced is not None and self.announced <= SMALL_BODY:
+            return await self._drop()
+        with trio.move_on_after(self.timeout_s):
+            async with self.budget.discarding:
+                return await self._drop()
+        self._settle(BodyState.BROKEN)
+        return False
+
+    async def _drop(self) -> bool:
+        self.state = BodyState.READING
+        size = 0
+        reader = _Reader(self)
+        try:
+            while (chunk := await reader.next_chunk()) is not None:
+                size += len(chunk)
+                if size > self.max_bytes:
+                    self._settle(BodyState.BROKEN)
+                    return False
+        except GatewayError:
+            return False  # too slow or cut off: settled as broken
+        self._settle(BodyState.DISCARDED)
+        return True
 
     def release(self) -> None:
         """The request is over: its share of the budget goes back."""

@@ -51,8 +51,8 @@ class ServerConfig:
     max_body_bytes: int = 10 * 1024 * 1024
     #: a request body must arrive whole within this long (and not trickle: gateway/bodies.py)
     body_timeout_s: float = 30.0
-    #: request bodies held in memory at once, all requests together
-    max_buffered_body_bytes: int = 64 * 1024 * 1024
+    #: request bodies over 64 KiB held in memory at once, all requests together
+    max_buffered_body_bytes: int = 32 * 1024 * 1024
     #: open client connections; past it the next one waits in the listen backlog
     max_connections: int = 1000
     public_catalog_rpm: int = 60

@@ -8,7 +8,7 @@ from /proc and nothing of the test shares its heap. Loopback only, bounded in ti
   closed;
 - 50 clients post 9.5 MB bodies at full speed (half with a key, half without): bodies
   are read only after the key is checked and within the body budget
-  (``max_buffered_body_bytes``, 64 MiB), refused ones are discarded unread;
+  (``max_buffered_body_bytes``, 32 MiB), refused ones are discarded unread;
 - meanwhile ``GET /v1/models`` answers within 1 s, every time, and the server's RSS
   stays within RSS_BOUND of what it was before the load.
 
@@ -48,7 +48,7 @@ with httpx.Client(base_url=url, headers={"Authorization": "Bearer " + token}) as
 print(json.dumps(seen))
 """
 MIB = 1024 * 1024
-BUDGET = 64 * MIB  # the default max_buffered_body_bytes
+BUDGET = 32 * MIB  # the default max_buffered_body_bytes
 #: the stated bound: a body held in the budget costs about twice its size while it is
 #: parsed and served (the bytes, the parsed strings, the forwarded request) plus slack
 #: for the 250 connections' buffers
@@ -179,10 +179,11 @@ async def test_tricklers_and_large_bodies_leave_rss_bounded_and_the_catalog_answ
     # read within the budget: served, or 503 (retryable) when the budget stayed full
     assert set(statuses["large"]) <= {200, 503}, statuses["large"]
     assert statuses["large"].count(200) >= LARGE // 4, statuses["large"]
-    assert len(latencies) >= 10 and max(latencies) < CATALOG_WITHIN_S, max(latencies)
     grew = peak - baseline
     print(f"RSS {baseline / MIB:.0f} MiB before, peak {peak / MIB:.0f} MiB (+{grew / MIB:.0f})")
+    print(f"catalog: {len(latencies)} answers, slowest {max(latencies):.3f} s")
     assert grew < RSS_BOUND, f"RSS grew by {grew / MIB:.0f} MiB"
+    assert len(latencies) >= 10 and max(latencies) < CATALOG_WITHIN_S, max(latencies)
 
 
 async def test_past_max_connections_a_client_waits_for_a_free_place(tmp_path: Path) -> None:

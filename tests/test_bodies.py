@@ -19,6 +19,7 @@ from tests.conftest import Gateway, make_config, start_gateway
 from tests.test_connections import _complete, closed_within, connect, exchange, models
 
 CHAT = "/v1/chat/completions"
+PROSE = "The quick brown fox jumps over the lazy dog, again and again. "
 
 
 def chat_body(size: int = 0, **fields: Any) -> bytes:
@@ -26,7 +27,7 @@ def chat_body(size: int = 0, **fields: Any) -> bytes:
     body = {"model": "gpt-4o-mini", "max_tokens": 4, "messages": [{"role": "user", "content": ""}]}
     body.update(fields)
     pad = max(0, size - len(orjson.dumps(body)))
-    body["messages"][0]["content"] = "x" * pad
+    body["messages"][0]["content"] = (PROSE * (pad // len(PROSE) + 1))[:pad]
     return orjson.dumps(body)
 
 
