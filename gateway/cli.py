@@ -535,5 +535,77 @@ def model_list(url: str | None, as_json: bool) -> None:
     emit(data, as_json, ("id", "kind", "owned_by", "enabled"))
 
 
+@main.group()
+def user() -> None:
+    """Manage dashboard users (owner, admin, viewer) of organisations."""
+
+
+def _password_body(password_env: str | None) -> dict[str, str]:
+    """``{"password": ...}`` from the named variable; empty: the server makes one up."""
+    if password_env is None:
+        return {}
+    password = os.environ.get(password_env)
+    if not password:
+        fail(f"--password-env {password_env}: that environment variable is not set", 2)
+    return {"password": password}
+
+
+PASSWORD_ENV_HELP = (
+    "Environment variable holding the password (default: the server makes one, shown once)."
+)
+
+
+@user.command("create")
+@click.option("--org", "org_id", required=True, help="Organisation id.")
+@click.option("--email", required=True, help="The email the user signs in with.")
+@click.option("--role", type=click.Choice(["owner", "admin", "viewer"]), required=True)
+@click.option("--password-env", help=PASSWORD_ENV_HELP)
+@url_option
+@json_option
+def user_create(
+    org_id: str, email: str, role: str, password_env: str | None, url: str | None, as_json: bool
+) -> None:
+    """Create a dashboard user; prints its id (and its password, once, if generated)."""
+    body = {"org_id": org_id, "email": email, "role": role, **_password_body(password_env)}
+    emit(call_admin(url, "POST", "/admin/users", body), as_json)
+
+
+@user.command("list")
+@click.option("--org", "org_id", help="Organisation id (default: every organisation).")
+@url_option
+@json_option
+def user_list(org_id: str | None, url: str | None, as_json: bool) -> None:
+    """List dashboard users."""
+    params = {"org_id": org_id} if org_id is not None else None
+    data = call_admin(url, "GET", "/admin/users", params=params)
+    emit(data, as_json, ("id", "email", "role", "status", "org_id"))
+
+
+def _user_action(action: str, help_text: str) -> None:
+    @user.command(action, help=help_text)
+    @click.argument("user_id")
+    @url_option
+    @json_option
+    def command(user_id: str, url: str | None, as_json: bool) -> None:
+        emit(call_admin(url, "POST", f"/admin/users/{_seg(user_id)}/{action}"), as_json)
+
+
+_user_action("disable", "Disable a user and end its sessions (reversible with enable).")
+_user_action("enable", "Re-enable a disabled user.")
+
+
+@user.command("reset-password")
+@click.argument("user_id")
+@click.option("--password-env", help=PASSWORD_ENV_HELP)
+@url_option
+@json_option
+def user_reset_password(
+    user_id: str, password_env: str | None, url: str | None, as_json: bool
+) -> None:
+    """Give a user a new password (ends its sessions, lifts a lock-out)."""
+    body = _password_body(password_env)
+    emit(call_admin(url, "POST", f"/admin/users/{_seg(user_id)}/reset-password", body), as_json)
+
+
 if __name__ == "__main__":
     main()
