@@ -115,9 +115,8 @@ async def get_user(rt: Runtime, user_id: str) -> dict[str, Any]:
 async def set_status(rt: Runtime, user_id: str, status: str) -> dict[str, Any]:
     """Disable (signing the user out everywhere) or re-enable a user."""
     row = await get_user(rt, user_id)
-    await rt.store.write(
-        ops.update_user, row["id"], {"status": status}, end_sessions=status == "disabled"
-    )
+    end_sessions = status == "disabled"
+    await rt.store.write(ops.update_user, row["id"], {"status": status}, end_sessions)
     return {**row, "status": status}
 
 
@@ -129,7 +128,7 @@ async def reset_password(
     row = await get_user(rt, user_id)
     password_hash, generated = await _password(st, given)
     values = {"password_hash": password_hash, "password_changed_at": rt.clock.now()}
-    await rt.store.write(ops.update_user, row["id"], values, end_sessions=True)
+    await rt.store.write(ops.update_user, row["id"], values, True)  # end its sessions
     st.throttle.clear(row["email"])
     return row, generated
 

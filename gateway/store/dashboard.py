@@ -36,7 +36,7 @@ def list_users(conn: sqlite3.Connection, org_id: str | None) -> list[dict[str, A
 
 
 def update_user(
-    conn: sqlite3.Connection, user_id: str, values: dict[str, Any], *, end_sessions: bool = False
+    conn: sqlite3.Connection, user_id: str, values: dict[str, Any], end_sessions: bool = False
 ) -> int:
     """Change a user; ``end_sessions`` also signs it out everywhere (one transaction)."""
     if end_sessions:
