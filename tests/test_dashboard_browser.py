@@ -211,7 +211,11 @@ def test_create_use_and_see_the_call(site: Site, new_page: Any) -> None:
     token = create_key(
         page,
         "search-backend",
-        **{"USD a day": "5", "USD a month": "50", "Default tags (key=value, one a line)": "team=search"},
+        **{
+            "USD a day": "5",
+            "USD a month": "50",
+            "Default tags (key=value, one a line)": "team=search",
+        },
     )
     assert token.startswith("svc_test_")
     assert page.get_by_role("button", name="Copy").is_visible()
@@ -329,9 +333,7 @@ def test_viewer_sees_but_cannot_change(site: Site, new_page: Any) -> None:
         assert page.get_by_role("button", name=name).count() == 0
         assert page.get_by_role("link", name=name).count() == 0
     shot(page, "keys-viewer")
-    response = submit_form(
-        page, f"/dashboard/keys/{key_id}/disable", {"csrf_token": csrf_of(page)}
-    )
+    response = submit_form(page, f"/dashboard/keys/{key_id}/disable", {"csrf_token": csrf_of(page)})
     assert response.status == 403
     assert "Viewers cannot change anything" in page.inner_text("main")
     assert key_status(site, token) == 200  # nothing changed

@@ -8,6 +8,7 @@ what a screen reader says), and the figure has a text summary for those who cann
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import date
 
@@ -19,7 +20,7 @@ from gateway.dashboard.format import usd
 COLOURS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#6b6b6b")
 MAX_SERIES = len(COLOURS)
 WIDTH, HEIGHT = 760, 260
-LEFT, RIGHT, TOP, BOTTOM = 64, 12, 12, 36
+LEFT, RIGHT, TOP, BOTTOM = 84, 12, 12, 36
 
 
 @dataclass(frozen=True)
@@ -51,10 +52,18 @@ def _nice_max(value: float) -> float:
     step = 10 ** len(str(int(value))) / 10 if value >= 1 else 1.0
     while step > value:
         step /= 10
-    for factor in (1, 2, 2.5, 5, 10):
+    for factor in (1, 2, 4, 6, 8, 10):  # each a multiple of the 4 grid steps' size
         if step * factor >= value:
             return step * factor
     return step * 10  # pragma: no cover
+
+
+def _axis(value: float, top: float) -> str:
+    """An axis label: as many decimals as the scale needs (3 significant digits)."""
+    if value == 0:
+        return "$0"
+    decimals = max(2, 2 - math.floor(math.log10(top)))
+    return f"${value:,.{decimals}f}"
 
 
 def bar_chart(
@@ -81,7 +90,7 @@ def bar_chart(
         parts.append(
             f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
             f'<text x="{LEFT - 6}" y="{y + 4:.1f}" class="axis" text-anchor="end">'
-            f"{escape(usd(value))}</text>"
+            f"{_axis(value, top)}</text>"
         )
     for index, day in enumerate(days):
         x = LEFT + index * slot

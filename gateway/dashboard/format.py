@@ -37,7 +37,7 @@ def relative(ts: float, now: float) -> str:
         return "just now"
     for size, unit in _UNITS:
         if seconds >= size:
-            count = int(seconds // size)
+            count = round(seconds / size)
             text = f"{count} {unit}{'s' if count != 1 else ''}"
             return f"in {text}" if delta > 0 else f"{text} ago"
     raise AssertionError("unreachable")  # pragma: no cover
