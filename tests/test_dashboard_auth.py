@@ -332,13 +332,14 @@ async def test_admin_patch_caps_follows_the_sub_key_rules(gateway: Gateway) -> N
     parent = await gateway.create_key(caps={"usd_day": 10}, keys_manage=True)
     async with gateway.client(parent["token"]) as client:
         child = (await client.post("/v1/keys", json={"name": "child"})).json()
-    over = await gateway.admin("PATCH", f"/admin/keys/{child['id']}", {"caps": {"usd_day": 11}})
+    caps = f"/admin/keys/{child['id']}/caps"
+    over = await gateway.admin("PATCH", caps, {"usd_day": 11})
     assert over.status_code == 400 and over.json()["error"]["code"] == "child_exceeds_parent"
-    ok = await gateway.admin("PATCH", f"/admin/keys/{child['id']}", {"caps": {"usd_day": 4}})
+    ok = await gateway.admin("PATCH", caps, {"usd_day": 4})
     assert ok.status_code == 200 and ok.json()["caps"]["usd_day"] == 4
-    root = await gateway.admin("PATCH", f"/admin/keys/{parent['id']}", {"caps": {"usd_day": None}})
-    assert root.json()["caps"]["usd_day"] is None
-    for body in ({"name": "x"}, {"caps": {"rpm": None}}, {"caps": 5}, {}):
-        refused = await gateway.admin("PATCH", f"/admin/keys/{parent['id']}", body)
+    root = f"/admin/keys/{parent['id']}/caps"
+    assert (await gateway.admin("PATCH", root, {"usd_day": None})).json()["caps"]["usd_day"] is None
+    for body in ({"name": "x"}, {"rpm": None}, {"rpm": 0}, [5]):
+        refused = await gateway.admin("PATCH", root, body)
         assert refused.status_code == 400, body
-    assert (await gateway.admin("PATCH", "/admin/keys/key_nope", {"caps": {}})).status_code == 404
+    assert (await gateway.admin("PATCH", "/admin/keys/key_nope/caps", {})).status_code == 404

@@ -195,16 +195,11 @@ async def change_key(key_id: str, action: str) -> Response:
 
 
 async def change_caps(key_id: str) -> Response:
-    """PATCH /admin/keys/{id}: ``{"caps": {...}}``, the only field that can change."""
+    """PATCH /admin/keys/{id}/caps: the caps fields given replace the key's."""
     _authorize()
     record = _key(key_id)
-    body = await read_json_object()
-    if unknown := sorted(set(body) - {"caps"}):
-        raise GatewayError(
-            "invalid_request", f"Only caps can be changed, not {unknown[0]!r}.", unknown[0]
-        )
     rt = runtime()
-    record = await set_caps(rt, record, body.get("caps"))
+    record = await set_caps(rt, record, await read_json_object("caps"))
     return json_response(record.public(rt.clock.now()))
 
 
@@ -254,4 +249,6 @@ def register(app: Quart) -> None:
         change_key,
         methods=["POST"],
     )
-    app.add_url_rule("/admin/keys/<path:key_id>", "admin_key_caps", change_caps, methods=["PATCH"])
+    app.add_url_rule(
+        "/admin/keys/<path:key_id>/caps", "admin_key_caps", change_caps, methods=["PATCH"]
+    )
