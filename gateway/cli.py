@@ -483,19 +483,23 @@ def key_create(**opts: Any) -> None:
     emit(call_admin(opts["url"], "POST", "/admin/keys", body), opts["as_json"])
 
 
-def _key_action(action: str, help_text: str) -> None:
-    @key.command(action, help=help_text)
-    @click.argument("key_id")
+def _id_action(group: click.Group, kind: str, action: str, help_text: str) -> None:
+    """The verb ``KIND ACTION ID``: ``POST /admin/<kind>s/<id>/<action>``."""
+
+    @group.command(action, help=help_text)
+    @click.argument("item_id", metavar=f"{kind.upper()}_ID")
     @url_option
     @json_option
-    def command(key_id: str, url: str | None, as_json: bool) -> None:
-        emit(call_admin(url, "POST", f"/admin/keys/{_seg(key_id)}/{action}"), as_json)
+    def command(item_id: str, url: str | None, as_json: bool) -> None:
+        emit(call_admin(url, "POST", f"/admin/{kind}s/{_seg(item_id)}/{action}"), as_json)
 
 
-_key_action("rotate", "Issue a new key with the same settings; the old one expires later.")
-_key_action("revoke", "Revoke a key and its sub-keys, definitively.")
-_key_action("disable", "Disable a key (reversible with enable).")
-_key_action("enable", "Re-enable a disabled key.")
+_id_action(
+    key, "key", "rotate", "Issue a new key with the same settings; the old one expires later."
+)
+_id_action(key, "key", "revoke", "Revoke a key and its sub-keys, definitively.")
+_id_action(key, "key", "disable", "Disable a key (reversible with enable).")
+_id_action(key, "key", "enable", "Re-enable a disabled key.")
 
 
 @key.command("list")
@@ -513,17 +517,8 @@ def model() -> None:
     """Switch models of the catalog off and on (until the server restarts)."""
 
 
-def _model_action(action: str, help_text: str) -> None:
-    @model.command(action, help=help_text)
-    @click.argument("model_id")
-    @url_option
-    @json_option
-    def command(model_id: str, url: str | None, as_json: bool) -> None:
-        emit(call_admin(url, "POST", f"/admin/models/{_seg(model_id)}/{action}"), as_json)
-
-
-_model_action("disable", "Switch a model off: its calls answer 503 model_unavailable.")
-_model_action("enable", "Switch a disabled model back on.")
+_id_action(model, "model", "disable", "Switch a model off: its calls answer 503 model_unavailable.")
+_id_action(model, "model", "enable", "Switch a disabled model back on.")
 
 
 @model.command("list")
@@ -581,17 +576,8 @@ def user_list(org_id: str | None, url: str | None, as_json: bool) -> None:
     emit(data, as_json, ("id", "email", "role", "status", "org_id"))
 
 
-def _user_action(action: str, help_text: str) -> None:
-    @user.command(action, help=help_text)
-    @click.argument("user_id")
-    @url_option
-    @json_option
-    def command(user_id: str, url: str | None, as_json: bool) -> None:
-        emit(call_admin(url, "POST", f"/admin/users/{_seg(user_id)}/{action}"), as_json)
-
-
-_user_action("disable", "Disable a user and end its sessions (reversible with enable).")
-_user_action("enable", "Re-enable a disabled user.")
+_id_action(user, "user", "disable", "Disable a user and end its sessions (reversible with enable).")
+_id_action(user, "user", "enable", "Re-enable a disabled user.")
 
 
 @user.command("reset-password")

@@ -25,8 +25,13 @@ def usd(value: float | None) -> str:
     if value >= 0.01:
         text = f"{value:,.2f}" if value == round(value, 2) else f"{value:,.4f}".rstrip("0")
     else:
-        text = f"{value:.9f}".rstrip("0")
+        text = decimal(value)
     return f"{sign}${text}"
+
+
+def decimal(value: float) -> str:
+    """Up to 9 decimals (nano-USD), no exponent, no trailing zeros: ``0.0000228``."""
+    return f"{value:.9f}".rstrip("0").rstrip(".")
 
 
 def relative(ts: float, now: float) -> str:

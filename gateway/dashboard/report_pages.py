@@ -16,6 +16,7 @@ from quart import Response, request
 
 from gateway.catalog import nanos_to_usd
 from gateway.dashboard.chart import bar_chart
+from gateway.dashboard.format import decimal
 from gateway.dashboard.keys_pages import org_keys
 from gateway.dashboard.web import User, bp, page, page_user
 from gateway.errors import GatewayError
@@ -103,7 +104,8 @@ async def usage_csv() -> Response:
     writer = csv.writer(out)
     writer.writerow([*columns, "cost_usd", "settled_usd"])
     for row in data["daily"]:
-        writer.writerow([*(row[c] for c in columns), row["cost_usd"], row["settled_usd"]])
+        amounts = (decimal(row["cost_usd"]), decimal(row["settled_usd"]))
+        writer.writerow([*(row[c] for c in columns), *amounts])
     name = f"usage-{data['group_by']}-{data['days'][0]}-{data['days'][-1]}.csv"
     return Response(
         out.getvalue(),
