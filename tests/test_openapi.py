@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 from openapi_spec_validator import validate
 
@@ -20,7 +22,7 @@ def app_routes(gw: Gateway) -> set[tuple[str, str]]:
     for rule in app.url_map.iter_rules():
         if not rule.rule.startswith("/v1/"):
             continue
-        path = rule.rule.replace("<", "{").replace(">", "}")
+        path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)  # <path:model_id>
         for method in (rule.methods or set()) - HIDDEN_METHODS:
             routes.add((method.lower(), path))
     return routes
