@@ -92,7 +92,7 @@ async def test_the_public_catalog_limit_is_described_as_served(gateway: Gateway)
 def test_the_retry_hint_is_described_per_status() -> None:
     """x-should-retry is a constant where every code of a status agrees, else both."""
     chat = document()["paths"]["/v1/chat/completions"]["post"]["responses"]
-    hint = {status: chat[status]["headers"]["x-should-retry"]["schema"] for status in chat}
+    hint = {s: chat[s]["headers"]["x-should-retry"]["schema"] for s in chat if s != "200"}
     assert hint["400"] == hint["501"] == hint["504"] == {"const": "false"}
     assert hint["429"] == {"const": "true"}
     assert hint["409"] == hint["503"] == {"type": "string", "enum": ["false", "true"]}
