@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 import secrets
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qsl
 
 import orjson
 from quart import Response, current_app, g, request
+from werkzeug.datastructures import MultiDict
 
 from gateway.bodies import gate_of
 from gateway.errors import GatewayError
@@ -55,17 +57,32 @@ def json_response(data: Any, status: int = 200, headers: dict[str, str] | None =
 MAX_DEPTH = 255
 
 
-async def read_json_object(param: str | None = None) -> dict[str, Any]:
+async def read_body() -> bytes | bytearray:
+    """The whole request body (408, 413, 503 when it cannot be read: gateway/bodies.py).
+    Read once; later calls get the same bytes."""
+    if "raw_body" not in g:
+        gate = gate_of(request)
+        g.raw_body = await gate.read() if gate is not None else b""
+    return g.raw_body
+
+
+async def read_form() -> MultiDict[str, str]:
+    """A form body (``application/x-www-form-urlencoded``, as the dashboard posts)."""
+    text = (await read_body()).decode("utf-8", "replace")
+    return MultiDict(parse_qsl(text, keep_blank_values=True))
+
+
+async def read_json_object(param: str | None = None, *, empty_ok: bool = False) -> dict[str, Any]:
     """The request body as a JSON object, or 400 invalid_request (408, 413, 503 when it
-    cannot be read: see gateway/bodies.py). Read once; later calls get the same object."""
+    cannot be read: see gateway/bodies.py). Read once; later calls get the same object.
+    ``empty_ok``: a body of nothing but whitespace is an empty object."""
     if "body" not in g:
-        g.body = await _read_json_object(param)
+        raw = await read_body()
+        g.body = {} if empty_ok and not raw.strip() else _json_object(raw, param)
     return g.body
 
 
-async def _read_json_object(param: str | None) -> dict[str, Any]:
-    gate = gate_of(request)
-    raw = await gate.read() if gate is not None else b""
+def _json_object(raw: bytes | bytearray, param: str | None) -> dict[str, Any]:
     if not raw:
         raise GatewayError("invalid_request", "The request body must be a JSON object.", param)
     try:

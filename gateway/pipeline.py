@@ -197,6 +197,7 @@ def provider_request(call: Call, body: dict[str, Any]) -> ProviderRequest:
         upstream_model=call.model.config.upstream_id,
         body={**body, "model": call.model.config.upstream_id},
         api_key=call.runtime.provider_key(call.record, call.model),
+        request_id=call.request_id,
     )
 
 

@@ -56,7 +56,7 @@ class Runtime:
         self.idempotency = IdempotencyBook()
         self.alerts = Alerts(self)
         self.byok: dict[tuple[str, str], str] = {}
-        self.mock = MockProvider.for_models(self.config.models)
+        self.mock = MockProvider.for_models(self.config.models, clock=self.clock.now)
         self.providers: dict[str, Provider] = build_providers(
             self.config, self.mock, self.provider_secrets
         )

@@ -152,24 +152,26 @@ def _concrete(rule: str) -> str:
 
 
 async def test_every_405_carries_allow(gateway: Gateway) -> None:
-    """RFC 9110: a 405 names the path's methods, on every route of the app (admin too)."""
+    """RFC 9110: a 405 names the path's methods, on every route of the app (admin and
+    dashboard too): exactly the methods that are not answered 405 there."""
     routes: dict[str, set[str]] = {}
     for rule in gateway_rules(gateway):
-        routes.setdefault(_concrete(rule.rule), set()).update(rule.methods or ())
+        routes.setdefault(_concrete(rule.rule), set()).update((rule.methods or set()) - {"HEAD"})
     assert "/admin/keys/x/rotate" in routes
     async with gateway.client(ADMIN_TOKEN) as client:
-        for path, allowed in routes.items():
-            for method in (*METHODS, "HEAD"):
-                if method in allowed - {"HEAD"}:
-                    continue
-                response = await client.request(method, path)
-                assert response.status_code == 405, (method, path, response.text)
-                assert response.headers["Allow"] == ", ".join(sorted(allowed - {"HEAD"}))
+        for path, declared in routes.items():
+            answers = {m: await client.request(m, path) for m in (*METHODS, "HEAD")}
+            served = {m for m, answer in answers.items() if answer.status_code != 405}
+            assert declared <= served, (path, declared, served)
+            for method, answer in answers.items():
+                if answer.status_code == 405:
+                    assert answer.headers["Allow"] == ", ".join(sorted(served)), (method, path)
+            assert "HEAD" not in served, path
 
 
 def gateway_rules(gateway: Gateway) -> list[Rule]:
     return [
         rule
         for rule in create_app(gateway.runtime).url_map.iter_rules()
-        if not rule.rule.startswith("/static/")
+        if "/static/" not in rule.rule
     ]
