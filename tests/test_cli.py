@@ -704,6 +704,16 @@ def stop(proc: subprocess.Popen[str]) -> None:
     assert status == 0
 
 
+def start_lines(tmp_path: Path, *args: str) -> list[str]:
+    """The three lines ``serve`` prints in text mode into a pipe once listening."""
+    proc = text_start(tmp_path, *args)
+    try:
+        assert proc.stdout is not None
+        return [proc.stdout.readline() for _ in range(3)]
+    finally:
+        stop(proc)
+
+
 def test_a_live_config_creates_no_demo_data_and_prints_no_token(tmp_path: Path) -> None:
     """Under an operator's configuration the first start on an empty database creates no
     demo organisation (no credits, no key that manages keys) and prints no token."""
@@ -714,12 +724,7 @@ def test_a_live_config_creates_no_demo_data_and_prints_no_token(tmp_path: Path) 
         assert org_names(srv) == []
     finally:
         assert srv.stop() == 0, srv.stderr()
-    proc = text_start(tmp_path, "--config", "live.toml")  # the same, in text mode
-    try:
-        assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(3)]
-    finally:
-        stop(proc)
+    lines = start_lines(tmp_path, "--config", "live.toml")  # the same, in text mode
     assert lines[0].startswith("svc-gateway listening on "), lines
     assert "svc_" not in "".join(lines)
     assert "org create" in lines[2], lines
@@ -739,21 +744,11 @@ def test_serve_demo_creates_the_demo_under_a_config_file(tmp_path: Path) -> None
 def test_the_sandbox_key_is_not_printed_into_a_pipe(tmp_path: Path) -> None:
     """stdout a pipe or a file (a log): the demo is created but its token not printed;
     ``--json`` (asked-for machine output) is the way to receive it."""
-    proc = text_start(tmp_path)
-    try:
-        assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(3)]
-    finally:
-        stop(proc)
+    lines = start_lines(tmp_path)
     assert lines[0].startswith("svc-gateway listening on "), lines
     assert "svc_test_" not in "".join(lines)
     assert "not a terminal" in lines[2] and "--json" in lines[2], lines
-    proc = text_start(tmp_path)  # the next start on that database
-    try:
-        assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(3)]
-    finally:
-        stop(proc)
+    lines = start_lines(tmp_path)  # the next start on that database
     assert "existing database" in lines[2] and "key create" in lines[2], lines
 
 
