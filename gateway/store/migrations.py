@@ -147,10 +147,17 @@ def _m003_request_parent(db: Database) -> None:
     )
 
 
+def _m004_request_trace(db: Database) -> None:
+    """Each request names the W3C trace it belongs to (the ``traceparent`` trace id),
+    so that a call can be followed from the client to the provider. Earlier rows: none."""
+    db["requests"].add_column("trace_id", str)
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _m001_initial,
     _m002_webhooks,
     _m003_request_parent,
+    _m004_request_trace,
 )
 
 
