@@ -65,6 +65,12 @@ class Exchange:
     settled_nanos: int | None = None
     #: the answer, and the model call once one is opened
     open_parts: int = 1
+    answer_open: bool = True
+
+    def answer_done(self) -> None:
+        if self.answer_open:
+            self.answer_open = False
+            self.part_done()
 
     def part_done(self) -> None:
         self.open_parts -= 1
@@ -168,18 +174,20 @@ class ExchangeRecorder:
                     if name.lower() == b"content-type":
                         exchange.event_stream = value.startswith(b"text/event-stream")
             elif message["type"] == "http.response.body":
+                now = time.perf_counter()
                 if exchange.first_byte is None and message.get("body"):
-                    exchange.first_byte = time.perf_counter()
+                    exchange.first_byte = now
                 if not message.get("more_body"):
-                    await send(message)
-                    exchange.ended = time.perf_counter()
-                    return
+                    # reported before the last byte leaves: a client that has the whole
+                    # answer finds it counted
+                    exchange.ended = now
+                    exchange.answer_done()
             await send(message)
 
         try:
             await self.app(scope, receive, timed_send)
         finally:
-            exchange.part_done()
+            exchange.answer_done()
 
     def report(self, exchange: Exchange) -> None:
         """The series and the log line of one finished exchange."""

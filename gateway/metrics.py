@@ -91,6 +91,8 @@ def endpoint_of(path: str) -> str:
         return name
     if path.startswith("/v1/keys/"):
         return "keys"
+    if path.startswith("/v1/models/"):
+        return "models"
     if path.startswith("/v1/requests/"):
         return "requests"
     if path == "/admin" or path.startswith("/admin/"):
