@@ -7,6 +7,8 @@ histograms count the calls; the settled and billed series equal the sums of the 
 
 from __future__ import annotations
 
+import json
+import re
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +25,7 @@ from tests.conftest import Gateway, make_config, start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 
+REPO = Path(__file__).resolve().parent.parent
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
@@ -303,3 +306,35 @@ def test_metrics_token_from_the_file_or_the_environment(tmp_path: Path) -> None:
 )
 def test_endpoint_labels(path: str, endpoint: str) -> None:
     assert endpoint_of(path) == endpoint
+
+
+CONTRACT = {
+    "svc_requests_total",
+    "svc_request_duration_seconds",
+    "svc_time_to_first_byte_seconds",
+    "svc_upstream_duration_seconds",
+    "svc_calls_in_flight",
+    "svc_tokens_total",
+    "svc_settled_usd_total",
+    "svc_billed_usd_total",
+    "svc_admission_refusals_total",
+    "svc_store_commit_seconds",
+    "svc_shard_mailbox_depth",
+    "svc_build_info",
+}
+
+
+def test_the_dashboard_uses_only_the_contract_names() -> None:
+    dashboard = json.loads((REPO / "deploy" / "grafana-dashboard.json").read_text())
+    used = set()
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            for name in re.findall(r"\bsvc_[a-z_]+", target["expr"]):
+                used.add(re.sub(r"_(bucket|count|sum)$", "", name))
+    used |= set(re.findall(r"\bsvc_[a-z_]+", json.dumps(dashboard["templating"])))
+    assert used <= CONTRACT, used - CONTRACT
+    titles = " ".join(panel["title"] for panel in dashboard["panels"]).lower()
+    for topic in ("by code", "latency", "first byte", "in flight", "per model", "refusals"):
+        assert topic in titles, topic
+    scrape = (REPO / "deploy" / "prometheus.yml").read_text()
+    assert "metrics_path: /metrics" in scrape
