@@ -77,7 +77,7 @@ def configure(log_format: str, level: str, stream: TextIO | None = None) -> None
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
-    for name in ("hypercorn.error", "hypercorn.access", "quart.app", "quart.serving"):
+    for name in ("hypercorn.error", "hypercorn.access"):
         # hand their lines to the root handler, in the same format
         named = logging.getLogger(name)
         for old in list(named.handlers):
