@@ -213,6 +213,7 @@ def provider_request(call: Call, body: dict[str, Any]) -> ProviderRequest:
         body={**body, "model": call.model.config.upstream_id},
         api_key=call.runtime.provider_key(call.record, call.model),
         trace=call.exchange.trace if call.exchange else None,
+        request_id=call.request_id,
     )
 
 

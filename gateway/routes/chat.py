@@ -111,7 +111,12 @@ async def _walk(call: Call, parse: Parser) -> Response:
             ChatFormat(model.id, chat.include_usage, svc_block(call, ignored))
             if call.endpoint == "chat"
             else ResponsesFormat(
-                ResponseStreamTranslator(chat, response_id(call), svc=svc_block(call, ignored))
+                ResponseStreamTranslator(
+                    chat,
+                    response_id(call),
+                    created_at=int(call.runtime.clock.now()),
+                    svc=svc_block(call, ignored),
+                )
             )
         )
         return await start_stream(call, preq, fmt)
