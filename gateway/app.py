@@ -14,7 +14,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from gateway import exchange
+from gateway import dashboard, exchange
 from gateway.errors import GatewayError, render
 from gateway.http import new_request_id
 from gateway.lifecycle import Phase
@@ -127,6 +127,18 @@ def create_app(runtime: Runtime) -> QuartTrio:
         log.exception("unhandled error in a handler", exc_info=error)
         return await _gateway_error(GatewayError("internal_error"))
 
-    for module in (models, key, chat, embeddings, usage, subkeys, admin, openapi, health, metrics):
+    for module in (
+        models,
+        key,
+        chat,
+        embeddings,
+        usage,
+        subkeys,
+        admin,
+        openapi,
+        dashboard,
+        health,
+        metrics,
+    ):
         module.register(app)
     return app
