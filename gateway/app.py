@@ -17,7 +17,7 @@ from werkzeug.exceptions import HTTPException
 from gateway import dashboard, exchange
 from gateway.errors import GatewayError, render
 from gateway.http import new_request_id
-from gateway.lifecycle import Phase
+from gateway.readiness import Phase
 from gateway.routes import (
     admin,
     chat,
@@ -81,7 +81,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
     # "/v1//models" is an unknown path (a JSON 404), not an HTML redirect to the merged one
     app.url_map.merge_slashes = False
 
-    lifecycle = runtime.lifecycle
+    readiness = runtime.readiness
 
     @app.before_request
     async def _assign_request_id() -> None:
@@ -89,7 +89,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
         if request.method == "HEAD" and request.routing_exception is None:
             # Quart answers HEAD on every GET route; the spec: any other method is a 405
             raise GatewayError("method_not_allowed", _MESSAGES["method_not_allowed"])
-        if lifecycle.phase is Phase.STARTING and request.path not in health.PATHS:
+        if readiness.phase is Phase.STARTING and request.path not in health.PATHS:
             raise GatewayError("service_unavailable", "The gateway is starting; retry shortly.")
 
     @app.after_request

@@ -2,7 +2,7 @@
 
 Start-up order (see :func:`gateway.server.serve`): open the store; start the HTTP server
 (it answers only health while starting); run the start-up work of
-:attr:`Runtime.lifecycle` (load organisations, keys and today's and this month's settled
+:attr:`Runtime.readiness` (load organisations, keys and today's and this month's settled
 spend into memory and into the shards, then create the demo organisation on an empty
 database); then start the store writer, the shards and the spend alerts, and be ready.
 """
@@ -25,13 +25,13 @@ from gateway.idempotency import RETENTION_S as IDEMPOTENCY_RETENTION_S
 from gateway.idempotency import IdempotencyBook
 from gateway.keyring import Keyring
 from gateway.keys import KeyRecord, new_id
-from gateway.lifecycle import Lifecycle
 from gateway.metrics import Metrics
 from gateway.orgs import Org
 from gateway.providers.base import Provider
 from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers
 from gateway.ratelimit import PublicCatalogLimiter
+from gateway.readiness import Readiness
 from gateway.store import Store, records
 from gateway.store import idempotency as idempotency_ops
 from shards import ShardPool, SystemClock
@@ -75,7 +75,7 @@ class Runtime:
             mailbox_depths=lambda: self.pool.statistics().queue_lengths,
         )
         self.store.on_commit = self.metrics.store_committed
-        self.lifecycle = Lifecycle(startup=[self.start_up])
+        self.readiness = Readiness(startup=[self.start_up])
         #: the sandbox key made by the start-up work on an empty database (shown once)
         self.demo_token: str | None = None
 

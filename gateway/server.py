@@ -2,7 +2,7 @@
 
     root nursery
       ├─ hypercorn         (nursery.start: bound; only health is served while starting)
-      │    start-up work   (gateway.lifecycle: the rebuild from the store, ...)
+      │    start-up work   (gateway.readiness: the rebuild from the store, ...)
       ├─ store writer      (nursery.start)
       ├─ shard pool        (nursery.start)
       ├─ spend alerts      (threshold checks and webhook delivery)
@@ -33,8 +33,8 @@ from gateway.app import create_app
 from gateway.asgi_guard import FinalSendGuard
 from gateway.config import Config
 from gateway.exchange import ExchangeRecorder
-from gateway.lifecycle import Phase
 from gateway.logs import event
+from gateway.readiness import Phase
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.server")
@@ -92,12 +92,12 @@ async def serve(
         sockets = bind_sockets(config)
     app = ExchangeRecorder(FinalSendGuard(create_app(runtime)), runtime.metrics)
     app = wrap_app(app, config.wsgi_max_body_size, None)
-    lifecycle = runtime.lifecycle
+    readiness = runtime.readiness
     drain_s = runtime.config.server.drain_s
 
     async def stop_trigger() -> None:
         await shutdown_trigger()
-        lifecycle.phase = Phase.STOPPING
+        readiness.phase = Phase.STOPPING
         log.info("stopping", extra=event("shutdown", drain_s=drain_s))
         await trio.sleep(drain_s)
 
@@ -122,13 +122,13 @@ async def serve(
 
             binds = await root.start(http)
             log.info("starting", extra=event("starting", urls=binds))
-            await lifecycle.start_up()
+            await readiness.start_up()
             await root.start(runtime.store.run)
             await root.start(runtime.pool.run)
             await root.start(runtime.alerts.run)
             root.start_soon(_flush_last_used, runtime)
             started.set()
-            lifecycle.ready()
+            readiness.ready()
             log.info("ready", extra=event("ready", urls=binds))
             task_status.started(binds)
     finally:

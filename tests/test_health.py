@@ -12,7 +12,7 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.lifecycle import Phase, unready_reason
+from gateway.readiness import Phase, unready_reason
 from gateway.runtime import Runtime
 from gateway.server import bind_sockets, hypercorn_config, serve
 from tests.conftest import ADMIN_TOKEN, Gateway, make_config
@@ -75,7 +75,7 @@ async def test_readyz_is_503_while_start_up_work_runs(
     already answers: /healthz ok, /readyz starting, every other path 503."""
     runtime = Runtime.open(make_config(tmp_path))
     release = trio.Event()
-    runtime.lifecycle.startup.append(release.wait)
+    runtime.readiness.startup.append(release.wait)
     server = Served(nursery, runtime)
     try:
         health = await get(server.url, "/healthz")
@@ -113,7 +113,7 @@ async def test_readyz_is_503_once_a_graceful_stop_began(
     assert (await get(server.url, "/readyz")).status_code == 200
     server.stop.set()
     await trio.testing.wait_all_tasks_blocked()
-    assert runtime.lifecycle.phase is Phase.STOPPING
+    assert runtime.readiness.phase is Phase.STOPPING
     stopping = await get(server.url, "/readyz")
     assert stopping.status_code == 503
     assert stopping.json() == {"status": "unready", "reason": "stopping"}

@@ -4,7 +4,7 @@
 answers 200 ``{"status":"ready"}`` only when the server is past start-up, not stopping,
 every shard actor runs and the store answers within a bound; otherwise 503
 ``{"status":"unready","reason":...}`` with the first reason found (see
-:mod:`gateway.lifecycle`).
+:mod:`gateway.readiness`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from quart import Quart, Response
 
 from gateway.http import json_response, runtime
-from gateway.lifecycle import STORE_TIMEOUT_S, Phase, unready_reason
+from gateway.readiness import STORE_TIMEOUT_S, Phase, unready_reason
 
 #: answered in every phase; every other path waits for READY (see gateway.app)
 PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -25,7 +25,7 @@ async def healthz() -> Response:
 
 async def readyz() -> Response:
     rt = runtime()
-    phase = rt.lifecycle.phase
+    phase = rt.readiness.phase
     shards_running = rt.pool.statistics().running
     store_answers = (
         phase is Phase.READY and shards_running and await rt.store.answers(STORE_TIMEOUT_S)

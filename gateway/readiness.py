@@ -4,7 +4,7 @@
 
 - **STARTING**: hypercorn already answers, so that a load balancer sees the process;
   /healthz says ok, /readyz says ``starting``, every other path answers 503
-  ``service_unavailable``. The start-up work runs here, in order: :attr:`Lifecycle.startup`
+  ``service_unavailable``. The start-up work runs here, in order: :attr:`Readiness.startup`
   (today the rebuild of spend from the store, then the demo organisation on an empty
   database; crash recovery of pending reservations belongs there too, before any call).
 - **READY**: everything is served; /readyz checks the store and the shards on each probe.
@@ -30,7 +30,7 @@ class Phase(enum.Enum):
 
 
 @dataclass
-class Lifecycle:
+class Readiness:
     phase: Phase = Phase.STARTING
     #: the start-up work, run in order while the phase is STARTING
     startup: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
