@@ -14,11 +14,23 @@ from quart import Response, current_app, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from gateway import dashboard
+from gateway import dashboard, exchange
 from gateway.bodies import BodyGateMiddleware, gate_of
 from gateway.errors import GatewayError, render
 from gateway.http import new_request_id
-from gateway.routes import admin, chat, embeddings, key, models, openapi, subkeys, usage
+from gateway.readiness import Phase
+from gateway.routes import (
+    admin,
+    chat,
+    embeddings,
+    health,
+    key,
+    metrics,
+    models,
+    openapi,
+    subkeys,
+    usage,
+)
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.app")
@@ -73,12 +85,16 @@ def create_app(runtime: Runtime) -> QuartTrio:
     # "/v1//models" is an unknown path (a JSON 404), not an HTML redirect to the merged one
     app.url_map.merge_slashes = False
 
+    readiness = runtime.readiness
+
     @app.before_request
     async def _assign_request_id() -> None:
         g.request_id = new_request_id()
         if request.method == "HEAD" and request.routing_exception is None:
             # Quart answers HEAD on every GET route; the spec: any other method is a 405
             raise GatewayError("method_not_allowed", _MESSAGES["method_not_allowed"])
+        if readiness.phase is Phase.STARTING and request.path not in health.PATHS:
+            raise GatewayError("service_unavailable", "The gateway is starting; retry shortly.")
 
     @app.after_request
     async def _common_headers(response: Response) -> Response:
@@ -89,6 +105,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
         request_id = getattr(g, "request_id", None)
         if request_id is not None:
             response.headers["X-Request-Id"] = request_id
+        exchange.answered(request_id, getattr(g, "key", None))
         for name, value in getattr(g, "rate_headers", {}).items():
             response.headers.setdefault(name, value)
         return response
@@ -99,6 +116,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
             g.rate_headers = {}
         if error.svc is not None:
             error.svc.setdefault("request_id", getattr(g, "request_id", None))
+        exchange.refused(error.code)
         body, status, headers = render(error)
         return Response(body, status=status, headers=headers)
 
@@ -115,6 +133,18 @@ def create_app(runtime: Runtime) -> QuartTrio:
         log.exception("unhandled error in a handler", exc_info=error)
         return await _gateway_error(GatewayError("internal_error"))
 
-    for module in (models, key, chat, embeddings, usage, subkeys, admin, openapi, dashboard):
+    for module in (
+        models,
+        key,
+        chat,
+        embeddings,
+        usage,
+        subkeys,
+        admin,
+        openapi,
+        dashboard,
+        health,
+        metrics,
+    ):
         module.register(app)
     return app

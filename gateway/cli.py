@@ -8,7 +8,6 @@ stdout. The server URL comes from ``--url`` or ``SVC_GATEWAY_URL``
 from __future__ import annotations
 
 import fcntl
-import logging
 import math
 import os
 import sys
@@ -25,6 +24,7 @@ import trio
 
 from gateway.config import Config, ConfigError, load_config
 from gateway.key_body import MAX_COUNT, MAX_USD
+from gateway.logs import configure as configure_logging
 from gateway.store import StoreError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -149,13 +149,11 @@ def serve(
     and on a new database a demo organisation with a sandbox key.
 
     One server per database: a second one on the same database is refused."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
         config = load_config(config_path, host=host, port=port, db=db)
     except ConfigError as exc:
         fail(str(exc), 2)
+    configure_logging(config.server.log_format, config.server.log_level)
     with _one_server_per_database(config.server.db):
         _serve(config, as_json, demo=demo or config.source is None)
 
@@ -176,12 +174,13 @@ def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
         fail(str(exc))
     # demo data (an organisation with credits and a key that manages keys) only where it
     # is asked for: never under an operator's configuration unless `--demo` says so
-    token = runtime.bootstrap_demo() if demo else None
-    settle_heap()
+    runtime.demo = demo
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(run_server, runtime, sockets)
+            settle_heap()  # start-up has loaded everything
+            token = runtime.demo_token
             url = binds[0]
             database = str(Path(config.server.db).resolve())
             if as_json:

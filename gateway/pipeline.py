@@ -18,6 +18,7 @@ before any answer reports it.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +27,7 @@ import trio
 
 from gateway import admission
 from gateway.catalog import Model
+from gateway.exchange import Exchange, call_opened, call_settled
 from gateway.keys import KeyRecord
 from gateway.policy import check_model, check_spend_controls
 from gateway.providers.base import Provider, ProviderRequest, Usage
@@ -58,11 +60,20 @@ class Call:
     handed_off: bool = False
     #: set once the provider was asked: from then on an abandoned call is not "not called"
     provider_called: bool = False
+    #: when the provider was asked (perf_counter), for the upstream duration
+    called_at: float = 0.0
     client_gone: bool = False
+    #: the HTTP exchange the call answers (its log line, its trace)
+    exchange: Exchange | None = None
 
     @property
     def live(self) -> bool:
         return self.record.mode == "live"
+
+    def calling_provider(self) -> None:
+        """From now on the provider is asked: an abandoned call is not "not called"."""
+        self.provider_called = True
+        self.called_at = time.perf_counter()
 
     async def finish(
         self,
@@ -107,6 +118,7 @@ class Call:
                 billed_amount=settlement.billed_nanos,
             )
         self.runtime.alerts.notice(self.record, settlement.cap_nanos)
+        call_settled(self, settlement, usage, error_code)
         return settlement
 
     def _record_row(
@@ -137,6 +149,7 @@ class Call:
             "latency_ms": round((self.runtime.clock.now() - self.started) * 1000, 3),
             "error_code": error,
             "mode": self.record.mode,
+            "trace_id": self.exchange.trace.trace_id if self.exchange else None,
         }
 
     def _status(self, error: str | None) -> str:
@@ -157,7 +170,7 @@ async def open_call(runtime: Runtime, record: KeyRecord, request_id: str, endpoi
     """Step 3 for a model call: count the request and take an in-flight slot."""
     admitted = await admission.admit(record, take_slot=True)
     now = runtime.clock.now()
-    return Call(
+    call = Call(
         runtime=runtime,
         record=record,
         request_id=request_id,
@@ -166,6 +179,8 @@ async def open_call(runtime: Runtime, record: KeyRecord, request_id: str, endpoi
         started=now,
         deadline=trio.current_time() + runtime.config.server.request_timeout_s,
     )
+    call_opened(call)
+    return call
 
 
 def resolve(call: Call, model_id: str, kind: str) -> Model:
@@ -197,6 +212,7 @@ def provider_request(call: Call, body: dict[str, Any]) -> ProviderRequest:
         upstream_model=call.model.config.upstream_id,
         body={**body, "model": call.model.config.upstream_id},
         api_key=call.runtime.provider_key(call.record, call.model),
+        trace=call.exchange.trace if call.exchange else None,
         request_id=call.request_id,
     )
 

@@ -95,7 +95,7 @@ async def pump(
     failure: GatewayError | None = None
     produced = sent = False
     ending = Ending.OTHER
-    call.provider_called = True
+    call.calling_provider()
     async with send:
         try:
             with scope:

@@ -23,7 +23,7 @@ tests never share state::
     [[fault usage_with_finish]]   stream the usage in the finish_reason chunk, not after it
     [[fault usage_with_content]]  the last word, finish_reason and usage in one chunk
 
-``calls`` counts requests received; ``bodies`` and ``auth`` keep what came in.
+``calls`` counts requests received; ``bodies``, ``auth`` and ``headers`` keep what came in.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class FakeUpstream:
     calls: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     auth: list[str | None] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
 
     async def serve(self, *, task_status: trio.TaskStatus[FakeUpstream]) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -98,6 +99,7 @@ class FakeUpstream:
         self.bodies.append(body)
         headers = dict(request.headers)
         self.auth.append(headers.get(b"authorization", b"").decode() or None)
+        self.headers.append({k.decode(): v.decode() for k, v in headers.items()})
         faults = directives(body)
         if "delay" in faults:
             await trio.sleep(float(faults["delay"]))

@@ -3,7 +3,9 @@
 A real ``svc-gateway serve`` process (tests/procs.py) with two organisations; users made
 with the CLI's ``user create``; every scenario of the issue walked through the pages as
 a person would (forms, buttons, links), API calls with the official ``openai`` client.
-Each page is saved as a screenshot in docs/dashboard/.
+Each page is saved as a screenshot: into docs/dashboard/ (the committed set) when
+``SVC_DASHBOARD_SHOTS=1``, otherwise into a temporary directory, so a test run leaves
+the work tree as it was (times and ids differ on every run).
 
 Without chromium these tests are skipped, except in CI (``CI`` set), where .ci/run
 installs it and a missing browser is a failure.
@@ -15,6 +17,7 @@ import os
 import re
 import shutil
 import signal
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +40,11 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--no-first-run",
 ]
-SHOTS = REPO_ROOT / "docs" / "dashboard"
+SHOTS = (
+    REPO_ROOT / "docs" / "dashboard"
+    if os.environ.get("SVC_DASHBOARD_SHOTS") == "1"
+    else Path(tempfile.mkdtemp(prefix="dashboard-shots-"))
+)
 PASSWORD = "correct horse battery staple"
 TIMEOUT_MS = 15_000
 

@@ -120,7 +120,7 @@ async def _walk(call: Call, parse: Parser) -> Response:
             )
         )
         return await start_stream(call, preq, fmt)
-    call.provider_called = True
+    call.calling_provider()
     try:
         with trio.move_on_after(remaining(call)) as scope:
             result = await call.provider.complete(preq)

@@ -52,7 +52,7 @@ async def embeddings() -> Response:
             )
         await reserve_call(call, estimate_embedding_tokens(parsed.inputs), 0)
         assert call.provider is not None
-        call.provider_called = True
+        call.calling_provider()
         try:
             with trio.move_on_after(remaining(call)) as scope:
                 result = await call.provider.embed(
@@ -60,6 +60,7 @@ async def embeddings() -> Response:
                     parsed.inputs,
                     parsed.dimensions,
                     rt.provider_key(record, model),
+                    call.exchange.trace if call.exchange else None,
                 )
         except ProviderError as exc:
             # on embeddings every failure releases the reservation and counts nothing
