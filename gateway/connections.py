@@ -185,6 +185,8 @@ async def serve_http(
                 f"http://{repr_socket_addr(sock.family, sock.getsockname())}"
                 for sock in sockets.insecure_sockets
             ]
+            for bind in binds:
+                await config.log.info(f"Running on {bind} (CTRL + C to quit)")
             task_status.started(binds)
             handler = partial(_Connection, app, config, context, ConnectionState(lifespan_state))
             try:
