@@ -34,7 +34,7 @@ from quart import Response
 
 from gateway.calls.translate import ResponseStreamTranslator
 from gateway.errors import GatewayError, in_band
-from gateway.pipeline import Call
+from gateway.lifecycle import Call
 from gateway.provider_errors import map_provider_error
 from gateway.providers.base import ProviderError, ProviderRequest, Usage
 from gateway.settlement import Ending
@@ -92,14 +92,13 @@ async def pump(
     usage: Usage | None = None
     usage_chunk: dict[str, Any] | None = None
     failure: GatewayError | None = None
+    #: the settlement row of the provider's own failure (None: it did not fail)
+    failed_as: Ending | None = None
     produced = sent = False
-    ending = Ending.OTHER
-    call.provider_called = True
     async with send:
         try:
             with scope:
-                assert call.provider is not None
-                chunks = call.provider.stream(request)
+                chunks = call.held.provider.stream(request)
                 try:
                     async for chunk in chunks:
                         if chunk.get("usage"):
@@ -112,25 +111,22 @@ async def pump(
                             await send.send(Frame(frame))
                             sent = True
                 except ProviderError as exc:
-                    failure, ending = map_provider_error(exc, byok=call.record.byok)
-                    usage = usage or exc.usage
-                    if usage is not None:  # reported in the stream before it failed
-                        ending = Ending.USAGE
-                    elif produced:
-                        ending = Ending.OTHER
+                    failure, failed_as = map_provider_error(exc, byok=call.record.byok)
+                    usage = usage or exc.usage  # reported in the stream before it failed
                 finally:
                     await _close(chunks)
-            if scope.cancelled_caught and not call.client_gone:
-                failure = GatewayError("request_timeout", "The call reached its time limit.")
-            if failure is None or scope.cancelled_caught:
-                ending = Ending.USAGE if usage is not None else Ending.OTHER
+            if scope.cancelled_caught:
+                failed_as = None  # our deadline or the client ended the call
+                if not call.client_gone:
+                    failure = GatewayError("request_timeout", "The call reached its time limit.")
         except trio.BrokenResourceError:
             call.client_gone = True
-            ending = Ending.USAGE if usage is not None else Ending.OTHER
+            failed_as = None
         except Exception:
             log.exception("stream pump failed")
             failure = GatewayError("service_unavailable", "The stream failed.")
-            ending = Ending.USAGE if usage is not None else Ending.OTHER
+            failed_as = None
+        ending = call.ending(usage=usage, failure=failed_as, produced=produced)
         await call.finish(
             ending,
             usage=usage,
@@ -214,7 +210,8 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
     assert runtime.nursery is not None
     send, receive = trio.open_memory_channel[Frame](BUFFER)
     scope = trio.CancelScope(deadline=call.deadline)
-    call.handed_off = True
+    call.start_provider_call()
+    call.hand_off()
     answered = trio.Event()
     runtime.nursery.start_soon(pump, call, request, fmt, send, scope, answered)
     first: list[Frame] = []
