@@ -43,6 +43,8 @@ from gateway.catalog import Model
 from gateway.errors import GatewayError
 from gateway.estimate import worst_case_tokens
 from gateway.keys import KeyRecord
+from gateway.idempotency import Claim
+from gateway.inflight import STOPPING_MESSAGE
 from gateway.lifecycle import Call, Hold
 from gateway.policy import check_entitlements, check_model, check_spend_controls, check_web_search
 from gateway.provider_errors import map_provider_error
@@ -166,12 +168,17 @@ ENDPOINTS = {endpoint.name: endpoint for endpoint in (CHAT, RESPONSES, EMBEDDING
 
 @asynccontextmanager
 async def open_call(
-    runtime: Runtime, record: KeyRecord, request_id: str, endpoint: Endpoint
+    runtime: Runtime,
+    record: KeyRecord,
+    request_id: str,
+    endpoint: Endpoint,
+    claim: Claim | None = None,
 ) -> AsyncIterator[Call]:
     """Step 3: count the request and take an in-flight slot; the call is settled on the
     way out, whatever happened, unless it settled itself or was handed to a pump."""
     admitted = await admission.admit(record, take_slot=True)
     call = Call(
+        claim=claim,
         runtime=runtime,
         record=record,
         request_id=request_id,
@@ -181,6 +188,7 @@ async def open_call(
         deadline=trio.current_time() + runtime.config.server.request_timeout_s,
         failures_count=endpoint.failures_count,
     )
+    runtime.inflight.add(call)
     try:
         yield call
     except Exception as exc:
@@ -221,15 +229,19 @@ async def prepare(
 async def _ask(call: Call, ask: Callable[[], Awaitable[T]], late: str) -> T:
     """Step 9 without a stream: ask the provider under the call's deadline; a failure
     is settled here and raised as the answer's error."""
-    call.start_provider_call()
+    await call.start_provider_call()
     try:
-        with trio.move_on_after(call.remaining()) as scope:
+        with call.watch(trio.move_on_after(call.remaining())) as scope:
             result = await ask()
     except ProviderError as exc:
         error, failure = map_provider_error(exc, byok=call.record.byok)
         ending = call.ending(failure=failure, usage=exc.usage)
         await call.finish(ending, usage=exc.usage, http_status=error.status, error_code=error.code)
         raise error from None
+    if scope.cancelled_caught and call.cut_short:
+        # a graceful stop ran out of grace: the answer is a 503 the client may retry
+        await call.finish(call.ending(), http_status=503, error_code="service_unavailable")
+        raise GatewayError("service_unavailable", STOPPING_MESSAGE)
     if scope.cancelled_caught:
         await call.finish(call.ending(), http_status=504, error_code="request_timeout")
         raise GatewayError("request_timeout", late)
@@ -272,7 +284,7 @@ async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, 
         # says, recorded as the 500 the client gets
         await call.finish(ending, usage=result.usage, http_status=500, error_code="internal_error")
         raise
-    await call.finish(ending, usage=result.usage)
+    await call.finish(ending, usage=result.usage, answer=answer)
     return answer
 
 

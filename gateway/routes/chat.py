@@ -18,6 +18,7 @@ from gateway import idempotency, pipeline
 from gateway.admission import admit
 from gateway.auth import authenticate, require_scope
 from gateway.errors import GatewayError
+from gateway.idempotency import Claim
 from gateway.http import json_response, read_json_object, request_id, runtime
 from gateway.keys import KeyRecord
 from gateway.lifecycle import Call
@@ -42,12 +43,14 @@ async def serve_call(endpoint: Endpoint, run: Run) -> Response:
         raise
     call = partial(_call, endpoint, run, record, body)
     if idem_key is None:
-        return await call()
+        return await call(None)
     return await idempotency.serve(record, endpoint.name, idem_key, body, call)
 
 
-async def _call(endpoint: Endpoint, run: Run, record: KeyRecord, body: dict[str, Any]) -> Response:
-    async with pipeline.open_call(runtime(), record, request_id(), endpoint) as call:
+async def _call(
+    endpoint: Endpoint, run: Run, record: KeyRecord, body: dict[str, Any], claim: Claim | None
+) -> Response:
+    async with pipeline.open_call(runtime(), record, request_id(), endpoint, claim) as call:
         parsed = await pipeline.prepare(call, endpoint, body, request.headers.get("X-Svc-Tags"))
         return await run(call, endpoint, parsed)
 

@@ -147,10 +147,16 @@ def _m003_request_parent(db: Database) -> None:
     )
 
 
+def _m004_pending_requests(db: Database) -> None:
+    """Start-up recovery finds the ``pending`` rows a crash left without a table scan."""
+    db.execute("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'")
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _m001_initial,
     _m002_webhooks,
     _m003_request_parent,
+    _m004_pending_requests,
 )
 
 
