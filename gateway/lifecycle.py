@@ -34,10 +34,10 @@ import trio
 
 from gateway import admission
 from gateway.catalog import Model
+from gateway.errors import GatewayError
 from gateway.keys import KeyRecord
 from gateway.providers.base import Provider, Usage
 from gateway.settlement import Ending, Settlement, ending_for, settle_amounts
-from gateway.errors import GatewayError
 from gateway.store import StoreError, records
 from shards import Admission, Reservation
 

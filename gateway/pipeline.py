@@ -42,9 +42,9 @@ from gateway.calls.tags import collect_tags
 from gateway.catalog import Model
 from gateway.errors import GatewayError
 from gateway.estimate import worst_case_tokens
-from gateway.keys import KeyRecord
 from gateway.idempotency import Claim
 from gateway.inflight import STOPPING_MESSAGE
+from gateway.keys import KeyRecord
 from gateway.lifecycle import Call, Hold
 from gateway.policy import check_entitlements, check_model, check_spend_controls, check_web_search
 from gateway.provider_errors import map_provider_error

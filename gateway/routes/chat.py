@@ -18,8 +18,8 @@ from gateway import idempotency, pipeline
 from gateway.admission import admit
 from gateway.auth import authenticate, require_scope
 from gateway.errors import GatewayError
-from gateway.idempotency import Claim
 from gateway.http import json_response, read_json_object, request_id, runtime
+from gateway.idempotency import Claim
 from gateway.keys import KeyRecord
 from gateway.lifecycle import Call
 from gateway.pipeline import CHAT, RESPONSES, Endpoint
