@@ -35,6 +35,7 @@ import trio
 from gateway import admission
 from gateway.catalog import Model
 from gateway.errors import GatewayError
+from gateway.inflight import STOPPING_MESSAGE
 from gateway.keys import KeyRecord
 from gateway.providers.base import Provider, Usage
 from gateway.settlement import Ending, Settlement, ending_for, settle_amounts
@@ -126,6 +127,8 @@ class Call:
         that reaches this point waits for a write. A store that cannot take it refuses
         the call (503 service_unavailable) before the provider is asked.
         """
+        if self.cut_short:
+            raise GatewayError("service_unavailable", STOPPING_MESSAGE)
         hold = self.held
         claim = self.claim
         claim_row = (

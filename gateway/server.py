@@ -10,8 +10,14 @@
 
 Supervision is structural: if the writer or a shard dies, the exception cancels the
 root nursery and with it the HTTP server, so the process never keeps answering with
-dead actors. On SIGTERM or SIGINT hypercorn stops accepting, lets calls in progress
-finish within ``graceful_timeout_s``, and then the root nursery is cancelled.
+dead actors.
+
+Graceful stop, on SIGTERM or SIGINT: hypercorn stops accepting and the calls in
+progress may finish within ``[server] shutdown_grace_s``; at that deadline every call
+still running is cut (:mod:`gateway.inflight`: a 503, or an open stream's in-band
+service_unavailable event), hypercorn gives the cut answers ``CUT_MARGIN_S`` to reach
+their clients, the server waits until every call is settled (no request row stays
+pending), and only then is the root nursery, with the store writer, cancelled.
 """
 
 from __future__ import annotations
@@ -30,9 +36,14 @@ from gateway.app import create_app
 from gateway.asgi_guard import FinalSendGuard
 from gateway.config import Config
 from gateway.runtime import Runtime
+from gateway.streaming import FINAL_SEND_S
 
 log = logging.getLogger("gateway.server")
 LAST_USED_FLUSH_S = 30.0
+#: after the grace: how long a cut call has to send its last event and close
+CUT_MARGIN_S = FINAL_SEND_S + 1.0
+#: once HTTP is closed: how long the calls still in flight (pumps) have to settle
+SETTLE_WAIT_S = FINAL_SEND_S + 1.0
 
 
 def hypercorn_config(gateway_config: Config) -> HyperConfig:
@@ -40,7 +51,7 @@ def hypercorn_config(gateway_config: Config) -> HyperConfig:
     config = HyperConfig()
     host = f"[{server.host}]" if ":" in server.host else server.host
     config.bind = [f"{host}:{server.port}"]
-    config.graceful_timeout = server.graceful_timeout_s
+    config.graceful_timeout = server.shutdown_grace_s + CUT_MARGIN_S
     config.keep_alive_max_requests = 1_000_000
     config.keep_alive_timeout = server.connection_idle_s
     config.accesslog = None
@@ -69,6 +80,23 @@ async def _flush_last_used(runtime: Runtime) -> None:
         await runtime.keyring.flush_last_used()
 
 
+async def _cut_after(runtime: Runtime, grace: float) -> None:
+    """The end of the grace: cut every call still in flight."""
+    await trio.sleep(grace)
+    if len(runtime.inflight):
+        log.info("grace over: cutting %d calls in flight", len(runtime.inflight))
+    runtime.inflight.cut()
+
+
+async def _settle_in_flight(runtime: Runtime) -> None:
+    """HTTP is closed: cut what still runs (stream pumps) and wait until it is settled."""
+    runtime.inflight.cut()
+    with trio.move_on_after(SETTLE_WAIT_S):
+        await runtime.inflight.wait_settled()
+    if len(runtime.inflight):
+        log.error("stopped with %d calls not settled", len(runtime.inflight))
+
+
 async def serve(
     runtime: Runtime,
     sockets: Sockets | None = None,
@@ -81,9 +109,15 @@ async def serve(
     if sockets is None:
         sockets = bind_sockets(config)
     app = wrap_app(FinalSendGuard(create_app(runtime)), config.wsgi_max_body_size, None)
+    grace = runtime.config.server.shutdown_grace_s
     try:
         async with trio.open_nursery() as root:
             runtime.nursery = root
+
+            async def stop_trigger() -> None:
+                await shutdown_trigger()
+                log.info("stopping: calls in progress have %s s to finish", grace)
+                root.start_soon(_cut_after, runtime, grace)
             await root.start(runtime.store.run)
             await root.start(runtime.pool.run)
             await root.start(runtime.alerts.run)
@@ -94,10 +128,11 @@ async def serve(
                     app,
                     config,
                     sockets=sockets,
-                    shutdown_trigger=shutdown_trigger,
+                    shutdown_trigger=stop_trigger,
                     task_status=task_status,
                 )
                 with trio.CancelScope(shield=True):
+                    await _settle_in_flight(runtime)
                     await runtime.keyring.flush_last_used()
                     await runtime.alerts.aclose()  # before the store writer stops
                 root.cancel_scope.cancel()
