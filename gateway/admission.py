@@ -33,6 +33,7 @@ ADMISSION_RETRY_AFTER = 1
 
 
 def unavailable() -> GatewayError:
+    runtime().metrics.refused("admission_unavailable")
     return GatewayError(
         "admission_unavailable",
         "An admission check could not complete; retry shortly.",
@@ -87,6 +88,7 @@ async def admit(record: KeyRecord, *, take_slot: bool) -> Admission:
             # a limit above the key's: the key was admitted, so its headers apply
             g.rate_headers = rate_headers(admission)
         assert admission.code is not None
+        runtime().metrics.refused(admission.code)
         raise GatewayError(
             admission.code,
             _admit_message(admission),
@@ -133,6 +135,7 @@ async def reserve(record: KeyRecord, *, tokens: int, cost: int, org_cost: int) -
         raise unavailable() from None
     if isinstance(verdict, Reservation):
         return verdict
+    rt.metrics.refused(verdict.code)
     raise GatewayError(
         verdict.code, _reserve_message(verdict.code), retry_after=verdict.retry_after
     )

@@ -42,6 +42,7 @@ from gateway.calls.tags import collect_tags
 from gateway.catalog import Model
 from gateway.errors import GatewayError
 from gateway.estimate import worst_case_tokens
+from gateway.exchange import call_opened
 from gateway.idempotency import Claim
 from gateway.inflight import STOPPING_MESSAGE
 from gateway.keys import KeyRecord
@@ -191,6 +192,7 @@ async def open_call(
         failures_count=endpoint.failures_count,
     )
     runtime.inflight.add(call)
+    call_opened(call)
     try:
         yield call
     except Exception as exc:
@@ -259,6 +261,7 @@ def _provider_request(call: Call, chat: ChatCall) -> tuple[ProviderRequest, list
         upstream_model=upstream_id,
         body=body,
         api_key=call.runtime.provider_key(call.record, hold.model),
+        trace=call.exchange.trace if call.exchange else None,
         request_id=call.request_id,
     )
     return request, hold.provider.ignored_parameters(body)
@@ -306,7 +309,13 @@ async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
     api_key = call.runtime.provider_key(call.record, hold.model)
     result = await _ask(
         call,
-        lambda: hold.provider.embed(config.upstream_id, parsed.inputs, parsed.dimensions, api_key),
+        lambda: hold.provider.embed(
+            config.upstream_id,
+            parsed.inputs,
+            parsed.dimensions,
+            api_key,
+            call.exchange.trace if call.exchange else None,
+        ),
         "The call ran out of time.",
     )
     await call.finish(call.ending(answered=True, usage=result.usage), usage=result.usage)

@@ -70,12 +70,11 @@ async def start_gateway(
 ) -> Gateway:
     runtime = Runtime.open(config, clock=clock)
     runtime.admin_token = ADMIN_TOKEN
-    token = runtime.bootstrap_demo() or ""
     stop = trio.Event()
     binds = await nursery.start(
         lambda task_status: serve(runtime, shutdown_trigger=stop.wait, task_status=task_status)
     )
-    return Gateway(url=binds[0], runtime=runtime, token=token, stop=stop)
+    return Gateway(url=binds[0], runtime=runtime, token=runtime.demo_token or "", stop=stop)
 
 
 @pytest.fixture

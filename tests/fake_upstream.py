@@ -23,8 +23,8 @@ tests never share state::
     [[fault hold]]                hold the call open (before answering) until ``release``
 
 ``calls`` counts requests received, ``served`` the answers sent in full, ``open`` the
-calls in progress; ``bodies`` and ``auth`` keep what came in. :meth:`wait_until` waits
-(on events, not sleeps) until a condition on these holds.
+calls in progress; ``bodies``, ``auth`` and ``headers`` keep what came in.
+:meth:`wait_until` waits (on events, not sleeps) until a condition on these holds.
 """
 
 from __future__ import annotations
@@ -68,6 +68,7 @@ class FakeUpstream:
     calls: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     auth: list[str | None] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
     served: int = 0
     open: int = 0
     #: held calls ([[fault hold]]) answer once this is set
@@ -129,6 +130,7 @@ class FakeUpstream:
         self.bodies.append(body)
         headers = dict(request.headers)
         self.auth.append(headers.get(b"authorization", b"").decode() or None)
+        self.headers.append({k.decode(): v.decode() for k, v in headers.items()})
         faults = directives(body)
         if "delay" in faults:
             await trio.sleep(float(faults["delay"]))

@@ -179,7 +179,13 @@ def _m004_dashboard(db: Database) -> None:
     db["requests"].create_index(["org_id", "created"])
 
 
-def _m005_pending_requests(db: Database) -> None:
+def _m005_request_trace(db: Database) -> None:
+    """Each request names the W3C trace it belongs to (the ``traceparent`` trace id),
+    so that a call can be followed from the client to the provider. Earlier rows: none."""
+    db["requests"].add_column("trace_id", str)
+
+
+def _m006_pending_requests(db: Database) -> None:
     """Start-up recovery finds the ``pending`` rows a crash left without a table scan."""
     db.execute("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'")
 
@@ -189,7 +195,8 @@ MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _m002_webhooks,
     _m003_request_parent,
     _m004_dashboard,
-    _m005_pending_requests,
+    _m005_request_trace,
+    _m006_pending_requests,
 )
 
 
