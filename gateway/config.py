@@ -8,7 +8,7 @@ Environment overrides (all optional): ``SVC_SERVER_HOST``, ``SVC_SERVER_PORT``,
 ``SVC_SERVER_DB``, ``SVC_SERVER_REQUEST_TIMEOUT_S``, ``SVC_SERVER_KEEPALIVE_S``,
 ``SVC_SERVER_SHARDS``, ``SVC_SERVER_PLATFORM_RPM``, ``SVC_SERVER_ROTATION_GRACE_S``,
 ``SVC_SERVER_LOG_FORMAT``, ``SVC_SERVER_LOG_LEVEL``, ``SVC_SERVER_METRICS_TOKEN``,
-``SVC_SERVER_BODY_TIMEOUT_S``, ``SVC_SERVER_MAX_CONNECTIONS``.
+``SVC_SERVER_SHUTDOWN_GRACE_S``, ``SVC_SERVER_BODY_TIMEOUT_S``, ``SVC_SERVER_MAX_CONNECTIONS``.
 
 Every problem is a :class:`ConfigError` whose message names the offending key; the CLI
 prints it on one line and exits with status 2.
@@ -50,7 +50,8 @@ class ServerConfig:
     shards: int = 16
     platform_rpm: int | None = None
     rotation_grace_s: int = 24 * 3600
-    graceful_timeout_s: float = 10.0
+    #: on SIGTERM/SIGINT, how long calls in progress may take to finish (DESIGN.md)
+    shutdown_grace_s: float = 25.0
     max_body_bytes: int = 10 * 1024 * 1024
     #: a request body must arrive whole within this long (and not trickle: gateway/bodies.py)
     body_timeout_s: float = 30.0
@@ -199,7 +200,7 @@ def _parse_server(table: dict[str, Any]) -> ServerConfig:
         "shards": int,
         "platform_rpm": int,
         "rotation_grace_s": int,
-        "graceful_timeout_s": (int, float),
+        "shutdown_grace_s": (int, float),
         "max_body_bytes": int,
         "body_timeout_s": (int, float),
         "max_buffered_body_bytes": int,
@@ -214,6 +215,9 @@ def _parse_server(table: dict[str, Any]) -> ServerConfig:
         "metrics_token": str,
         "drain_s": (int, float),
     }
+    if "graceful_timeout_s" in table:
+        # the name before DESIGN.md's contract was followed: say what it is called now
+        raise ConfigError("server.graceful_timeout_s: renamed server.shutdown_grace_s")
     _check_unknown(table, set(types), "server")
     values = {key: _take(table, key, "server", kind) for key, kind in types.items() if key in table}
     server = replace(defaults, **values)
@@ -241,7 +245,7 @@ def _validate_server(server: ServerConfig) -> None:
     if server.max_buffered_body_bytes < server.max_body_bytes:
         # else a body of the largest size allowed could never be read
         raise ConfigError("server.max_buffered_body_bytes: must be at least max_body_bytes")
-    for key in ("graceful_timeout_s", "rotation_grace_s", "drain_s"):
+    for key in ("shutdown_grace_s", "rotation_grace_s", "drain_s"):
         if getattr(server, key) < 0:
             raise ConfigError(f"server.{key}: must not be negative")
     if server.platform_rpm is not None:
@@ -421,6 +425,7 @@ _ENV_SERVER: dict[str, type] = {
     "log_format": str,
     "log_level": str,
     "metrics_token": str,
+    "shutdown_grace_s": float,
     "body_timeout_s": float,
     "max_connections": int,
 }

@@ -1,225 +1,326 @@
-"""One model call from admission to settlement (steps 3 to 10 of the request walk).
+"""The walk of one model call, steps 3 to 10 of DESIGN.md, in one module.
 
-    handler                         this module
-    -------                         -----------
-    authenticate, scope             open_call()      step 3: admit, take a slot
-    read body, tags, validate       resolve()        step 6: catalog, policy, data mode,
-                                                             capabilities, price
-                                    reserve_call()   steps 7-8: estimate, reserve
-    provider call (or stream pump)  finish()         step 10: record, settle (once)
+    route (HTTP only)                 this module                      the Call (lifecycle.py)
+    -----------------                 -----------                      -----------------------
+    1-2 authenticate, scope
+        read the body
+                                      open_call()  3 admit, a slot     ADMITTED
+                                      prepare()    4 tags
+                                                   5 validate (ENDPOINTS[..].parse)
+                                                   6 entitlements, resolve, capabilities,
+                                                     web search
+                                                   7 estimate
+                                                   8 spend controls, reserve  → RESERVED
+                                      complete()   9 ask the provider         → CALLED
+                                      embed()     10 settle (Call.finish)     → SETTLED
+                                      stream()     9 hand to a pump           → HANDED_OFF
+                                                  10 the pump settles         → SETTLED
+        answer
 
-A :class:`Call` owns the in-flight slot and the reservation from admission until
-:meth:`Call.finish` resolves both, exactly once, on every path: success, refusal, provider
-failure, timeout, client gone. ``finish`` writes the request record (for calls that
-reached the model) before the shard posts the amount, so a settled amount is durable
-before any answer reports it.
+What differs between the three endpoints is one row of :data:`ENDPOINTS`: the scope, the
+entitlement, the model kind, how the body is parsed and checked against the model, how
+the answer is shaped. :func:`open_call` settles, whatever happens, a call its handler
+still owns (:meth:`Call.end`): a refusal, a fault of ours, a cancellation.
 """
 
 from __future__ import annotations
 
-import logging
-import time
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import trio
+from quart import Response
 
 from gateway import admission
+from gateway.calls import ChatCall, EmbeddingCall
+from gateway.calls.chat import capability_param, check_capabilities, parse_chat
+from gateway.calls.embeddings import check_dimensions, parse_embeddings
+from gateway.calls.responses import ResponseStreamTranslator, chat_to_response, parse_responses
+from gateway.calls.tags import collect_tags
 from gateway.catalog import Model
-from gateway.exchange import Exchange, call_opened, call_settled
+from gateway.errors import GatewayError
+from gateway.estimate import worst_case_tokens
+from gateway.exchange import call_opened
+from gateway.idempotency import Claim
+from gateway.inflight import STOPPING_MESSAGE
 from gateway.keys import KeyRecord
-from gateway.policy import check_model, check_spend_controls
-from gateway.providers.base import Provider, ProviderRequest, Usage
-from gateway.runtime import Runtime
-from gateway.settlement import Ending, Settlement, settle_amounts
-from gateway.store import records
-from shards import Admission, Reservation
+from gateway.lifecycle import Call, Hold
+from gateway.policy import check_entitlements, check_model, check_spend_controls, check_web_search
+from gateway.provider_errors import map_provider_error
+from gateway.providers.base import ProviderError, ProviderRequest, embedding_response
+from gateway.streaming import ChatFormat, ResponsesFormat, StreamFormat, start_stream
 
-log = logging.getLogger("gateway.pipeline")
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
+
+T = TypeVar("T")
 
 
-@dataclass
-class Call:
-    runtime: Runtime
-    record: KeyRecord
-    request_id: str
-    endpoint: str
-    admission: Admission
-    stream: bool = False
-    tags: dict[str, str] = field(default_factory=dict)
-    model: Model | None = None
-    provider: Provider | None = None
-    reservation: Reservation | None = None
-    prompt_estimate: int = 0
-    reserved_nanos: int = 0
-    started: float = 0.0
-    deadline: float = 0.0
-    settlement: Settlement | None = None
-    #: set when ownership of the call passes to a stream pump
-    handed_off: bool = False
-    #: set once the provider was asked: from then on an abandoned call is not "not called"
-    provider_called: bool = False
-    #: when the provider was asked (perf_counter), for the upstream duration
-    called_at: float = 0.0
-    client_gone: bool = False
-    #: the HTTP exchange the call answers (its log line, its trace)
-    exchange: Exchange | None = None
+class Parsed(Protocol):
+    """What the walk asks of a parsed body (:class:`ChatCall`, :class:`EmbeddingCall`)."""
 
     @property
-    def live(self) -> bool:
-        return self.record.mode == "live"
+    def model(self) -> str: ...
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def needs(self) -> frozenset[str]: ...
+    @property
+    def output_ceiling(self) -> int: ...
+    def prompt_estimate(self) -> int: ...
 
-    def calling_provider(self) -> None:
-        """From now on the provider is asked: an abandoned call is not "not called"."""
-        self.provider_called = True
-        self.called_at = time.perf_counter()
 
-    async def finish(
-        self,
-        ending: Ending,
-        *,
-        usage: Usage | None = None,
-        http_status: int = 200,
-        error_code: str | None = None,
-    ) -> Settlement:
-        """Record and settle, exactly once; later calls return the first settlement."""
-        if self.settlement is not None:
-            return self.settlement
-        if self.reservation is None or self.model is None:
-            ending = Ending.NOT_CALLED
-        settlement = (
-            settle_amounts(
-                ending,
-                model=self.model,
-                reserved_nanos=self.reserved_nanos,
-                prompt_estimate=self.prompt_estimate,
-                prompt_tokens=usage.prompt_tokens if usage else 0,
-                completion_tokens=usage.completion_tokens if usage else 0,
-                live=self.live,
-            )
-            if self.model is not None
-            else Settlement(Ending.NOT_CALLED, 0, 0)
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One model-call endpoint: a row of :data:`ENDPOINTS`."""
+
+    name: str  # the record's endpoint
+    scope: str  # the key scope it needs (step 2)
+    feature: str  # the organisation plan's entitlement
+    model_kind: str  # the catalog kind it calls
+    #: honours the Idempotency-Key header
+    idempotent: bool
+    #: False: every failure after the provider was asked counts nothing
+    failures_count: bool
+    #: step 5: the body, validated, for this key
+    parse: Callable[[Runtime, KeyRecord, dict[str, Any]], Any]
+    #: step 6, once the model is resolved: what the parsed call asks of it
+    check: Callable[[Runtime, KeyRecord, Any, Model], None]
+    #: a chat completion as this endpoint answers it (chat-shaped endpoints)
+    answer: Callable[[Call, ChatCall, dict[str, Any]], dict[str, Any]] | None = None
+    #: how this endpoint writes a stream (chat-shaped endpoints)
+    stream_format: Callable[[Call, ChatCall, dict[str, Any]], StreamFormat] | None = None
+
+
+def _parse_chat(_: Runtime, record: KeyRecord, body: dict[str, Any]) -> ChatCall:
+    return parse_chat(body, record.caps.max_output_tokens)
+
+
+def _parse_responses(_: Runtime, record: KeyRecord, body: dict[str, Any]) -> ChatCall:
+    return parse_responses(body, record.caps.max_output_tokens)
+
+
+def _parse_embeddings(rt: Runtime, record: KeyRecord, body: dict[str, Any]) -> EmbeddingCall:
+    named = body.get("model")
+    if isinstance(named, str) and rt.catalog.get(named) is None:
+        # a model that does not exist is 404 model_not_found (decision unknown_model)
+        # on every endpoint; 400 model_not_allowed is for a model of the catalog that
+        # is not the served embedding model
+        check_model(rt, record, named, "embedding")
+    served = rt.catalog.embedding_model()
+    return parse_embeddings(body, served.id if served else None)
+
+
+def _check_chat(rt: Runtime, record: KeyRecord, chat: ChatCall, model: Model) -> None:
+    check_capabilities(chat, model)
+    if "web_search" in chat.needs:
+        check_web_search(rt, record, model, capability_param(chat, "web_search"))
+
+
+def _check_embeddings(_: Runtime, __: KeyRecord, call: EmbeddingCall, model: Model) -> None:
+    check_dimensions(call, model)
+
+
+def response_id(call: Call) -> str:
+    """The Responses API id of a call: its request id under the resp_ prefix."""
+    return "resp_" + call.request_id.removeprefix("req_")
+
+
+CHAT = Endpoint(
+    name="chat",
+    scope="inference",
+    feature="chat_completions",
+    model_kind="chat",
+    idempotent=True,
+    failures_count=True,
+    parse=_parse_chat,
+    check=_check_chat,
+    answer=lambda call, chat, completion: completion,
+    stream_format=lambda call, chat, svc: ChatFormat(call.held.model.id, chat.include_usage, svc),
+)
+RESPONSES = Endpoint(
+    name="responses",
+    scope="inference",
+    feature="responses",
+    model_kind="chat",
+    idempotent=True,
+    failures_count=True,
+    parse=_parse_responses,
+    check=_check_chat,
+    answer=lambda call, chat, completion: chat_to_response(completion, chat, response_id(call)),
+    stream_format=lambda call, chat, svc: ResponsesFormat(
+        ResponseStreamTranslator(
+            chat, response_id(call), created_at=int(call.runtime.clock.now()), svc=svc
         )
-        self.settlement = settlement
-        with trio.CancelScope(shield=True):
-            if ending is not Ending.NOT_CALLED:
-                await self.runtime.store.write(
-                    records.record_call,
-                    self._record_row(settlement, usage, http_status, error_code),
-                    self._ledger_row(settlement),
-                )
-            await admission.settle(
-                self.runtime,
-                self.record,
-                slot_taken=self.admission.slot_taken,
-                reservation=self.reservation,
-                cap_amount=settlement.cap_nanos,
-                billed_amount=settlement.billed_nanos,
-            )
-        self.runtime.alerts.notice(self.record, settlement.cap_nanos)
-        call_settled(self, settlement, usage, error_code)
-        return settlement
-
-    def _record_row(
-        self, settlement: Settlement, usage: Usage | None, http_status: int, error: str | None
-    ) -> dict[str, Any]:
-        assert self.model is not None
-        created = datetime.fromtimestamp(self.started, UTC)
-        return {
-            "id": self.request_id,
-            "key_id": self.record.id,
-            "parent_id": self.record.parent_id,
-            "org_id": self.record.org_id,
-            "created": self.started,
-            "day": created.strftime("%Y-%m-%d"),
-            "month": created.strftime("%Y-%m"),
-            "endpoint": self.endpoint,
-            "model": self.model.id,
-            "provider": self.model.config.provider if self.live else "mock",
-            "status": self._status(error),
-            "http_status": http_status,
-            "stream": int(self.stream),
-            "tags": self.tags,
-            "usage": usage.as_dict() if usage else None,
-            "estimated_usd_nanos": self.reserved_nanos,
-            "reserved_usd_nanos": self.reserved_nanos,
-            "settled_usd_nanos": settlement.cap_nanos,
-            "billed_usd_nanos": settlement.billed_nanos,
-            "latency_ms": round((self.runtime.clock.now() - self.started) * 1000, 3),
-            "error_code": error,
-            "mode": self.record.mode,
-            "trace_id": self.exchange.trace.trace_id if self.exchange else None,
-        }
-
-    def _status(self, error: str | None) -> str:
-        """failed (with an error code), cancelled (the client went away), or succeeded."""
-        if error is not None:
-            return "failed"
-        return "cancelled" if self.client_gone else "succeeded"
-
-    def _ledger_row(self, settlement: Settlement) -> dict[str, Any] | None:
-        if not settlement.billed_nanos:
-            return None
-        row = self.runtime.ledger_row(self.record.org_id, -settlement.billed_nanos, "usage")
-        row["request_id"] = self.request_id
-        return row
+    ),
+)
+EMBEDDINGS = Endpoint(
+    name="embeddings",
+    scope="embeddings",
+    feature="embeddings",
+    model_kind="embedding",
+    idempotent=False,
+    failures_count=False,
+    parse=_parse_embeddings,
+    check=_check_embeddings,
+)
+ENDPOINTS = {endpoint.name: endpoint for endpoint in (CHAT, RESPONSES, EMBEDDINGS)}
 
 
-async def open_call(runtime: Runtime, record: KeyRecord, request_id: str, endpoint: str) -> Call:
-    """Step 3 for a model call: count the request and take an in-flight slot."""
+@asynccontextmanager
+async def open_call(
+    runtime: Runtime,
+    record: KeyRecord,
+    request_id: str,
+    endpoint: Endpoint,
+    claim: Claim | None = None,
+) -> AsyncIterator[Call]:
+    """Step 3: count the request and take an in-flight slot; the call is settled on the
+    way out, whatever happened, unless it settled itself or was handed to a pump."""
     admitted = await admission.admit(record, take_slot=True)
-    now = runtime.clock.now()
     call = Call(
+        claim=claim,
         runtime=runtime,
         record=record,
         request_id=request_id,
-        endpoint=endpoint,
+        endpoint=endpoint.name,
         admission=admitted,
-        started=now,
+        started=runtime.clock.now(),
         deadline=trio.current_time() + runtime.config.server.request_timeout_s,
+        failures_count=endpoint.failures_count,
     )
+    runtime.inflight.add(call)
     call_opened(call)
-    return call
+    try:
+        yield call
+    except Exception as exc:
+        if not isinstance(exc, GatewayError):
+            # a fault of ours (answered 500 internal_error): the record must not say 200
+            await call.end(http_status=500, error_code="internal_error")
+        raise
+    finally:
+        await call.end()
 
 
-def resolve(call: Call, model_id: str, kind: str) -> Model:
-    """Step 6: the model the key may call, or the refusal that says why not."""
-    model = check_model(call.runtime, call.record, model_id, kind)
-    call.model = model
-    call.provider = call.runtime.provider_for(call.record, model)
-    return model
-
-
-async def reserve_call(call: Call, prompt_estimate: int, max_output: int) -> None:
-    """Steps 7-8: reserve the worst case (prompt estimate + full output ceiling)."""
-    assert call.model is not None
-    call.prompt_estimate = prompt_estimate
-    cost = call.model.cost_nanos(prompt_estimate, max_output)
-    check_spend_controls(call.runtime, call.record, cost)
-    call.reservation = await admission.reserve(
-        call.record,
-        tokens=prompt_estimate + max_output,
+async def prepare(
+    call: Call, endpoint: Endpoint, body: dict[str, Any], tags_header: str | None
+) -> Any:
+    """Steps 4 to 8: tags, validate, resolve, estimate, reserve; the parsed call."""
+    rt, record = call.runtime, call.record
+    call.tags = collect_tags(tags_header, body, record.default_tags, record.required_tags)
+    parsed: Parsed = endpoint.parse(rt, record, body)
+    call.stream = parsed.stream
+    features = [endpoint.feature] + ["streaming"] * parsed.stream + sorted(parsed.needs)
+    check_entitlements(rt, record, features)
+    model = check_model(rt, record, parsed.model, endpoint.model_kind)
+    provider = rt.provider_for(record, model)
+    endpoint.check(rt, record, parsed, model)
+    prompt, output = parsed.prompt_estimate(), parsed.output_ceiling
+    cost = model.cost_nanos(prompt, output)
+    check_spend_controls(rt, record, cost)
+    reservation = await admission.reserve(
+        record,
+        tokens=worst_case_tokens(prompt, output),
         cost=cost,
         org_cost=cost if call.live else 0,
     )
-    call.reserved_nanos = cost
+    call.reserved(Hold(model, provider, reservation, prompt, cost))
+    return parsed
 
 
-def provider_request(call: Call, body: dict[str, Any]) -> ProviderRequest:
-    assert call.model is not None
-    return ProviderRequest(
-        upstream_model=call.model.config.upstream_id,
-        body={**body, "model": call.model.config.upstream_id},
-        api_key=call.runtime.provider_key(call.record, call.model),
+async def _ask(call: Call, ask: Callable[[], Awaitable[T]], late: str) -> T:
+    """Step 9 without a stream: ask the provider under the call's deadline; a failure
+    is settled here and raised as the answer's error."""
+    await call.start_provider_call()
+    try:
+        with call.watch(trio.move_on_after(call.remaining())) as scope:
+            result = await ask()
+    except ProviderError as exc:
+        error, failure = map_provider_error(exc, byok=call.record.byok)
+        ending = call.ending(failure=failure, usage=exc.usage)
+        await call.finish(ending, usage=exc.usage, http_status=error.status, error_code=error.code)
+        raise error from None
+    if scope.cancelled_caught and call.cut_short:
+        # a graceful stop ran out of grace: the answer is a 503 the client may retry
+        await call.finish(call.ending(), http_status=503, error_code="service_unavailable")
+        raise GatewayError("service_unavailable", STOPPING_MESSAGE)
+    if scope.cancelled_caught:
+        await call.finish(call.ending(), http_status=504, error_code="request_timeout")
+        raise GatewayError("request_timeout", late)
+    return result
+
+
+def _provider_request(call: Call, chat: ChatCall) -> tuple[ProviderRequest, list[str]]:
+    """The upstream request of a chat call, and the parameters its provider ignores."""
+    hold = call.held
+    upstream_id = hold.model.config.upstream_id
+    body = {**chat.body(), "model": upstream_id}
+    request = ProviderRequest(
+        upstream_model=upstream_id,
+        body=body,
+        api_key=call.runtime.provider_key(call.record, hold.model),
         trace=call.exchange.trace if call.exchange else None,
         request_id=call.request_id,
     )
+    return request, hold.provider.ignored_parameters(body)
 
 
 def svc_block(call: Call, ignored: list[str]) -> dict[str, Any]:
     return {"request_id": call.request_id, "ignored_parameters": ignored}
 
 
-def remaining(call: Call) -> float:
-    return max(0.0, call.deadline - trio.current_time())
+async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, Any]:
+    """Steps 9-10 of a chat-shaped call without a stream: the answer, settled."""
+    assert endpoint.answer is not None
+    request, ignored = _provider_request(call, chat)
+    provider = call.held.provider
+    result = await _ask(
+        call,
+        lambda: provider.complete(request),
+        "The call ran out of time; retry with stream true.",
+    )
+    ending = call.ending(answered=True, usage=result.usage)
+    try:
+        answer = endpoint.answer(call, chat, {**result.completion, "model": call.held.model.id})
+        answer["svc"] = svc_block(call, ignored)
+    except Exception:
+        # a fault of ours with the answer in hand: settled as the provider's answer
+        # says, recorded as the 500 the client gets
+        await call.finish(ending, usage=result.usage, http_status=500, error_code="internal_error")
+        raise
+    await call.finish(ending, usage=result.usage, answer=answer)
+    return answer
+
+
+async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> Response:
+    """Step 9 of a streamed call: hand it to a pump (which settles it), answer the stream."""
+    assert endpoint.stream_format is not None
+    request, ignored = _provider_request(call, chat)
+    fmt = endpoint.stream_format(call, chat, svc_block(call, ignored))
+    return await start_stream(call, request, fmt)
+
+
+async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
+    """Steps 9-10 of an embeddings call: the answer, settled."""
+    hold = call.held
+    config = hold.model.config
+    api_key = call.runtime.provider_key(call.record, hold.model)
+    result = await _ask(
+        call,
+        lambda: hold.provider.embed(
+            config.upstream_id,
+            parsed.inputs,
+            parsed.dimensions,
+            api_key,
+            call.exchange.trace if call.exchange else None,
+        ),
+        "The call ran out of time.",
+    )
+    await call.finish(call.ending(answered=True, usage=result.usage), usage=result.usage)
+    answer = embedding_response(result, hold.model.id, parsed.encoding_format)
+    # the svc block of every successful call; no forwarded parameter is ignored here
+    # (fields other than model, input, encoding_format, dimensions are not forwarded)
+    answer["svc"] = svc_block(call, [])
+    return answer

@@ -83,14 +83,8 @@ def clean_explanation(text: str) -> str:
 
 
 def map_provider_error(exc: ProviderError, *, byok: bool) -> tuple[GatewayError, Ending]:
-    """The answer and the settlement row of a provider failure."""
-    error, ending = _map(exc, byok)
-    if exc.usage is not None:
-        ending = Ending.USAGE
-    return error, ending
-
-
-def _map(exc: ProviderError, byok: bool) -> tuple[GatewayError, Ending]:
+    """The answer and the settlement row of a provider failure that reported no usage
+    (:func:`gateway.settlement.ending_for` decides when it did)."""
     if isinstance(exc, ProviderRefused):
         if byok and exc.status in (401, 403):
             return GatewayError("byok_credential_rejected"), Ending.PROVIDER_REFUSED
@@ -108,15 +102,15 @@ def _map(exc: ProviderError, byok: bool) -> tuple[GatewayError, Ending]:
         return unreachable, Ending.SERVER_ERROR
     if isinstance(exc, ProviderServerError):
         failed = GatewayError("service_unavailable", "The model's provider failed.")
-        return failed, Ending.SERVER_ERROR if exc.status >= 500 else Ending.OTHER
+        return failed, Ending.SERVER_ERROR if exc.status >= 500 else Ending.FULL_RESERVATION
     if isinstance(exc, ProviderTimedOut):
         late = GatewayError("request_timeout", "The model's provider did not answer in time.")
-        return late, Ending.OTHER
+        return late, Ending.FULL_RESERVATION
     if isinstance(exc, ProviderMalformed):
         unreadable = GatewayError("service_unavailable", "The provider's answer was unreadable.")
-        return unreadable, Ending.OTHER
+        return unreadable, Ending.FULL_RESERVATION
     if isinstance(exc, ProviderDropped):
         return GatewayError("service_unavailable", "The model's provider dropped the call."), (
-            Ending.OTHER
+            Ending.FULL_RESERVATION
         )
-    return unreachable, Ending.OTHER
+    return unreachable, Ending.FULL_RESERVATION

@@ -2,13 +2,15 @@
 
 Start-up order (see :func:`gateway.server.serve`): open the store; start the HTTP server
 (it answers only health while starting); run the start-up work of
-:attr:`Runtime.readiness` (load organisations, keys and today's and this month's settled
+:attr:`Runtime.readiness` (settle the calls a crash left ``pending``,
+:meth:`Runtime.recover`; load organisations, keys and today's and this month's settled
 spend into memory and into the shards, then create the demo organisation on an empty
 database); then start the store writer, the shards and the spend alerts, and be ready.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -18,13 +20,15 @@ import trio
 
 from gateway import __version__
 from gateway.alerts import Alerts
-from gateway.catalog import Catalog, Model, usd_to_nanos
+from gateway.catalog import Catalog, Model, nanos_to_usd, usd_to_nanos
 from gateway.config import Config
 from gateway.errors import GatewayError
 from gateway.idempotency import RETENTION_S as IDEMPOTENCY_RETENTION_S
 from gateway.idempotency import IdempotencyBook
+from gateway.inflight import InFlight
 from gateway.keyring import Keyring
 from gateway.keys import KeyRecord, new_id
+from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.orgs import Org
 from gateway.providers.base import Provider
@@ -37,6 +41,7 @@ from gateway.store import idempotency as idempotency_ops
 from shards import ShardPool, SystemClock
 from shards.clock import Clock
 
+log = logging.getLogger("gateway.runtime")
 DEMO_ORG_NAME = "demo"
 DEMO_CREDITS_USD = 100.0
 
@@ -58,6 +63,7 @@ class Runtime:
         self.catalog = Catalog(self.config)
         self.orgs: dict[str, Org] = {}
         self.idempotency = IdempotencyBook()
+        self.inflight = InFlight()
         self.alerts = Alerts(self)
         self.byok: dict[tuple[str, str], str] = {}
         self.mock = MockProvider.for_models(self.config.models, clock=self.clock.now)
@@ -111,7 +117,8 @@ class Runtime:
         await trio.to_thread.run_sync(work)
 
     def load(self) -> None:
-        """Rebuild the in-memory state from the store (start-up only)."""
+        """Rebuild the in-memory state from the store (start-up only), after recovery."""
+        self.recover()
         for row in self.store.call(records.list_orgs):
             org = Org.from_row(row)
             self.orgs[org.id] = org
@@ -138,6 +145,24 @@ class Runtime:
             record = self.keyring.get(key_id)
             if record is not None:
                 self.pool.load_spend(record.id, record.family_id, day_nanos, month_nanos)
+
+    def recover(self) -> None:
+        """Settle the calls a crash left in flight, before the rebuild counts spend.
+
+        Every ``pending`` request row belongs to a process that is gone (one server per
+        database): it is settled by the settlement table's row "anything else without
+        reported usage" (:func:`records.recover_pending`), so the rebuild below counts
+        its full reservation against the caps of its key and parent.
+        """
+        found = self.store.call(records.recover_pending)
+        if found["calls"]:
+            calls, usd = found["calls"], nanos_to_usd(found["nanos"])
+            log.warning(
+                "recovery: %d interrupted calls settled, %s USD counted against caps",
+                calls,
+                usd,
+                extra=event("recovery", calls=calls, settled_usd=usd),
+            )
 
     def _load_org_account(self, org: Org, balance: dict[str, int], billed: int = 0) -> None:
         budget = org.policy.get("budget_usd_month")

@@ -7,13 +7,16 @@
     provider reported usage                               real cost           real cost*
     5xx or lost connection, nothing produced, no usage    input share (>=1)   0
     anything else without usage (output streamed, our     full reservation    0
-      own 504, another provider status, client gone)
+      own 504, another provider status, client gone,
+      a graceful stop's cut; a crash, settled by start-up
+      recovery in the store: records.recover_pending)
 
     * live keys only: sandbox keys count against their caps at catalog prices and
       are never billed.
 
 On embeddings every failure releases the reservation and counts nothing.
-Amounts are nano-USD and never exceed what was reserved.
+Amounts are nano-USD and never exceed what was reserved. Which row a call's ending is
+decided in one place, :func:`ending_for`.
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ class Ending(enum.Enum):
     PROVIDER_REFUSED = "provider_refused"
     USAGE = "usage"
     SERVER_ERROR = "server_error"  # 5xx or lost connection, nothing produced
-    OTHER = "other"  # output already streamed, our own timeout, client gone, other status
+    #: counts the full reservation: output already streamed, our own timeout, client
+    #: gone, another provider status, a fault of ours after the call
+    FULL_RESERVATION = "full_reservation"
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +42,35 @@ class Settlement:
     ending: Ending
     cap_nanos: int
     billed_nanos: int
+
+
+def ending_for(
+    *,
+    called: bool,
+    answered: bool = False,
+    usage: bool = False,
+    failure: Ending | None = None,
+    produced: bool = False,
+    failures_count: bool = True,
+) -> Ending:
+    """The row of the table for a call that ended: the one place it is decided.
+
+    ``called``: the provider was asked. ``answered``: it answered in full; otherwise the
+    call failed, with the row of the provider's own failure in ``failure``
+    (:mod:`gateway.provider_errors`), or None when our deadline, the client or a fault
+    of ours ended it. ``usage``: the provider reported usage. ``produced``: output was
+    streamed. ``failures_count`` is False on embeddings, where every failure counts
+    nothing.
+    """
+    if not called:
+        return Ending.NOT_CALLED
+    if not answered and not failures_count:
+        return Ending.PROVIDER_REFUSED
+    if usage:
+        return Ending.USAGE
+    if failure is None or produced:
+        return Ending.FULL_RESERVATION
+    return failure
 
 
 def settle_amounts(

@@ -16,6 +16,8 @@ settle, exactly once, whatever happens:
   was sent yet, the handler answers with a plain HTTP error);
 - the deadline passes: settle, then the in-band request_timeout error (in-band even
   when nothing was sent yet: the stream then opens with it, status 200);
+- a graceful stop runs out of grace (:mod:`gateway.inflight`): settle, then the in-band
+  service_unavailable error;
 - the client goes away: the body cancels the pump's scope at once; the pump settles.
 
 The pump never raises: an exception escaping it would cancel the root nursery.
@@ -35,7 +37,8 @@ from quart import Response
 
 from gateway.calls.translate import ResponseStreamTranslator
 from gateway.errors import GatewayError, in_band
-from gateway.pipeline import Call
+from gateway.inflight import STOPPING_MESSAGE
+from gateway.lifecycle import Call
 from gateway.provider_errors import map_provider_error
 from gateway.providers.base import ProviderError, ProviderRequest, Usage
 from gateway.settlement import Ending
@@ -93,14 +96,13 @@ async def pump(
     usage: Usage | None = None
     usage_chunk: dict[str, Any] | None = None
     failure: GatewayError | None = None
+    #: the settlement row of the provider's own failure (None: it did not fail)
+    failed_as: Ending | None = None
     produced = sent = False
-    ending = Ending.OTHER
-    call.calling_provider()
     async with send:
         try:
             with scope:
-                assert call.provider is not None
-                chunks = call.provider.stream(request)
+                chunks = call.held.provider.stream(request)
                 try:
                     async for chunk in chunks:
                         if chunk.get("usage"):
@@ -113,25 +115,24 @@ async def pump(
                             await send.send(Frame(frame))
                             sent = True
                 except ProviderError as exc:
-                    failure, ending = map_provider_error(exc, byok=call.record.byok)
-                    usage = usage or exc.usage
-                    if usage is not None:  # reported in the stream before it failed
-                        ending = Ending.USAGE
-                    elif produced:
-                        ending = Ending.OTHER
+                    failure, failed_as = map_provider_error(exc, byok=call.record.byok)
+                    usage = usage or exc.usage  # reported in the stream before it failed
                 finally:
                     await _close(chunks)
-            if scope.cancelled_caught and not call.client_gone:
-                failure = GatewayError("request_timeout", "The call reached its time limit.")
-            if failure is None or scope.cancelled_caught:
-                ending = Ending.USAGE if usage is not None else Ending.OTHER
+            if scope.cancelled_caught:
+                failed_as = None  # our deadline, a graceful stop or the client ended the call
+                if call.cut_short:
+                    failure = GatewayError("service_unavailable", STOPPING_MESSAGE)
+                elif not call.client_gone:
+                    failure = GatewayError("request_timeout", "The call reached its time limit.")
         except trio.BrokenResourceError:
             call.client_gone = True
-            ending = Ending.USAGE if usage is not None else Ending.OTHER
+            failed_as = None
         except Exception:
             log.exception("stream pump failed")
             failure = GatewayError("service_unavailable", "The stream failed.")
-            ending = Ending.USAGE if usage is not None else Ending.OTHER
+            failed_as = None
+        ending = call.ending(usage=usage, failure=failed_as, produced=produced)
         # the spec: a streamed call's timeout is in-band, even with nothing sent yet (a
         # deadline shorter than the keep-alive interval): its frames open the stream
         in_band = sent or (failure is not None and failure.code == "request_timeout")
@@ -217,8 +218,9 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
     runtime = call.runtime
     assert runtime.nursery is not None
     send, receive = trio.open_memory_channel[Frame](BUFFER)
-    scope = trio.CancelScope(deadline=call.deadline)
-    call.handed_off = True
+    await call.start_provider_call()
+    scope = call.watch(trio.CancelScope(deadline=call.deadline))
+    call.hand_off()
     answered = trio.Event()
     runtime.nursery.start_soon(pump, call, request, fmt, send, scope, answered)
     first: list[Frame] = []

@@ -22,13 +22,17 @@ tests never share state::
     [[fault malformed]]           answer 200 with a body that is not JSON
     [[fault usage_with_finish]]   stream the usage in the finish_reason chunk, not after it
     [[fault usage_with_content]]  the last word, finish_reason and usage in one chunk
+    [[fault hold]]                hold the call open (before answering) until ``release``
 
-``calls`` counts requests received; ``bodies``, ``auth`` and ``headers`` keep what came in.
+``calls`` counts requests received, ``served`` the answers sent in full, ``open`` the
+calls in progress; ``bodies``, ``auth`` and ``headers`` keep what came in.
+:meth:`wait_until` waits (on events, not sleeps) until a condition on these holds.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,6 +71,20 @@ class FakeUpstream:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     auth: list[str | None] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    served: int = 0
+    open: int = 0
+    #: held calls ([[fault hold]]) answer once this is set
+    release: trio.Event = field(default_factory=trio.Event)
+    _changed: trio.Event = field(default_factory=trio.Event)
+
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Return once ``condition()`` holds; it is checked on every call and answer."""
+        while not condition():
+            await self._changed.wait()
 
     async def serve(self, *, task_status: trio.TaskStatus[FakeUpstream]) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -95,6 +113,21 @@ class FakeUpstream:
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
     ) -> bool:
         self.calls += 1
+        self.open += 1
+        self._notify()
+        try:
+            keep = await self._reply(conn, stream, request, raw)
+        finally:
+            self.open -= 1
+            self._notify()
+        if conn.our_state is h11.DONE:
+            self.served += 1
+            self._notify()
+        return keep
+
+    async def _reply(
+        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
+    ) -> bool:
         body = orjson.loads(raw) if raw else {}
         self.bodies.append(body)
         headers = dict(request.headers)
@@ -103,6 +136,8 @@ class FakeUpstream:
         faults = directives(body)
         if "delay" in faults:
             await trio.sleep(float(faults["delay"]))
+        if "hold" in faults:
+            await self.release.wait()
         if "reset" in faults:
             return False
         if "status" in faults:

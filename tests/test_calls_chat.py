@@ -183,7 +183,7 @@ def test_minimal_body() -> None:
     call = parse_chat(body(), LIMIT)
     assert call == ChatCall(
         model="m", messages=USER, max_tokens=LIMIT, stream=False, include_usage=False,
-        params={}, needs=frozenset(), endpoint="chat", tags={},
+        params={}, needs=frozenset(), endpoint="chat",
     )  # fmt: skip
 
 

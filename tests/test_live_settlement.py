@@ -308,7 +308,7 @@ async def test_a_fault_of_ours_after_the_call_is_recorded_as_500(
     def broken(*_: Any) -> dict[str, Any]:
         raise RuntimeError("a bug in translating the answer back")
 
-    monkeypatch.setattr("gateway.routes.chat.chat_to_response", broken)
+    monkeypatch.setattr("gateway.pipeline.chat_to_response", broken)
     async with gw.client(token) as client:
         response = await client.post(
             "/v1/responses", json={"model": "live-chat", "input": "hi", "max_output_tokens": 9}

@@ -22,7 +22,9 @@ All of it is pure: parsed JSON in, a call or a :class:`~gateway.errors.GatewayEr
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
+
+from gateway.estimate import estimate_embedding_tokens, estimate_prompt_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +34,7 @@ class ChatCall:
     ``max_tokens`` is the effective output ceiling (the caller's budget, else the key's
     ``caps.max_output_tokens``); it is always sent upstream, so the reservation bounds the
     bill. ``include_usage`` is what the *caller* asked for on a chat stream; upstream is
-    always asked for usage. ``tags`` is filled by the tag step: ``dataclasses.replace``.
+    always asked for usage.
     """
 
     model: str
@@ -43,7 +45,14 @@ class ChatCall:
     params: dict[str, Any] = field(default_factory=dict)
     needs: frozenset[str] = frozenset()
     endpoint: Literal["chat", "responses"] = "chat"
-    tags: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def output_ceiling(self) -> int:
+        return self.max_tokens
+
+    def prompt_estimate(self) -> int:
+        """A bound of the prompt tokens of :meth:`body` (step 7)."""
+        return estimate_prompt_tokens(self.body())
 
     def body(self) -> dict[str, Any]:
         """The chat-completions body to forward (``model`` is the public id; providers swap it)."""
@@ -67,3 +76,12 @@ class EmbeddingCall:
     inputs: list[str] | list[list[int]]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
+    #: what the walk asks of every parsed call: an embedding is never streamed, needs no
+    #: capability, and produces no output tokens
+    stream: ClassVar[bool] = False
+    needs: ClassVar[frozenset[str]] = frozenset()
+    output_ceiling: ClassVar[int] = 0
+
+    def prompt_estimate(self) -> int:
+        """A bound of the tokens of the inputs (step 7)."""
+        return estimate_embedding_tokens(self.inputs)

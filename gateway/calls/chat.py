@@ -54,6 +54,20 @@ STRUCTURED_FORMATS = ("json_object", "json_schema")
 STRUCTURED_OUTPUT = "response_format with type json_schema"
 # Refused whatever their value (a null is not sent): sending the field is the mistake.
 REFUSED = ("top_logprobs", "prediction", "audio", "functions", "function_call")
+#: the refusal of each capability a model lacks, in the order they are checked
+CAPABILITY_CODES = {
+    "vision": "model_lacks_vision",
+    "tools": "model_lacks_tools",
+    "structured_output": "model_lacks_structured_output",
+    "web_search": "web_search_unavailable",
+}
+#: the field that asks for a capability, by endpoint (the need's own name otherwise)
+CAPABILITY_PARAMS = {
+    "chat": {"vision": "messages", "structured_output": "response_format",
+             "web_search": "web_search_options"},
+    "responses": {"vision": "input", "structured_output": "response_format",
+                  "web_search": "tools"},
+}  # fmt: skip
 CHAT_FIELDS = COMMON_FIELDS | {
     "messages",
     "max_tokens",
@@ -144,16 +158,14 @@ def check_capabilities(call: ChatCall, model: Model) -> None:
     """
     if model.kind == "embedding":
         raise invalid("model", f"{model.id} is an embedding model; use /v1/embeddings.")
-    on_chat = call.endpoint == "chat"
-    checks = (
-        ("vision", "model_lacks_vision", "messages" if on_chat else "input"),
-        ("tools", "model_lacks_tools", "tools"),
-        ("structured_output", "model_lacks_structured_output", "response_format"),
-        ("web_search", "web_search_unavailable", "web_search_options" if on_chat else "tools"),
-    )
-    for need, code, param in checks:
+    for need, code in CAPABILITY_CODES.items():
         if need in call.needs and not model.has(need):
-            raise GatewayError(code, param=param)
+            raise GatewayError(code, param=capability_param(call, need))
+
+
+def capability_param(call: ChatCall, need: str) -> str:
+    """The field of the caller's body that asks for ``need``: the param of its refusals."""
+    return CAPABILITY_PARAMS[call.endpoint].get(need, need)
 
 
 def _readable_content(message: dict[str, Any]) -> bool:

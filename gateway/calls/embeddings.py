@@ -15,6 +15,7 @@ from typing import Any
 
 from gateway.calls import EmbeddingCall
 from gateway.calls.fields import invalid, is_int, positive_int, require_object
+from gateway.catalog import Model
 from gateway.errors import ErrorSpec, GatewayError
 
 
@@ -71,3 +72,11 @@ def _inputs(value: Any) -> list[str] | list[list[int]]:
 
 def _token(value: Any) -> bool:
     return is_int(value) and value >= 0
+
+
+def check_dimensions(call: EmbeddingCall, model: Model) -> None:
+    """Once the model is resolved: the dimensions asked for are at most its own."""
+    if call.dimensions is not None and call.dimensions > model.config.dimensions:
+        raise invalid(
+            "dimensions", f"dimensions must be at most {model.config.dimensions} for {model.id}."
+        )
