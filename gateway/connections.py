@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import resource
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from functools import partial
 
 import trio
@@ -35,6 +36,8 @@ from gateway.config import Config
 
 log = logging.getLogger("gateway.connections")
 
+#: how long a closing connection reads what its client still sends (see _linger)
+LINGER_S = 2.0
 #: descriptors kept for everything but client and upstream connections: the database
 #: and its journal, the lock file, listeners, stdio, webhook deliveries, logs
 RESERVED_DESCRIPTORS = 128
@@ -85,6 +88,9 @@ class _CountedStream(trio.abc.HalfCloseableStream):
         self.socket = stream.socket  # hypercorn reads the peer and local addresses
         self._release: Callable[[], None] | None = release
         self._sending = trio.Lock()
+        self._eof_sent = False
+        self._receiving = False
+        self._client_closed = trio.Event()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         async with self._sending:
@@ -94,19 +100,47 @@ class _CountedStream(trio.abc.HalfCloseableStream):
         await self.stream.wait_send_all_might_not_block()
 
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
-        return await self.stream.receive_some(max_bytes)
+        self._receiving = True
+        try:
+            data = await self.stream.receive_some(max_bytes)
+        finally:
+            self._receiving = False
+        if not data:
+            self._client_closed.set()
+        return data
 
     async def send_eof(self) -> None:
         async with self._sending:
             await self.stream.send_eof()
+            self._eof_sent = True
 
     async def aclose(self) -> None:
         try:
-            await self.stream.aclose()
+            if self._eof_sent:
+                await self._linger()
         finally:
-            if self._release is not None:
-                self._release()
-                self._release = None
+            try:
+                await self.stream.aclose()
+            finally:
+                if self._release is not None:
+                    self._release()
+                    self._release = None
+
+    async def _linger(self) -> None:
+        """After our FIN, let what the client still sends be read and dropped until it
+        closes, for at most ``LINGER_S``: a socket closed with unread bytes answers them
+        with a reset, which can destroy the answer the client has not read yet (a 408 or
+        401 to a client still sending its body). Hypercorn's reading task, when it still
+        reads, drops them itself; else they are read here."""
+        with trio.move_on_after(LINGER_S):
+            if self._receiving:
+                await self._client_closed.wait()
+                return
+            with suppress(
+                trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError
+            ):
+                while await self.stream.receive_some(65536):
+                    pass
 
 
 class _Connection(TCPServer):
