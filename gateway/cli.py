@@ -483,13 +483,19 @@ def key_create(**opts: Any) -> None:
     emit(call_admin(opts["url"], "POST", "/admin/keys", body), opts["as_json"])
 
 
-def _key_action(action: str, help_text: str) -> None:
-    @key.command(action, help=help_text)
-    @click.argument("key_id")
+def _id_action(group: click.Group, resource: str, action: str, help_text: str) -> None:
+    """A verb ``GROUP ACTION ID`` that posts to ``/admin/<resource>s/<id>/<action>``."""
+
+    @group.command(action, help=help_text)
+    @click.argument("item_id", metavar=f"{resource.upper()}_ID")
     @url_option
     @json_option
-    def command(key_id: str, url: str | None, as_json: bool) -> None:
-        emit(call_admin(url, "POST", f"/admin/keys/{_seg(key_id)}/{action}"), as_json)
+    def command(item_id: str, url: str | None, as_json: bool) -> None:
+        emit(call_admin(url, "POST", f"/admin/{resource}s/{_seg(item_id)}/{action}"), as_json)
+
+
+def _key_action(action: str, help_text: str) -> None:
+    _id_action(key, "key", action, help_text)
 
 
 _key_action("rotate", "Issue a new key with the same settings; the old one expires later.")
@@ -514,12 +520,7 @@ def model() -> None:
 
 
 def _model_action(action: str, help_text: str) -> None:
-    @model.command(action, help=help_text)
-    @click.argument("model_id")
-    @url_option
-    @json_option
-    def command(model_id: str, url: str | None, as_json: bool) -> None:
-        emit(call_admin(url, "POST", f"/admin/models/{_seg(model_id)}/{action}"), as_json)
+    _id_action(model, "model", action, help_text)
 
 
 _model_action("disable", "Switch a model off: its calls answer 503 model_unavailable.")

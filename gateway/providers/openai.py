@@ -49,18 +49,6 @@ from gateway.providers.base import (
 REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
 
 
-def _usage(data: Any) -> Usage | None:
-    if not isinstance(data, dict):
-        return None
-    try:
-        return Usage(
-            prompt_tokens=int(data.get("prompt_tokens") or 0),
-            completion_tokens=int(data.get("completion_tokens") or 0),
-        )
-    except (TypeError, ValueError):
-        return None
-
-
 def _explanation(content: bytes) -> tuple[str, Usage | None]:
     """The upstream's error message and any usage it reported, from an error body."""
     try:
@@ -71,7 +59,7 @@ def _explanation(content: bytes) -> tuple[str, Usage | None]:
         return str(body)[:500], None
     error = body.get("error")
     message = error.get("message") if isinstance(error, dict) else error
-    return str(message or body)[:500], _usage(body.get("usage"))
+    return str(message or body)[:500], Usage.reported(body.get("usage"))
 
 
 def status_error(status: int, content: bytes) -> ProviderError:
@@ -126,7 +114,7 @@ class OpenAIProvider:
             raise ProviderMalformed("the upstream answered with invalid JSON") from None
         if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
             raise ProviderMalformed("the upstream answer is not a chat completion")
-        return ProviderResult(completion=completion, usage=_usage(completion.get("usage")))
+        return ProviderResult(completion=completion, usage=Usage.reported(completion.get("usage")))
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
         body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
@@ -186,7 +174,7 @@ class OpenAIProvider:
             vectors = [[float(x) for x in row["embedding"]] for row in rows]
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             raise ProviderMalformed("the upstream embeddings answer is malformed") from None
-        usage = _usage(data.get("usage")) or Usage(prompt_tokens=0)
+        usage = Usage.reported(data.get("usage")) or Usage(prompt_tokens=0)
         return EmbeddingResult(vectors=vectors, usage=usage)
 
     def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
