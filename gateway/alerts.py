@@ -29,7 +29,6 @@ import hmac
 import logging
 import math
 import secrets
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -46,8 +45,12 @@ from gateway.store import webhooks as ops
 from shards import ShardUnavailable, SpendWindow
 
 if TYPE_CHECKING:
+    from gateway.config import ServerConfig
+    from gateway.keyring import Keyring
     from gateway.keys import KeyRecord
-    from gateway.runtime import Runtime
+    from gateway.store import Store
+    from shards import ShardPool
+    from shards.clock import Clock
 
 log = logging.getLogger("gateway.alerts")
 
@@ -113,8 +116,25 @@ def new_secret() -> str:
 
 
 class Alerts:
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    """Detection, the outbox and delivery of one server's spend alerts.
+
+    It reads keys from the keyring, their windows and organisations' accounts from the
+    shard pool, credits and the outbox from the store; time from the server's clock.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        keyring: Keyring,
+        pool: ShardPool,
+        server: ServerConfig,
+        clock: Clock,
+    ) -> None:
+        self.store = store
+        self.keyring = keyring
+        self.pool = pool
+        self.server = server
+        self.clock = clock
         self.urls: dict[str, str] = {}  # org id -> URL (orgs without one get no events)
         self.emitted: set[str] = set()
         self._queued: set[str] = set()  # key ids waiting in the channel
@@ -125,16 +145,16 @@ class Alerts:
 
     def load(self) -> None:
         """At start-up: the endpoints, and the ids of events already emitted."""
-        store = self.runtime.store
+        store = self.store
         self.urls = {row["org_id"]: row["url"] for row in store.call(ops.all_webhooks)}
-        since = self.runtime.clock.now() - MEMORY_S
+        since = self.clock.now() - MEMORY_S
         self.emitted = set(store.call(ops.event_ids_since, since))
 
     async def set_webhook(self, org_id: str, url: str) -> str:
         """Point the organisation's alerts at ``url``; returns the new signing secret."""
         secret = new_secret()
-        row = {"org_id": org_id, "url": url, "secret": secret, "created_at": time.time()}
-        await self.runtime.store.write(ops.set_webhook, row)
+        row = {"org_id": org_id, "url": url, "secret": secret, "created_at": self.clock.now()}
+        await self.store.write(ops.set_webhook, row)
         self.urls[org_id] = url
         return secret
 
@@ -176,7 +196,7 @@ class Alerts:
                 log.warning("spend alert check skipped: %s", exc)
 
     async def _check(self, key_id: str, org_id: str) -> None:
-        keyring = self.runtime.keyring
+        keyring = self.keyring
         record = keyring.get(key_id)
         parent = keyring.get(record.parent_id) if record and record.parent_id else None
         readings: list[Reading] = []
@@ -193,7 +213,7 @@ class Alerts:
         caps = record.caps
         if caps.usd_day is None and caps.usd_month is None:
             return []
-        status = await self.runtime.pool.key_status(
+        status = await self.pool.key_status(
             key_ref(record),
             rpm=caps.rpm,
             tpm=caps.tpm,
@@ -214,7 +234,7 @@ class Alerts:
     async def _credit_readings(self, org_id: str) -> list[Reading]:
         # both from the ledger, in one read: a settlement's debit is committed before it
         # settles, and a top-up is never seen half-applied
-        purchased, used = await self.runtime.store.read(ops.credit_totals, org_id)
+        purchased, used = await self.store.read(ops.credit_totals, org_id)
         if purchased <= 0:
             return []
         return [Reading("org", org_id, "credits", f"purchased:{purchased}", used, purchased)]
@@ -222,17 +242,17 @@ class Alerts:
     def _budget_readings(self, org_id: str) -> list[Reading]:
         """The organisation's monthly budget (policy ``budget_usd_month``) against its billed
         spend this month, as the shard pool's organisation book counts it."""
-        snap = self.runtime.pool.org_snapshot(org_id)
+        snap = self.pool.org_snapshot(org_id)
         if snap.budget_month is None:
             return []
-        month = datetime.fromtimestamp(self.runtime.clock.now(), UTC).strftime("%Y-%m")
+        month = datetime.fromtimestamp(self.clock.now(), UTC).strftime("%Y-%m")
         return [Reading("org", org_id, "budget_month", month, snap.month_billed, snap.budget_month)]
 
     async def _emit(self, org_id: str, reading: Reading, pct: int) -> None:
         evt = event_id(reading, pct)
         if evt in self.emitted:
             return
-        created = self.runtime.clock.now()
+        created = self.clock.now()
         data: dict[str, Any] = {
             "scope": reading.scope,
             "org_id": org_id,
@@ -253,7 +273,7 @@ class Alerts:
             "attempts": 0,
             "next_attempt_at": 0.0,
         }
-        await self.runtime.store.write(ops.add_event, row)
+        await self.store.write(ops.add_event, row)
         self.emitted.add(evt)
         self._wake.set()
 
@@ -274,7 +294,7 @@ class Alerts:
                 self._wake = trio.Event()
                 limit = len(in_flight) + MAX_IN_FLIGHT
                 try:
-                    due = await self.runtime.store.read(ops.due_events, time.time(), limit)
+                    due = await self.store.read(ops.due_events, self.clock.now(), limit)
                 except StoreError as exc:
                     log.warning("webhook delivery paused: %s", exc)
                     due = []
@@ -295,16 +315,16 @@ class Alerts:
         try:
             error = await self._post(client, event)
             if error is None:
-                await self.runtime.store.write(ops.mark_delivered, event["id"], time.time())
+                await self.store.write(ops.mark_delivered, event["id"], self.clock.now())
                 return
-            server = self.runtime.config.server
+            server = self.server
             attempts = event["attempts"] + 1
             backoff = min(server.webhook_retry_s * 2 ** (attempts - 1), MAX_BACKOFF_S)
             give_up = attempts >= server.webhook_max_attempts
             if give_up:
                 log.warning("webhook event %s given up after %d attempts", event["id"], attempts)
-            await self.runtime.store.write(
-                ops.mark_failed, event["id"], attempts, time.time() + backoff, error, give_up
+            await self.store.write(
+                ops.mark_failed, event["id"], attempts, self.clock.now() + backoff, error, give_up
             )
         except StoreError as exc:  # the row stays due: it is sent again, at least once
             log.warning("webhook event %s not updated: %s", event["id"], exc)
@@ -315,7 +335,7 @@ class Alerts:
     async def _post(self, client: httpx.AsyncClient, event: dict[str, Any]) -> str | None:
         """One signed attempt, bounded in time; the error, or None when a 2xx came back."""
         body = event["payload"].encode()
-        timestamp = int(time.time())
+        timestamp = int(self.clock.now())
         headers = {
             "Content-Type": "application/json",
             "Svc-Webhook-Id": event["id"],

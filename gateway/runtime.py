@@ -19,8 +19,6 @@ from gateway.alerts import Alerts
 from gateway.catalog import Catalog, Model, usd_to_nanos
 from gateway.config import Config
 from gateway.errors import GatewayError
-from gateway.idempotency import RETENTION_S as IDEMPOTENCY_RETENTION_S
-from gateway.idempotency import IdempotencyBook
 from gateway.keyring import Keyring
 from gateway.keys import KeyRecord, new_id
 from gateway.orgs import Org
@@ -53,8 +51,10 @@ class Runtime:
         self.keyring = Keyring(self.store, self.pool.key_ref, self.clock.now)
         self.catalog = Catalog(self.config)
         self.orgs: dict[str, Org] = {}
-        self.idempotency = IdempotencyBook()
-        self.alerts = Alerts(self)
+        #: calls in progress under an Idempotency-Key: (key id, Idempotency-Key) →
+        #: (body hash, request id); see :mod:`gateway.idempotency`
+        self.idempotency_claims: dict[tuple[str, str], tuple[str, str]] = {}
+        self.alerts = Alerts(self.store, self.keyring, self.pool, self.config.server, self.clock)
         self.byok: dict[tuple[str, str], str] = {}
         self.mock = MockProvider.for_models(self.config.models)
         self.providers: dict[str, Provider] = build_providers(self.config, self.mock)
@@ -86,7 +86,7 @@ class Runtime:
         for org in self.orgs.values():
             self._load_org_account(org, balances.get(org.id, {}), billed.get(org.id, 0))
         self.keyring.load(self.store.call(records.all_keys))
-        self.store.call(idempotency_ops.purge, self.clock.now() - IDEMPOTENCY_RETENTION_S)
+        self.store.call(idempotency_ops.purge, self.clock.now() - idempotency_ops.RETENTION_S)
         self.alerts.load()
         for row in self.store.call(records.list_provider_credentials):
             self.byok[(row["org_id"], row["provider"])] = row["api_key_env"]

@@ -6,8 +6,8 @@ from typing import Any
 
 from quart import Quart, Response
 
-from gateway.admission import admit, unavailable
-from gateway.auth import authenticate
+from gateway.admission import unavailable
+from gateway.auth import admit_reader
 from gateway.catalog import nanos_to_usd, usd_to_nanos
 from gateway.http import json_response, runtime
 from gateway.keys import KeyRecord, iso, key_ref
@@ -58,8 +58,7 @@ async def key_view(record: KeyRecord) -> dict[str, Any]:
 
 
 async def get_key() -> Response:
-    record = authenticate()
-    await admit(record, take_slot=False)
+    record = await admit_reader(runtime(), None)
     return json_response(await key_view(record))
 
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import orjson
 from quart import Quart, Response, request
 
-from gateway.admission import admit
-from gateway.auth import authenticate, require_scope
+from gateway.auth import admit_reader
 from gateway.http import json_response, runtime
 from gateway.policy import callable_models
 
@@ -17,9 +16,7 @@ async def list_models() -> Response:
     rt = runtime()
     if "Authorization" not in request.headers:
         return _public()
-    record = authenticate()
-    await require_scope(record, "inference")
-    await admit(record, take_slot=False)
+    record = await admit_reader(rt, "inference")
     return json_response(rt.catalog.listing(callable_models(rt, record)))
 
 
