@@ -138,6 +138,9 @@ class Alerts:
         self.urls: dict[str, str] = {}  # org id -> URL (orgs without one get no events)
         self.emitted: set[str] = set()
         self._queued: set[str] = set()  # key ids waiting in the channel
+        self._checking = 0  # keys queued or being checked
+        self._delivering: dict[str, str] = {}  # event id -> org id, on their way
+        self._changed = trio.Event()  # set (and replaced) when either goes down
         self._send, self._receive = trio.open_memory_channel[tuple[str, str]](QUEUE)
         self._wake = trio.Event()
         self._scope = trio.CancelScope()
@@ -165,6 +168,7 @@ class Alerts:
         with contextlib.suppress(trio.WouldBlock):  # a later settlement checks again
             self._send.send_nowait((record.id, record.org_id))
             self._queued.add(record.id)
+            self._checking += 1
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Check and deliver until :meth:`aclose` (or the server's cancellation)."""
@@ -184,6 +188,21 @@ class Alerts:
         self._scope.cancel()
         await self._stopped.wait()
 
+    async def wait_quiet(self) -> None:
+        """Return once every key noticed so far has been checked and no event is left to
+        deliver: none on its way, none due or waiting for a retry (given-up ones aside).
+        After that, nothing more is sent until the next settlement."""
+        while True:
+            changed = self._changed
+            busy = self._checking or self._delivering
+            if not busy and not await self.store.read(ops.undelivered_count):
+                return
+            await changed.wait()
+
+    def _note_change(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
     # -- detection ---------------------------------------------------------------------
 
     async def _check_loop(self) -> None:
@@ -194,6 +213,9 @@ class Alerts:
             except (ShardUnavailable, StoreError) as exc:
                 # alerts never take the server down; the next settlement checks again
                 log.warning("spend alert check skipped: %s", exc)
+            finally:
+                self._checking -= 1
+                self._note_change()
 
     async def _check(self, key_id: str, org_id: str) -> None:
         keyring = self.keyring
@@ -285,7 +307,7 @@ class Alerts:
         At most ``MAX_IN_FLIGHT`` deliveries at once and ``MAX_IN_FLIGHT_PER_ORG`` per
         organisation; an event already on its way is not picked again.
         """
-        in_flight: dict[str, str] = {}  # event id -> org id
+        in_flight = self._delivering
         async with (
             httpx.AsyncClient(timeout=DELIVERY_TIMEOUT_S) as client,
             trio.open_nursery() as nursery,
@@ -331,6 +353,7 @@ class Alerts:
         finally:
             del in_flight[event["id"]]
             self._wake.set()
+            self._note_change()
 
     async def _post(self, client: httpx.AsyncClient, event: dict[str, Any]) -> str | None:
         """One signed attempt, bounded in time; the error, or None when a 2xx came back."""

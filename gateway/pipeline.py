@@ -6,7 +6,7 @@
         read the body
                                       open_call()  3 admit, a slot     ADMITTED
                                       prepare()    4 tags
-                                                   5 validate (ENDPOINTS[..].parse)
+                                                   5 validate (Endpoint.parse)
                                                    6 entitlements, resolve, capabilities,
                                                      web search
                                                    7 estimate
@@ -17,10 +17,11 @@
                                                   10 the pump settles         → SETTLED
         answer
 
-What differs between the three endpoints is one row of :data:`ENDPOINTS`: the scope, the
-entitlement, the model kind, how the body is parsed and checked against the model, how
-the answer is shaped. :func:`open_call` settles, whatever happens, a call its handler
-still owns (:meth:`Call.end`): a refusal, a fault of ours, a cancellation.
+What differs between the three endpoints is one row of the table below (:data:`CHAT`,
+:data:`RESPONSES`, :data:`EMBEDDINGS`): the scope, the entitlement, the model kind, how
+the body is parsed and checked against the model, how the answer is shaped.
+:func:`open_call` settles, whatever happens, a call its handler still owns
+(:meth:`Call.end`): a refusal, a fault of ours, a cancellation.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Parsed(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """One model-call endpoint: a row of :data:`ENDPOINTS`."""
+    """One model-call endpoint: a row of the table."""
 
     name: str  # the record's endpoint
     scope: str  # the key scope it needs (step 2)
@@ -166,7 +167,6 @@ EMBEDDINGS = Endpoint(
     parse=_parse_embeddings,
     check=_check_embeddings,
 )
-ENDPOINTS = {endpoint.name: endpoint for endpoint in (CHAT, RESPONSES, EMBEDDINGS)}
 
 
 @asynccontextmanager

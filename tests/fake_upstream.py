@@ -20,8 +20,11 @@ tests never share state::
     [[fault malformed]]           answer 200 with a body that is not JSON
     [[fault usage_with_finish]]   stream the usage in the finish_reason chunk, not after it
     [[fault usage_with_content]]  the last word, finish_reason and usage in one chunk
+    [[fault hold]]                wait until the test calls ``release()``, then answer
+    [[fault lockstep]]            stream: after each word, wait until the test ``ack()``s it
 
-``calls`` counts requests received; ``bodies`` and ``auth`` keep what came in.
+``calls`` counts requests received; ``bodies`` and ``auth`` keep what came in. A test
+waits for requests with ``await upstream.received(n)`` instead of sleeping.
 """
 
 from __future__ import annotations
@@ -64,6 +67,28 @@ class FakeUpstream:
     calls: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     auth: list[str | None] = field(default_factory=list)
+    #: lockstep streams: words sent so far, and words the client said it received
+    words_sent: int = 0
+    acks: int = 0
+    _arrived: trio.Event = field(default_factory=trio.Event)
+    _released: trio.Event = field(default_factory=trio.Event)
+    _acked: trio.Event = field(default_factory=trio.Event)
+
+    async def received(self, count: int) -> None:
+        """Return once ``count`` requests in all have come in (counted, not answered)."""
+        while self.calls < count:
+            await self._arrived.wait()
+
+    def ack(self) -> int:
+        """(lockstep) The client received one more word; how many had been sent then."""
+        self.acks += 1
+        self._acked.set()
+        self._acked = trio.Event()
+        return self.words_sent
+
+    def release(self) -> None:
+        """Let the requests held by ``[[fault hold]]`` (and later ones) be answered."""
+        self._released.set()
 
     async def serve(self, *, task_status: trio.TaskStatus[FakeUpstream]) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -96,7 +121,11 @@ class FakeUpstream:
         self.bodies.append(body)
         headers = dict(request.headers)
         self.auth.append(headers.get(b"authorization", b"").decode() or None)
+        self._arrived.set()
+        self._arrived = trio.Event()
         faults = directives(body)
+        if "hold" in faults:
+            await self._released.wait()
         if "delay" in faults:
             await trio.sleep(float(faults["delay"]))
         if "reset" in faults:
@@ -141,9 +170,12 @@ class FakeUpstream:
             if "stall_after" in faults and index >= int(faults["stall_after"]):
                 await trio.sleep_forever()
             choice = {"index": 0, "delta": delta, "finish_reason": None}
+            self.words_sent = index
             await _event(
                 conn, stream, _completion(body, None, None, "chat.completion.chunk", choice)
             )
+            while "lockstep" in faults and self.acks < index:
+                await self._acked.wait()
             if delay:
                 await trio.sleep(delay)
         final = {"index": 0, "delta": {}, "finish_reason": "stop"}
