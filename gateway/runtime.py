@@ -56,7 +56,7 @@ class Runtime:
         self.idempotency_claims: dict[tuple[str, str], tuple[str, str]] = {}
         self.alerts = Alerts(self.store, self.keyring, self.pool, self.config.server, self.clock)
         self.byok: dict[tuple[str, str], str] = {}
-        self.mock = MockProvider.for_models(self.config.models)
+        self.mock = MockProvider.for_models(self.config.models, clock=self.clock.now)
         self.providers: dict[str, Provider] = build_providers(self.config, self.mock)
         #: the root nursery of the server, where stream pumps run (set by serve())
         self.nursery: trio.Nursery | None = None

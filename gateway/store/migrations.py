@@ -147,10 +147,43 @@ def _m003_request_parent(db: Database) -> None:
     )
 
 
+def _m004_dashboard(db: Database) -> None:
+    """The organisation dashboard: its users, their sessions, and the signing secret.
+
+    Passwords are stored only as argon2id hashes and sessions only as the SHA-256 of
+    their token (as API keys are)."""
+    db["dashboard_users"].create(
+        {
+            "id": str,
+            "org_id": str,
+            "email": str,
+            "role": str,
+            "password_hash": str,
+            "status": str,
+            "created_at": float,
+            "password_changed_at": float,
+            "last_login_at": float,
+        },
+        pk="id",
+        foreign_keys=[("org_id", "orgs", "id")],
+    )
+    db["dashboard_users"].create_index(["email"], unique=True)
+    db["dashboard_users"].create_index(["org_id"])
+    db["dashboard_sessions"].create(
+        {"id": str, "user_id": str, "created_at": float, "expires_at": float},
+        pk="id",
+        foreign_keys=[("user_id", "dashboard_users", "id")],
+    )
+    db["dashboard_sessions"].create_index(["user_id"])
+    db["dashboard_secrets"].create({"name": str, "value": str, "created_at": float}, pk="name")
+    db["requests"].create_index(["org_id", "created"])
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _m001_initial,
     _m002_webhooks,
     _m003_request_parent,
+    _m004_dashboard,
 )
 
 

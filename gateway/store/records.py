@@ -121,11 +121,17 @@ def org_billed(conn: sqlite3.Connection, month: str) -> dict[str, int]:
 
 
 def usage_rows(
-    conn: sqlite3.Connection, key_ids: list[str], start: str, end: str, group: str | None
+    conn: sqlite3.Connection,
+    key_ids: list[str],
+    start: str,
+    end: str,
+    group: str | None,
+    by_day: bool = False,
 ) -> list[dict[str, Any]]:
     """Totals of the requests of ``key_ids`` between two days (inclusive), grouped.
 
     ``group`` is a column name (day, model, key_id) or ``tag:<name>``; None for one total.
+    ``by_day`` also splits each group by day (a ``day`` column): the dashboard's chart.
     """
     if group is None:
         select = "NULL AS grp"
@@ -136,13 +142,14 @@ def usage_rows(
     params: list[Any] = [f'$."{group[4:]}"'] if group and group.startswith("tag:") else []
     marks = ", ".join("?" for _ in key_ids)
     params += [*key_ids, start, end]
+    days = "day, " if by_day else ""
     return sq.query(
         conn,
-        f"SELECT {select}, COUNT(*) AS requests,"
+        f"SELECT {days}{select}, COUNT(*) AS requests,"
         " SUM(COALESCE(json_extract(usage, '$.prompt_tokens'), 0)) AS input_tokens,"
         " SUM(COALESCE(json_extract(usage, '$.completion_tokens'), 0)) AS output_tokens,"
         " SUM(billed_usd_nanos) AS billed, SUM(settled_usd_nanos) AS settled"
         f" FROM requests WHERE key_id IN ({marks}) AND day BETWEEN ? AND ?"
-        " GROUP BY grp ORDER BY grp",
+        f" GROUP BY {days}grp ORDER BY {days}grp",
         params,
     )
