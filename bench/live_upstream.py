@@ -4,6 +4,7 @@ Run it from a clone, no install needed::
 
     python bench/live_upstream.py            # prints a table, updates bench/RESULTS.md
     python bench/live_upstream.py --no-write # prints only
+    python bench/live_upstream.py --metrics-cost   # CPU per call, metrics on vs off
 
 Three processes on 127.0.0.1: the fake OpenAI-compatible upstream of the tests
 (``tests/fake_upstream.py``, trio + h11, answers at once), a ``svc-gateway serve``
@@ -13,6 +14,11 @@ upstream for the "direct" column. Figures per call, one at a time: the whole ans
 non-streamed call, and the first chunk of a streamed one (median and p99); then calls per
 second with 16 at once. Each figure is the best of 3 rounds. Bounded: about 40 s on 2
 cores, and a hard stop at 90 s.
+
+``--metrics-cost`` runs two gateways on the same upstream, one with ``[server] metrics =
+false``, and sends them the same short rounds in turn (non-streamed calls and streams),
+reading each server process's CPU time (``/proc/<pid>/stat``) around each round: the CPU
+per call with the counting on and off, and their ratio per pair of adjacent rounds.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import orjson
@@ -45,6 +52,10 @@ from bench.streaming import (  # noqa: E402
 )
 
 SECTION = "## Live calls (HTTP upstream)"
+METRICS_SECTION = "## Metrics cost (CPU per call, on vs off)"
+COST_PAIRS = 10
+COST_CALLS = 300
+COST_STREAMS = 60
 UPSTREAM_KEY = "sk-bench-upstream"
 BODY = {
     "model": "live-chat",
@@ -78,8 +89,11 @@ class Figures:
     calls_per_s: float
 
 
-def config_toml(upstream_url: str) -> str:
+def config_toml(upstream_url: str, metrics: bool = True) -> str:
     return f"""
+[server]
+metrics = {str(metrics).lower()}
+
 [[providers]]
 name = "upstream"
 kind = "openai"
@@ -225,6 +239,98 @@ async def measure() -> tuple[Figures, Figures]:
     return gateway, direct
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads (clock ticks of 10 ms)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def cost_round(base_url: str, token: str, pid: int) -> float:
+    """CPU seconds of the server per call over one round (calls then streams)."""
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    plain = orjson.dumps(BODY)
+    streamed = orjson.dumps({**BODY, "stream": True})
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30.0) as client:
+        await whole(client, plain)  # a warm connection
+        start = cpu_seconds(pid)
+        for _ in range(COST_CALLS):
+            await whole(client, plain)
+        for _ in range(COST_STREAMS):
+            await first_chunk(client, streamed)
+        return (cpu_seconds(pid) - start) / (COST_CALLS + COST_STREAMS)
+
+
+async def measure_cost() -> list[tuple[float, float]]:
+    """(on, off) CPU per call, for adjacent rounds taken in turn (which goes first
+    alternates too)."""
+    deadline = trio.current_time() + 4 * HARD_LIMIT_S
+    upstream, upstream_url = await trio.to_thread.run_sync(start_upstream)
+    servers: list[Any] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
+            targets = []
+            for metrics in (True, False):
+                workdir = Path(tmp) / ("on" if metrics else "off")
+                workdir.mkdir()
+                config = workdir / "gateway.toml"
+                config.write_text(config_toml(upstream_url, metrics))
+                server = await trio.to_thread.run_sync(
+                    lambda w=workdir, c=config: start_server(
+                        w, ("--config", str(c)), {"BENCH_UPSTREAM_KEY": UPSTREAM_KEY}
+                    )
+                )
+                servers.append(server)
+                targets.append((f"{server.url}/v1", await live_key(server.url), server.proc.pid))
+            pairs = []
+            for index in range(COST_PAIRS):
+                with trio.fail_at(deadline):
+                    order = targets if index % 2 == 0 else targets[::-1]
+                    figures: dict[int, float] = {}
+                    for url, token, pid in order:
+                        figures[pid] = await cost_round(url, token, pid)
+                pairs.append((figures[targets[0][2]], figures[targets[1][2]]))
+            return pairs
+    finally:
+        for server in servers:
+            await trio.to_thread.run_sync(server.stop)
+        upstream.kill()
+        upstream.wait(timeout=5)
+
+
+def cost_report(
+    pairs: list[tuple[float, float]], runtime_s: float, load: tuple[float, float]
+) -> str:
+    on = statistics.median(p[0] for p in pairs) * 1000
+    off = statistics.median(p[1] for p in pairs) * 1000
+    ratios = sorted(p[0] / p[1] for p in pairs)
+    ratio = statistics.median(ratios)
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return "\n".join(
+        [
+            METRICS_SECTION,
+            "",
+            "| measure | metrics on | metrics off | on ÷ off |",
+            "|---|---|---|---|",
+            f"| server CPU per call, median of {len(pairs)} rounds (ms) | {on:.3f} | {off:.3f} "
+            f"| {ratio:.3f} (pairs from {ratios[0]:.3f} to {ratios[-1]:.3f}) |",
+            "",
+            f"Machine: {machine()}. Date: {now}. Load average (1 min) before / after: "
+            f"{load[0]:.2f} / {load[1]:.2f}. Benchmark runtime: {runtime_s:.0f} s. "
+            "Command: `python bench/live_upstream.py --metrics-cost`.",
+            "",
+            "Two gateways on the same fake upstream, one with `[server] metrics = false`; "
+            f"each round is {COST_CALLS} non-streamed live calls then {COST_STREAMS} streams, "
+            "one at a time, and the two servers take turns (which one goes first alternates), "
+            "so that a burst of the machine's other load meets both sides of a pair. The "
+            "figure is the server process's CPU time (user + system, all threads, from "
+            "`/proc/<pid>/stat`) over the round, per call; the ratio column is the median of "
+            "the per-pair ratios. Both servers log every request (text format): only the "
+            "counting differs. Target: on ÷ off within 1.05.",
+            "",
+        ]
+    )
+
+
 def report(gateway: Figures, direct: Figures, runtime_s: float, load: tuple[float, float]) -> str:
     rows = [
         ("whole answer, median (ms)", gateway.whole_median_ms, direct.whole_median_ms),
@@ -274,11 +380,20 @@ def report(gateway: Figures, direct: Figures, runtime_s: float, load: tuple[floa
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument(
+        "--metrics-cost", action="store_true", help="CPU per call with metrics on vs off"
+    )
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     started = time.monotonic()
-    gateway, direct = trio.run(measure)
-    section = report(gateway, direct, time.monotonic() - started, (load_before, os.getloadavg()[0]))
+    if args.metrics_cost:
+        pairs = trio.run(measure_cost)
+        load = (load_before, os.getloadavg()[0])
+        section = cost_report(pairs, time.monotonic() - started, load)
+    else:
+        gateway, direct = trio.run(measure)
+        load = (load_before, os.getloadavg()[0])
+        section = report(gateway, direct, time.monotonic() - started, load)
     print(section)
     if not args.no_write:
         write_section(ROOT / "bench" / "RESULTS.md", section)

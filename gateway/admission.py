@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 ADMISSION_RETRY_AFTER = 1
 
 
-def unavailable() -> GatewayError:
+def unavailable(rt: Runtime) -> GatewayError:
+    rt.metrics.refused("admission_unavailable")
     return GatewayError(
         "admission_unavailable",
         "An admission check could not complete; retry shortly.",
@@ -81,12 +82,13 @@ async def admit(rt: Runtime, record: KeyRecord, *, take_slot: bool) -> Admission
     try:
         admission = await rt.pool.admit(_admit_request(rt, record, take_slot=take_slot))
     except ShardUnavailable:
-        raise unavailable() from None
+        raise unavailable(rt) from None
     if not admission.ok:
         if admission.scope in ("org", "platform"):
             # a limit above the key's: the key was admitted, so its headers apply
             g.rate_headers = rate_headers(admission)
         assert admission.code is not None
+        rt.metrics.refused(admission.code)
         raise GatewayError(
             admission.code,
             _admit_message(admission),
@@ -130,9 +132,10 @@ async def reserve(
     try:
         verdict = await rt.pool.reserve(request)
     except ShardUnavailable:
-        raise unavailable() from None
+        raise unavailable(rt) from None
     if isinstance(verdict, Reservation):
         return verdict
+    rt.metrics.refused(verdict.code)
     raise GatewayError(
         verdict.code, _reserve_message(verdict.code), retry_after=verdict.retry_after
     )

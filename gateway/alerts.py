@@ -40,6 +40,7 @@ import trio
 from gateway.catalog import nanos_to_usd, usd_to_nanos
 from gateway.errors import GatewayError
 from gateway.keys import key_ref
+from gateway.logs import event as log_event
 from gateway.store import StoreError
 from gateway.store import webhooks as ops
 from shards import ShardUnavailable, SpendWindow
@@ -336,15 +337,27 @@ class Alerts:
     ) -> None:
         try:
             error = await self._post(client, event)
+            attempts = event["attempts"] + 1
+            fields = {"event_id": event["id"], "org_id": event["org_id"], "attempts": attempts}
             if error is None:
                 await self.store.write(ops.mark_delivered, event["id"], self.clock.now())
+                log.info(
+                    "webhook event %s delivered",
+                    event["id"],
+                    extra=log_event("alert_delivery", outcome="delivered", **fields),
+                )
                 return
             server = self.server
-            attempts = event["attempts"] + 1
             backoff = min(server.webhook_retry_s * 2 ** (attempts - 1), MAX_BACKOFF_S)
             give_up = attempts >= server.webhook_max_attempts
-            if give_up:
-                log.warning("webhook event %s given up after %d attempts", event["id"], attempts)
+            outcome = "given_up" if give_up else "retry"
+            log.warning(
+                "webhook event %s not delivered (%s): %s",
+                event["id"],
+                error,
+                "given up" if give_up else f"retry in {backoff:g} s",
+                extra=log_event("alert_delivery", outcome=outcome, error=error, **fields),
+            )
             await self.store.write(
                 ops.mark_failed, event["id"], attempts, self.clock.now() + backoff, error, give_up
             )

@@ -14,10 +14,22 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
-from gateway import dashboard
+from gateway import dashboard, exchange
 from gateway.errors import GatewayError, render
 from gateway.http import new_request_id
-from gateway.routes import admin, chat, embeddings, key, models, openapi, subkeys, usage
+from gateway.readiness import Phase
+from gateway.routes import (
+    admin,
+    chat,
+    embeddings,
+    health,
+    key,
+    metrics,
+    models,
+    openapi,
+    subkeys,
+    usage,
+)
 from gateway.runtime import Runtime
 
 log = logging.getLogger("gateway.app")
@@ -69,12 +81,16 @@ def create_app(runtime: Runtime) -> QuartTrio:
     # "/v1//models" is an unknown path (a JSON 404), not an HTML redirect to the merged one
     app.url_map.merge_slashes = False
 
+    readiness = runtime.readiness
+
     @app.before_request
     async def _assign_request_id() -> None:
         g.request_id = new_request_id()
         if request.method == "HEAD" and request.routing_exception is None:
             # Quart answers HEAD on every GET route; the spec: any other method is a 405
             raise GatewayError("method_not_allowed", _MESSAGES["method_not_allowed"])
+        if readiness.phase is Phase.STARTING and request.path not in health.PATHS:
+            raise GatewayError("service_unavailable", "The gateway is starting; retry shortly.")
 
     @app.after_request
     async def _common_headers(response: Response) -> Response:
@@ -83,6 +99,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
         request_id = getattr(g, "request_id", None)
         if request_id is not None:
             response.headers["X-Request-Id"] = request_id
+        exchange.answered(request_id, getattr(g, "key", None))
         for name, value in getattr(g, "rate_headers", {}).items():
             response.headers.setdefault(name, value)
         return response
@@ -93,6 +110,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
             g.rate_headers = {}
         if error.svc is not None:
             error.svc.setdefault("request_id", getattr(g, "request_id", None))
+        exchange.refused(error.code)
         body, status, headers = render(error)
         return Response(body, status=status, headers=headers)
 
@@ -109,6 +127,18 @@ def create_app(runtime: Runtime) -> QuartTrio:
         log.exception("unhandled error in a handler", exc_info=error)
         return await _gateway_error(GatewayError("internal_error"))
 
-    for module in (models, key, chat, embeddings, usage, subkeys, admin, openapi, dashboard):
+    for module in (
+        models,
+        key,
+        chat,
+        embeddings,
+        usage,
+        subkeys,
+        admin,
+        openapi,
+        dashboard,
+        health,
+        metrics,
+    ):
         module.register(app)
     return app

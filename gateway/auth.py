@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from quart import request
+from quart import g, request
 
 from gateway.admission import admit, count_request
 from gateway.errors import GatewayError
@@ -39,7 +39,9 @@ def authenticate(rt: Runtime) -> KeyRecord:
     record = rt.keyring.authenticate(token) if token else None
     if record is None:
         raise GatewayError("invalid_api_key", INVALID_KEY_MESSAGE)
-    return rt.keyring.touch(record)
+    record = rt.keyring.touch(record)
+    g.key = record  # the request's log line names its key
+    return record
 
 
 async def require_scope(rt: Runtime, record: KeyRecord, scope: str) -> None:

@@ -7,7 +7,6 @@ stdout. The server URL comes from ``--url`` or ``SVC_GATEWAY_URL``
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import sys
@@ -23,6 +22,7 @@ import trio
 from gateway.config import Config, ConfigError, load_config
 from gateway.db_lock import DatabaseLock, DatabaseLockError
 from gateway.key_body import MAX_COUNT, MAX_USD
+from gateway.logs import configure as configure_logging
 from gateway.store import StoreError
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -135,13 +135,11 @@ def serve(
     """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog.
 
     One server per database: a second one on the same database is refused."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
         config = load_config(config_path, host=host, port=port, db=db)
     except ConfigError as exc:
         fail(str(exc), 2)
+    configure_logging(config.server.log_format, config.server.log_level)
     lock = DatabaseLock(config.server.db)
     try:
         lock.acquire()
@@ -167,12 +165,12 @@ def _serve(config: Config, as_json: bool) -> None:
         runtime = Runtime.open(config)
     except StoreError as exc:
         fail(str(exc))
-    token = runtime.bootstrap_demo()
-    settle_heap()
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(run_server, runtime, sockets)
+            settle_heap()  # start-up has loaded everything
+            token = runtime.demo_token
             url = binds[0]
             database = str(Path(config.server.db).resolve())
             if as_json:

@@ -6,7 +6,8 @@ SQLite in the working directory, the deterministic mock provider and a demo cata
 
 Environment overrides (all optional): ``SVC_SERVER_HOST``, ``SVC_SERVER_PORT``,
 ``SVC_SERVER_DB``, ``SVC_SERVER_REQUEST_TIMEOUT_S``, ``SVC_SERVER_KEEPALIVE_S``,
-``SVC_SERVER_SHARDS``, ``SVC_SERVER_PLATFORM_RPM``, ``SVC_SERVER_ROTATION_GRACE_S``.
+``SVC_SERVER_SHARDS``, ``SVC_SERVER_PLATFORM_RPM``, ``SVC_SERVER_ROTATION_GRACE_S``,
+``SVC_SERVER_LOG_FORMAT``, ``SVC_SERVER_LOG_LEVEL``, ``SVC_SERVER_METRICS_TOKEN``.
 
 Every problem is a :class:`ConfigError` whose message names the offending key; the CLI
 prints it on one line and exits with status 2.
@@ -34,6 +35,8 @@ class ConfigError(Exception):
 
 #: the largest price of a model, USD per million tokens (a call's cost must fit 64 bits)
 MAX_PRICE = 1_000_000
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,15 @@ class ServerConfig:
     #: spend-alert webhooks: first retry after this many seconds, doubling up to an hour
     webhook_retry_s: float = 5.0
     webhook_max_attempts: int = 12
+    log_format: str = "text"
+    log_level: str = "info"
+    #: GET /metrics and the counting behind it; off, /metrics answers 404
+    metrics: bool = True
+    #: when set, GET /metrics needs ``Authorization: Bearer <metrics_token>``
+    metrics_token: str | None = None
+    #: after a stop signal, /readyz answers 503 for this long while everything is still
+    #: served, so that a load balancer stops routing here before the listener closes
+    drain_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +198,11 @@ def _parse_server(table: dict[str, Any]) -> ServerConfig:
         "connection_idle_s": (int, float),
         "webhook_retry_s": (int, float),
         "webhook_max_attempts": int,
+        "log_format": str,
+        "log_level": str,
+        "metrics": bool,
+        "metrics_token": str,
+        "drain_s": (int, float),
     }
     _check_unknown(table, set(types), "server")
     values = {key: _take(table, key, "server", kind) for key, kind in types.items() if key in table}
@@ -208,13 +225,19 @@ def _validate_server(server: ServerConfig) -> None:
         "webhook_max_attempts",
     ):
         _positive(getattr(server, key), f"server.{key}")
-    for key in ("graceful_timeout_s", "rotation_grace_s"):
+    for key in ("graceful_timeout_s", "rotation_grace_s", "drain_s"):
         if getattr(server, key) < 0:
             raise ConfigError(f"server.{key}: must not be negative")
     if server.platform_rpm is not None:
         _positive(server.platform_rpm, "server.platform_rpm")
     if not server.db:
         raise ConfigError("server.db: must not be empty")
+    if server.log_format not in LOG_FORMATS:
+        raise ConfigError(f"server.log_format: must be one of {', '.join(LOG_FORMATS)}")
+    if server.log_level not in LOG_LEVELS:
+        raise ConfigError(f"server.log_level: must be one of {', '.join(LOG_LEVELS)}")
+    if server.metrics_token is not None and not server.metrics_token.strip():
+        raise ConfigError("server.metrics_token: must not be empty")
     if not server.host.strip():
         # an empty host would silently listen on every interface
         raise ConfigError("server.host: must not be empty")
@@ -360,6 +383,9 @@ _ENV_SERVER: dict[str, type] = {
     "shards": int,
     "platform_rpm": int,
     "rotation_grace_s": int,
+    "log_format": str,
+    "log_level": str,
+    "metrics_token": str,
 }
 
 

@@ -20,6 +20,7 @@ ours, a cancellation) settles by :meth:`Call.unfinished_ending`.
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -28,6 +29,7 @@ import trio
 
 from gateway import admission
 from gateway.catalog import Model
+from gateway.exchange import Exchange, call_settled
 from gateway.keys import KeyRecord
 from gateway.providers.base import Provider, Usage
 from gateway.settlement import Ending, Settlement, ending_for, settle_amounts
@@ -52,9 +54,8 @@ _CALLED = frozenset({CallState.CALLED, CallState.HANDED_OFF})
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """What a reserved call holds: the model as priced, its provider, the reservation."""
+    """What a reserved call holds: its provider, the reservation and what it reserved."""
 
-    model: Model
     provider: Provider
     reservation: Reservation
     prompt_estimate: int
@@ -76,8 +77,14 @@ class Call:
     tags: dict[str, str] = field(default_factory=dict)
     client_gone: bool = False
     state: CallState = CallState.ADMITTED
+    #: the model step 6 resolved (priced), for the record and the logs
+    model: Model | None = None
     hold: Hold | None = None
     settlement: Settlement | None = None
+    #: when the provider was asked (perf_counter), for the upstream duration
+    called_at: float | None = None
+    #: the HTTP exchange the call answers (its log line, its trace)
+    exchange: Exchange | None = None
 
     @property
     def live(self) -> bool:
@@ -108,6 +115,7 @@ class Call:
     def start_provider_call(self) -> None:
         """RESERVED → CALLED: the provider is about to be asked (the one place this happens)."""
         self._move(CallState.RESERVED, CallState.CALLED)
+        self.called_at = time.perf_counter()
 
     def hand_off(self) -> None:
         """CALLED → HANDED_OFF: a stream pump owns the call from now on."""
@@ -162,29 +170,29 @@ class Call:
         """
         if self.settlement is not None:
             return self.settlement
-        hold = self.hold
-        if hold is None:
-            ending = Ending.NOT_CALLED
+        hold, model = self.hold, self.model
+        if hold is None or model is None:
+            hold, ending = None, Ending.NOT_CALLED
         settlement = (
             settle_amounts(
                 ending,
-                model=hold.model,
+                model=model,
                 reserved_nanos=hold.reserved_nanos,
                 prompt_estimate=hold.prompt_estimate,
                 prompt_tokens=usage.prompt_tokens if usage else 0,
                 completion_tokens=usage.completion_tokens if usage else 0,
                 live=self.live,
             )
-            if hold is not None
+            if hold is not None and model is not None
             else Settlement(Ending.NOT_CALLED, 0, 0)
         )
         self.settlement = settlement
         self.state = CallState.SETTLED
         with trio.CancelScope(shield=True):
-            if hold is not None and ending is not Ending.NOT_CALLED:
+            if hold is not None and model is not None and ending is not Ending.NOT_CALLED:
                 await self.runtime.store.write(
                     records.record_call,
-                    self._record_row(hold, settlement, usage, http_status, error_code),
+                    self._record_row(model, hold, settlement, usage, http_status, error_code),
                     self._ledger_row(settlement),
                 )
             await admission.settle(
@@ -196,10 +204,12 @@ class Call:
                 billed_amount=settlement.billed_nanos,
             )
         self.runtime.alerts.notice(self.record, settlement.cap_nanos)
+        call_settled(self, settlement, usage, error_code)
         return settlement
 
     def _record_row(
         self,
+        model: Model,
         hold: Hold,
         settlement: Settlement,
         usage: Usage | None,
@@ -216,8 +226,8 @@ class Call:
             "day": created.strftime("%Y-%m-%d"),
             "month": created.strftime("%Y-%m"),
             "endpoint": self.endpoint,
-            "model": hold.model.id,
-            "provider": hold.model.config.provider if self.live else "mock",
+            "model": model.id,
+            "provider": model.config.provider if self.live else "mock",
             "status": self._status(error),
             "http_status": http_status,
             "stream": int(self.stream),
@@ -230,6 +240,7 @@ class Call:
             "latency_ms": round((self.runtime.clock.now() - self.started) * 1000, 3),
             "error_code": error,
             "mode": self.record.mode,
+            "trace_id": self.exchange.trace.trace_id if self.exchange else None,
         }
 
     def _status(self, error: str | None) -> str:

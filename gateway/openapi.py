@@ -396,6 +396,10 @@ SCHEMAS: dict[str, Any] = {
             ),
             "latency_ms": {"type": "number"},
             "error": {"type": ["object", "null"]},
+            "trace_id": {
+                "type": ["string", "null"],
+                "description": "The W3C trace id of the call (its traceparent).",
+            },
         },
         ("id", "cost"),
     ),

@@ -43,6 +43,7 @@ from gateway.calls.tags import collect_tags
 from gateway.catalog import Model
 from gateway.errors import GatewayError
 from gateway.estimate import worst_case_tokens
+from gateway.exchange import call_opened
 from gateway.keys import KeyRecord
 from gateway.lifecycle import Call, Hold
 from gateway.orgs import Org
@@ -146,7 +147,7 @@ CHAT = _chat_shaped(
     "chat_completions",
     parse=_parse_chat,
     answer=lambda call, chat, completion: completion,
-    stream_format=lambda call, chat, svc: ChatFormat(call.held.model.id, chat.include_usage, svc),
+    stream_format=lambda call, chat, svc: ChatFormat(resolved(call).id, chat.include_usage, svc),
 )
 RESPONSES = _chat_shaped(
     "responses",
@@ -188,6 +189,7 @@ async def open_call(
         deadline=trio.current_time() + runtime.config.server.request_timeout_s,
         failures_count=endpoint.failures_count,
     )
+    call_opened(call)
     try:
         yield call
     except Exception as exc:
@@ -210,7 +212,7 @@ async def prepare(
     features = [endpoint.feature] + ["streaming"] * parsed.stream + sorted(parsed.needs)
     org = rt.orgs.get(record.org_id)
     check_entitlements(org, record, features)
-    model = check_model(rt, record, parsed.model, endpoint.model_kind)
+    model = call.model = check_model(rt, record, parsed.model, endpoint.model_kind)
     provider = rt.provider_for(record, model)
     endpoint.check(org, parsed, model)
     prompt, output = parsed.prompt_estimate(), parsed.output_ceiling
@@ -223,7 +225,7 @@ async def prepare(
         cost=cost,
         org_cost=cost if call.live else 0,
     )
-    call.reserved(Hold(model, provider, reservation, prompt, cost))
+    call.reserved(Hold(provider, reservation, prompt, cost))
     return parsed
 
 
@@ -247,16 +249,24 @@ async def _ask(call: Call, ask: Callable[[], Awaitable[T]], late: str) -> T:
 
 def _provider_request(call: Call, chat: ChatCall) -> tuple[ProviderRequest, list[str]]:
     """The upstream request of a chat call, and the parameters its provider ignores."""
-    hold = call.held
-    upstream_id = hold.model.config.upstream_id
+    model = resolved(call)
+    upstream_id = model.config.upstream_id
     body = {**chat.body(), "model": upstream_id}
     request = ProviderRequest(
         upstream_model=upstream_id,
         body=body,
-        api_key=call.runtime.provider_key(call.record, hold.model),
+        api_key=call.runtime.provider_key(call.record, model),
+        trace=call.exchange.trace if call.exchange else None,
         request_id=call.request_id,
     )
+    hold = call.held
     return request, hold.provider.ignored_parameters(body)
+
+
+def resolved(call: Call) -> Model:
+    """The model of a call past step 6."""
+    assert call.model is not None
+    return call.model
 
 
 def svc_block(call: Call, ignored: list[str]) -> dict[str, Any]:
@@ -275,7 +285,7 @@ async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, 
     )
     ending = call.ending(answered=True, usage=result.usage)
     try:
-        answer = endpoint.answer(call, chat, {**result.completion, "model": call.held.model.id})
+        answer = endpoint.answer(call, chat, {**result.completion, "model": resolved(call).id})
         answer["svc"] = svc_block(call, ignored)
     except Exception:
         # a fault of ours with the answer in hand: settled as the provider's answer
@@ -296,16 +306,18 @@ async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> Response:
 
 async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
     """Steps 9-10 of an embeddings call: the answer, settled."""
-    hold = call.held
-    config = hold.model.config
-    api_key = call.runtime.provider_key(call.record, hold.model)
+    hold, model = call.held, resolved(call)
+    api_key = call.runtime.provider_key(call.record, model)
+    trace = call.exchange.trace if call.exchange else None
     result = await _ask(
         call,
-        lambda: hold.provider.embed(config.upstream_id, parsed.inputs, parsed.dimensions, api_key),
+        lambda: hold.provider.embed(
+            model.config.upstream_id, parsed.inputs, parsed.dimensions, api_key, trace
+        ),
         "The call ran out of time.",
     )
     await call.finish(call.ending(answered=True, usage=result.usage), usage=result.usage)
-    answer = embedding_response(result, hold.model.id, parsed.encoding_format)
+    answer = embedding_response(result, model.id, parsed.encoding_format)
     # the svc block of every successful call; no forwarded parameter is ignored here
     # (fields other than model, input, encoding_format, dimensions are not forwarded)
     answer["svc"] = svc_block(call, [])

@@ -1,9 +1,10 @@
 """The runtime: every long-lived part of one server, built once and handed to the app.
 
-Start-up order (see :func:`gateway.server.serve`): open the store, load organisations,
-keys and today's and this month's settled spend into memory and into the shards, create
-the demo organisation on an empty database, then start the store writer, the shards and
-the HTTP server under one root nursery.
+Start-up order (see :func:`gateway.server.serve`): open the store; start the HTTP server
+(it answers only health while starting); run the start-up work of
+:attr:`Runtime.readiness` (load organisations, keys and today's and this month's settled
+spend into memory and into the shards, then create the demo organisation on an empty
+database); then start the store writer, the shards and the spend alerts, and be ready.
 """
 
 from __future__ import annotations
@@ -15,17 +16,20 @@ from datetime import UTC, datetime
 
 import trio
 
+from gateway import __version__
 from gateway.alerts import Alerts
 from gateway.catalog import Catalog, Model, usd_to_nanos
 from gateway.config import Config
 from gateway.errors import GatewayError
 from gateway.keyring import Keyring
 from gateway.keys import KeyRecord, new_id
+from gateway.metrics import Metrics
 from gateway.orgs import Org
 from gateway.providers.base import Provider
 from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers
 from gateway.ratelimit import PublicCatalogLimiter
+from gateway.readiness import Readiness
 from gateway.store import Store, records
 from gateway.store import idempotency as idempotency_ops
 from shards import ShardPool, SystemClock
@@ -63,18 +67,42 @@ class Runtime:
         self.public_limiter = PublicCatalogLimiter(
             self.config.server.public_catalog_rpm, self.clock.now
         )
+        self.metrics = Metrics(
+            enabled=self.config.server.metrics,
+            version=__version__,
+            models=(model.id for model in self.config.models),
+            providers=(provider.name for provider in self.config.providers),
+            mailbox_depths=lambda: self.pool.statistics().queue_lengths,
+        )
+        self.store.on_commit = self.metrics.store_committed
+        self.readiness = Readiness(startup=[self.start_up])
+        #: the sandbox key made by the start-up work on an empty database (shown once)
+        self.demo_token: str | None = None
 
     @classmethod
     def open(cls, config: Config, clock: Clock | None = None) -> Runtime:
+        """The runtime over its store; the state is loaded by the start-up work."""
         store = Store(config.server.db)
-        runtime = cls(
+        return cls(
             config=config,
             store=store,
             clock=clock or SystemClock(),
             admin_token=os.environ.get("SVC_ADMIN_TOKEN") or None,
         )
-        runtime.load()
-        return runtime
+
+    async def start_up(self) -> None:
+        """The start-up work: the rebuild from the store, then the demo bootstrap.
+
+        On a worker thread, so that the server answers /healthz and /readyz meanwhile.
+        Nothing reads or changes this state concurrently: until the phase is READY only
+        the health paths are served, and the store writer and the shards are not started.
+        """
+
+        def work() -> None:
+            self.load()
+            self.demo_token = self.bootstrap_demo()
+
+        await trio.to_thread.run_sync(work)
 
     def load(self) -> None:
         """Rebuild the in-memory state from the store (start-up only)."""

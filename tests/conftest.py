@@ -84,11 +84,10 @@ async def start_gateway(
     lock.acquire()  # one server per database, as `serve` has it
     try:
         runtime = Runtime.open(config, clock=clock)
-        runtime.admin_token = ADMIN_TOKEN
-        token = runtime.bootstrap_demo() or ""
     except BaseException:
         lock.release()
         raise
+    runtime.admin_token = ADMIN_TOKEN
     stop, stopped = trio.Event(), trio.Event()
 
     async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
@@ -99,6 +98,7 @@ async def start_gateway(
             stopped.set()
 
     binds = await nursery.start(run)
+    token = runtime.demo_token or ""
     return Gateway(url=binds[0], runtime=runtime, token=token, stop=stop, stopped=stopped)
 
 

@@ -23,8 +23,8 @@ tests never share state::
     [[fault hold]]                wait until the test calls ``release()``, then answer
     [[fault lockstep]]            stream: after each word, wait until the test ``ack()``s it
 
-``calls`` counts requests received; ``bodies`` and ``auth`` keep what came in. A test
-waits for requests with ``await upstream.received(n)`` instead of sleeping.
+``calls`` counts requests received; ``bodies``, ``auth`` and ``headers`` keep what came in.
+A test waits for requests with ``await upstream.received(n)`` instead of sleeping.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ class FakeUpstream:
     calls: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     auth: list[str | None] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
     #: lockstep streams: words sent so far, and words the client said it received
     words_sent: int = 0
     acks: int = 0
@@ -121,6 +122,7 @@ class FakeUpstream:
         self.bodies.append(body)
         headers = dict(request.headers)
         self.auth.append(headers.get(b"authorization", b"").decode() or None)
+        self.headers.append({k.decode(): v.decode() for k, v in headers.items()})
         self._arrived.set()
         self._arrived = trio.Event()
         faults = directives(body)

@@ -378,3 +378,21 @@ def test_cli_org_webhook_prints_the_secret_once(tmp_path: Path) -> None:
         assert "secret" in help_text and "--gateway-url" in help_text
     finally:
         assert server.stop(signal.SIGTERM) == 0, server.stderr()
+
+
+async def test_a_failed_delivery_is_a_log_event(
+    gw: Gateway, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver.fail_first = 1
+    org_id, secret = await org_with_webhook(gw, receiver.url)
+    key = await gw.create_key(
+        org_id=org_id, mode="live", caps={"usd_day": 2 * worst_case() / NANOS_PER_USD}
+    )
+    with caplog.at_level("INFO", logger="gateway.alerts"):
+        await spend(gw, key["token"])
+        await receiver.wait_for(1, timeout=15)  # the retry: the failure was logged before
+    events = [r for r in caplog.records if getattr(r, "svc_event", None) == "alert_delivery"]
+    [fields] = [e.svc_fields for e in events if e.svc_fields["outcome"] == "retry"]  # type: ignore[attr-defined]
+    assert fields["error"] == "HTTP 500"
+    assert (fields["org_id"], fields["attempts"]) == (org_id, 1)
+    assert receiver.url not in caplog.text and secret not in caplog.text

@@ -30,6 +30,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from gateway.tracing import TraceContext
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:
@@ -76,6 +78,8 @@ class ProviderRequest:
     upstream_model: str
     body: dict[str, Any]
     api_key: str | None = None
+    #: the call's W3C trace, sent upstream as ``traceparent`` (and ``tracestate``)
+    trace: TraceContext | None = None
     request_id: str = ""
 
 
@@ -106,6 +110,7 @@ class Provider(Protocol):
         inputs: list[Any],
         dimensions: int | None,
         api_key: str | None,
+        trace: TraceContext | None = None,
     ) -> EmbeddingResult:
         """Embed each input (a string or a token array); ``None`` dimensions: the model's own."""
         ...

@@ -51,6 +51,7 @@ from gateway.config import ModelConfig
 from gateway.estimate import IMAGE_PART_TYPES
 from gateway.providers.base import EmbeddingResult, ProviderRequest, ProviderResult, Usage
 from gateway.providers.schema_values import Draw, as_dict, below, phrase, sample
+from gateway.tracing import TraceContext
 
 DEFAULT_DIMENSIONS = 1536
 SYSTEM_FINGERPRINT = "fp_mock"
@@ -179,6 +180,7 @@ class MockProvider:
         inputs: list[Any],
         dimensions: int | None,
         api_key: str | None,
+        trace: TraceContext | None = None,
     ) -> EmbeddingResult:
         await trio.lowlevel.checkpoint()
         size = dimensions or self._dimensions.get(upstream_model, DEFAULT_DIMENSIONS)

@@ -45,6 +45,7 @@ from gateway.providers.base import (
     ProviderUnreachable,
     Usage,
 )
+from gateway.tracing import TraceContext
 
 REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
 
@@ -84,17 +85,23 @@ class OpenAIProvider:
             ),
         )
 
-    def _headers(self, api_key: str | None) -> dict[str, str]:
+    def _headers(self, api_key: str | None, trace: TraceContext | None) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         if api_key:
             headers["Authorization"] = f"Bearer {api_key}"
+        if trace is not None:
+            headers.update(trace.headers())
         return headers
 
-    async def _post(self, path: str, body: dict[str, Any], api_key: str | None) -> httpx.Response:
+    async def _post(
+        self, path: str, body: dict[str, Any], api_key: str | None, trace: TraceContext | None
+    ) -> httpx.Response:
         """One non-streamed upstream call: a 200 answer, or the provider error it maps to."""
         try:
             response = await self.client.post(
-                f"{self.base_url}{path}", content=orjson.dumps(body), headers=self._headers(api_key)
+                f"{self.base_url}{path}",
+                content=orjson.dumps(body),
+                headers=self._headers(api_key, trace),
             )
         except httpx.ReadTimeout:
             raise ProviderTimedOut("the upstream did not answer within timeout_s") from None
@@ -107,7 +114,7 @@ class OpenAIProvider:
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body = {**request.body, "stream": False}
         body.pop("stream_options", None)
-        response = await self._post("/chat/completions", body, request.api_key)
+        response = await self._post("/chat/completions", body, request.api_key, request.trace)
         try:
             completion = orjson.loads(response.content)
         except orjson.JSONDecodeError:
@@ -125,7 +132,7 @@ class OpenAIProvider:
                 "POST",
                 f"{self.base_url}/chat/completions",
                 content=orjson.dumps(body),
-                headers=self._headers(request.api_key),
+                headers=self._headers(request.api_key, request.trace),
             ) as response:
                 if response.status_code != 200:
                     raise status_error(response.status_code, await response.aread())
@@ -158,7 +165,12 @@ class OpenAIProvider:
         raise ProviderUnreachable("the upstream closed the stream before any output")
 
     async def embed(
-        self, upstream_model: str, inputs: list[Any], dimensions: int | None, api_key: str | None
+        self,
+        upstream_model: str,
+        inputs: list[Any],
+        dimensions: int | None,
+        api_key: str | None,
+        trace: TraceContext | None = None,
     ) -> EmbeddingResult:
         body: dict[str, Any] = {
             "model": upstream_model,
@@ -167,7 +179,7 @@ class OpenAIProvider:
         }
         if dimensions is not None:
             body["dimensions"] = dimensions
-        response = await self._post("/embeddings", body, api_key)
+        response = await self._post("/embeddings", body, api_key, trace)
         try:
             data = orjson.loads(response.content)
             rows = sorted(data["data"], key=lambda row: row["index"])

@@ -42,7 +42,7 @@ async def key_view(record: KeyRecord) -> dict[str, Any]:
             usd_month=usd_to_nanos(caps.usd_month) if caps.usd_month is not None else None,
         )
     except ShardUnavailable:
-        raise unavailable() from None
+        raise unavailable(rt) from None
     view = record.public(rt.clock.now())
     view["usage"] = {"day": _window(status.day), "month": _window(status.month)}
     view["rate_limit"] = {

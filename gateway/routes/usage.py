@@ -55,6 +55,7 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
         },
         "latency_ms": row["latency_ms"],
         "error": {"code": row["error_code"]} if row["error_code"] else None,
+        "trace_id": row["trace_id"],
     }
 
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import trio
 
+from gateway.logs import event
 from gateway.store.sqlite import StoreError, connect
 
 __all__ = ["Store", "StoreError"]
@@ -55,6 +57,10 @@ class Store:
         self._write_limiter = trio.CapacityLimiter(1)
         self._send, self._receive = trio.open_memory_channel[_Pending](BATCH * 4)
         self._running = False
+        #: when the batch being committed started (perf_counter), None between batches
+        self._committing_since: float | None = None
+        #: called with the seconds each batch took to commit (the writer's thread)
+        self.on_commit: Callable[[float], None] | None = None
 
     # -- synchronous use, before serving -------------------------------------------------
 
@@ -91,6 +97,19 @@ class Store:
 
     async def read(self, op: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(op, self._read_conn, *args, limiter=self._read_limiter)
+
+    async def answers(self, timeout_s: float) -> bool:
+        """Readiness: the writer runs, no batch has been committing for longer than
+        ``timeout_s``, and a read is answered within ``timeout_s``."""
+        since = self._committing_since
+        if not self._running or (since is not None and time.perf_counter() - since > timeout_s):
+            return False
+        with trio.move_on_after(timeout_s):
+            await trio.to_thread.run_sync(
+                _ping, self._read_conn, limiter=self._read_limiter, abandon_on_cancel=True
+            )
+            return True
+        return False
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The writer task: batch, commit, wake the callers. Runs until cancelled."""
@@ -131,6 +150,15 @@ class Store:
             pending.done.set()
 
     def _commit(self, batch: list[_Pending]) -> None:
+        self._committing_since = started = time.perf_counter()
+        try:
+            self._commit_batch(batch)
+        finally:
+            self._committing_since = None
+        if self.on_commit is not None:
+            self.on_commit(time.perf_counter() - started)
+
+    def _commit_batch(self, batch: list[_Pending]) -> None:
         conn = self._write_conn
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -145,7 +173,7 @@ class Store:
                     pending.error = exc
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
-            log.error("store commit failed: %s", exc)
+            log.error("store commit failed: %s", exc, extra=event("store_error", error=str(exc)))
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             for pending in batch:
@@ -154,3 +182,7 @@ class Store:
     def close(self) -> None:
         self._read_conn.close()
         self._write_conn.close()
+
+
+def _ping(conn: sqlite3.Connection) -> None:
+    conn.execute("SELECT version FROM schema_migrations LIMIT 1").fetchall()

@@ -179,11 +179,18 @@ def _m004_dashboard(db: Database) -> None:
     db["requests"].create_index(["org_id", "created"])
 
 
+def _m005_request_trace(db: Database) -> None:
+    """Each request names the W3C trace it belongs to (the ``traceparent`` trace id),
+    so that a call can be followed from the client to the provider. Earlier rows: none."""
+    db["requests"].add_column("trace_id", str)
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _m001_initial,
     _m002_webhooks,
     _m003_request_parent,
     _m004_dashboard,
+    _m005_request_trace,
 )
 
 
