@@ -87,6 +87,8 @@ class Figures:
     ttfc_median_ms: float
     ttfc_p99_ms: float
     calls_per_s: float
+    #: CPU time (user + system) of the serving process per call, 16 at once
+    cpu_ms_per_call: float
 
 
 def config_toml(upstream_url: str, metrics: bool = True) -> str:
@@ -164,7 +166,21 @@ async def first_chunk(client: httpx.AsyncClient, payload: bytes) -> float:
     return first
 
 
-async def one_round(base_url: str, token: str) -> Figures:
+@dataclass(frozen=True)
+class Sizes:
+    """How much one run measures: the full table, or a short run (``--short``) for
+    alternating before/after comparisons on a busy machine."""
+
+    sequential: int = SEQUENTIAL_CALLS
+    concurrent_each: int = CONCURRENT_CALLS_EACH
+    repeats: int = REPEATS
+
+
+SHORT = Sizes(sequential=100, concurrent_each=15, repeats=1)
+
+
+async def one_round(base_url: str, token: str, pid: int, sizes: Sizes) -> Figures:
+    """One round of every figure; ``pid`` is the process that serves ``base_url``."""
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
     limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
     plain = orjson.dumps(BODY)
@@ -174,24 +190,27 @@ async def one_round(base_url: str, token: str) -> Figures:
     ) as client:
         for _ in range(10):
             await whole(client, plain)
-        wholes = [await whole(client, plain) for _ in range(SEQUENTIAL_CALLS)]
-        firsts = [await first_chunk(client, streamed) for _ in range(SEQUENTIAL_CALLS)]
-        start = time.perf_counter()
+        wholes = [await whole(client, plain) for _ in range(sizes.sequential)]
+        firsts = [await first_chunk(client, streamed) for _ in range(sizes.sequential)]
+        start, cpu_start = time.perf_counter(), cpu_seconds(pid)
 
         async def worker() -> None:
-            for _ in range(CONCURRENT_CALLS_EACH):
+            for _ in range(sizes.concurrent_each):
                 await whole(client, plain)
 
         async with trio.open_nursery() as nursery:
             for _ in range(CONCURRENCY):
                 nursery.start_soon(worker)
-        rate = CONCURRENCY * CONCURRENT_CALLS_EACH / (time.perf_counter() - start)
+        calls = CONCURRENCY * sizes.concurrent_each
+        rate = calls / (time.perf_counter() - start)
+        cpu_ms = (cpu_seconds(pid) - cpu_start) * 1000 / calls
     return Figures(
         whole_median_ms=statistics.median(wholes),
         whole_p99_ms=percentile(wholes, 0.99),
         ttfc_median_ms=statistics.median(firsts),
         ttfc_p99_ms=percentile(firsts, 0.99),
         calls_per_s=rate,
+        cpu_ms_per_call=cpu_ms,
     )
 
 
@@ -202,18 +221,21 @@ def best(rounds: list[Figures]) -> Figures:
         ttfc_median_ms=min(r.ttfc_median_ms for r in rounds),
         ttfc_p99_ms=min(r.ttfc_p99_ms for r in rounds),
         calls_per_s=max(r.calls_per_s for r in rounds),
+        cpu_ms_per_call=min(r.cpu_ms_per_call for r in rounds),
     )
 
 
-async def rounds_of(work: Callable[[], Awaitable[Figures]], deadline: float) -> Figures:
+async def rounds_of(
+    work: Callable[[], Awaitable[Figures]], deadline: float, repeats: int
+) -> Figures:
     results = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         with trio.fail_at(deadline):
             results.append(await work())
     return best(results)
 
 
-async def measure() -> tuple[Figures, Figures]:
+async def measure(sizes: Sizes) -> tuple[Figures, Figures]:
     deadline = trio.current_time() + HARD_LIMIT_S
     upstream, upstream_url = await trio.to_thread.run_sync(start_upstream)
     try:
@@ -229,8 +251,16 @@ async def measure() -> tuple[Figures, Figures]:
             )
             try:
                 token = await live_key(server.url)
-                gateway = await rounds_of(lambda: one_round(f"{server.url}/v1", token), deadline)
-                direct = await rounds_of(lambda: one_round(upstream_url, UPSTREAM_KEY), deadline)
+                gateway = await rounds_of(
+                    lambda: one_round(f"{server.url}/v1", token, server.proc.pid, sizes),
+                    deadline,
+                    sizes.repeats,
+                )
+                direct = await rounds_of(
+                    lambda: one_round(upstream_url, UPSTREAM_KEY, upstream.pid, sizes),
+                    deadline,
+                    sizes.repeats,
+                )
             finally:
                 await trio.to_thread.run_sync(server.stop)
     finally:
@@ -331,7 +361,9 @@ def cost_report(
     )
 
 
-def report(gateway: Figures, direct: Figures, runtime_s: float, load: tuple[float, float]) -> str:
+def report(
+    gateway: Figures, direct: Figures, runtime_s: float, load: tuple[float, float], sizes: Sizes
+) -> str:
     rows = [
         ("whole answer, median (ms)", gateway.whole_median_ms, direct.whole_median_ms),
         ("whole answer, p99 (ms)", gateway.whole_p99_ms, direct.whole_p99_ms),
@@ -344,6 +376,9 @@ def report(gateway: Figures, direct: Figures, runtime_s: float, load: tuple[floa
         *(f"| {name} | {g:.2f} | {d:.2f} | {g / d:.1f}× |" for name, g, d in rows),
         f"| calls/s, {CONCURRENCY} at once (not streamed) | {gateway.calls_per_s:,.0f} | "
         f"{direct.calls_per_s:,.0f} | {direct.calls_per_s / gateway.calls_per_s:.1f}× |",
+        f"| CPU per call, {CONCURRENCY} at once (ms, serving process) | "
+        f"{gateway.cpu_ms_per_call:.2f} | {direct.cpu_ms_per_call:.2f} | "
+        f"{gateway.cpu_ms_per_call / direct.cpu_ms_per_call:.1f}× |",
     ]
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     added = gateway.whole_median_ms - direct.whole_median_ms
@@ -361,9 +396,9 @@ def report(gateway: Figures, direct: Figures, runtime_s: float, load: tuple[floa
             "(answers at once), a `svc-gateway serve` with it as an `openai` provider, and "
             "httpx as the client; a live key of an organisation with credits. The ratio is "
             "how many times slower (or, for calls/s, how many fewer) through the gateway. "
-            f"Each figure is the best of {REPEATS} rounds of {SEQUENTIAL_CALLS} calls one at "
+            f"Each figure is the best of {sizes.repeats} rounds of {sizes.sequential} calls one at "
             "a time, then "
-            f"{CONCURRENCY * CONCURRENT_CALLS_EACH} calls {CONCURRENCY} at once.",
+            f"{CONCURRENCY * sizes.concurrent_each} calls {CONCURRENCY} at once.",
             "",
             f"- The gateway adds {added:.2f} ms to a whole non-streamed call: the whole walk "
             "(authentication, admission, validation, policy, reservation, its own upstream "
@@ -381,9 +416,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument(
+        "--short", action="store_true", help="one short round, to alternate with another tree"
+    )
+    parser.add_argument(
         "--metrics-cost", action="store_true", help="CPU per call with metrics on vs off"
     )
     args = parser.parse_args()
+    sizes = SHORT if args.short else Sizes()
     load_before = os.getloadavg()[0]
     started = time.monotonic()
     if args.metrics_cost:
@@ -391,11 +430,11 @@ def main() -> None:
         load = (load_before, os.getloadavg()[0])
         section = cost_report(pairs, time.monotonic() - started, load)
     else:
-        gateway, direct = trio.run(measure)
+        gateway, direct = trio.run(measure, sizes)
         load = (load_before, os.getloadavg()[0])
-        section = report(gateway, direct, time.monotonic() - started, load)
+        section = report(gateway, direct, time.monotonic() - started, load, sizes)
     print(section)
-    if not args.no_write:
+    if not (args.no_write or args.short):
         write_section(ROOT / "bench" / "RESULTS.md", section)
         print(f"updated {ROOT / 'bench' / 'RESULTS.md'}")
 

@@ -110,16 +110,15 @@ def call_opened(call: Call) -> None:
 
 def call_settled(call: Call, settlement: Settlement, usage: Usage | None, code: str | None) -> None:
     """A model call settled (once): its series, and its part of the exchange."""
+    model = call.hold.model if call.hold is not None else None
     provider = None
-    if call.model is not None:
-        provider = call.model.config.provider if call.live else "mock"
+    if model is not None:
+        provider = model.config.provider if call.live else "mock"
     call.runtime.metrics.call_settled(
-        model=call.model.id if call.model else None,
+        model=model.id if model else None,
         mode=call.record.mode,
         provider=provider,
-        upstream_seconds=(
-            time.perf_counter() - call.called_at if call.called_at is not None else None
-        ),
+        upstream_seconds=time.perf_counter() - call.called_at if call.called_at else None,
         input_tokens=usage.prompt_tokens if usage else 0,
         output_tokens=usage.completion_tokens if usage else 0,
         settled_nanos=settlement.cap_nanos,
@@ -128,7 +127,7 @@ def call_settled(call: Call, settlement: Settlement, usage: Usage | None, code: 
     exchange = call.exchange
     if exchange is None:
         return
-    exchange.model = call.model.id if call.model else None
+    exchange.model = model.id if model else None
     exchange.stream = call.stream
     if usage is not None:
         exchange.input_tokens = usage.prompt_tokens

@@ -10,14 +10,18 @@ A key (scoped to the calling API key, kept 24 hours) remembers the body it came 
                                         id; no provider call, no charge, no record
     streamed, or zero-retention key     409 idempotency_conflict naming the original
                                         (its record is at GET /v1/requests/{id})
+    interrupted (the server died        409 idempotency_conflict naming the original,
+      during the call)                  whose record says interrupted
     refused or failed (any error)       nothing kept: the retry is a new attempt
     a different body                    422 idempotency_key_reused (param Idempotency-Key)
 
-"Still running" is a claim in memory, taken before the first ``await`` of the check,
-so concurrent retries in this process see it. Outcomes are rows of the ``idempotency``
-table, written before the answer is sent, so they survive a restart. A process that
-dies mid-call leaves no row: the retry after a restart is a new attempt (the dead call
-settled nothing, as every reservation dies with the process).
+Claimed first, settled together: the claim is a row of the ``idempotency`` table
+(state ``running``) written in the same transaction as the call's pending request row,
+before the provider is asked; its outcome is written (or the row dropped) in the same
+transaction as the call's settlement. So a process that dies mid-call leaves a claim
+that start-up recovery marks ``interrupted`` with the record: the provider is never
+called twice for one key. Before that write, a claim in memory (taken before the first
+``await`` of the check) covers concurrent retries in this process.
 
 A repeat (replay, 409 or 422) is admitted like every request: it counts in the key's
 request window and carries the rate-limit headers, but takes no in-flight slot and
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -48,6 +53,42 @@ MAX_LENGTH = 255
 IN_PROGRESS_RETRY_AFTER = 1
 #: outcomes kept in the table: a replayable answer, or only the original's id
 STORED, NOT_STORED = "stored", "not_stored"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A call's hold on an Idempotency-Key: the rows it writes with the call's own."""
+
+    idem_key: str
+    body_hash: str
+    request_id: str
+
+    def running_row(self, key_id: str, stream: bool, now: float) -> dict[str, Any]:
+        """The claim, written with the call's pending request row."""
+        return {
+            "key_id": key_id,
+            "idem_key": self.idem_key,
+            "body_hash": self.body_hash,
+            "request_id": self.request_id,
+            "state": store_ops.RUNNING,
+            "stream": int(stream),
+            "status": None,
+            "headers": {},
+            "body": None,
+            "created_at": now,
+        }
+
+    @staticmethod
+    def outcome(*, stream: bool, answer: bytes | None, keep: bool) -> dict[str, Any]:
+        """What a call answered 200 leaves, written with its settlement: its answer
+        (not streamed, ``keep``), else only its id."""
+        stored = answer is not None and keep and not stream
+        return {
+            "state": STORED if stored else NOT_STORED,
+            "status": 200,
+            "headers": {"Content-Type": "application/json"} if stored else {},
+            "body": answer if stored else None,
+        }
 
 
 def header_value() -> str | None:
@@ -75,9 +116,10 @@ async def serve(
     endpoint: str,
     idem_key: str,
     body: dict[str, Any],
-    run: Callable[[], Awaitable[Response]],
+    run: Callable[[Claim], Awaitable[Response]],
 ) -> Response:
-    """Answer once per (key, Idempotency-Key): ``run`` the call, or replay or refuse a repeat.
+    """Answer once per (key, Idempotency-Key): ``run`` the call under a claim, or replay
+    or refuse a repeat.
 
     A repeat is admitted like every request (it counts in the key's request window) but
     takes no in-flight slot and reserves nothing: with ``max_in_flight`` 1, a retry while
@@ -88,19 +130,17 @@ async def serve(
     running = rt.idempotency_claims.get(slot)
     if running is not None:
         await admit(rt, record, take_slot=False)
-        claimed_hash, original = running
-        _refuse_repeat(claimed_hash, digest, original, in_progress=True)
-    rt.idempotency_claims[slot] = (digest, request_id())
+        _refuse_repeat(running.body_hash, digest, running.request_id, in_progress=True)
+    claim = Claim(idem_key, digest, request_id())
+    rt.idempotency_claims[slot] = claim
     try:
         row = await rt.store.read(store_ops.get, *slot)
         if row is not None and row["created_at"] > rt.clock.now() - RETENTION_S:
             await admit(rt, record, take_slot=False)
-            _refuse_repeat(row["body_hash"], digest, row["request_id"], in_progress=False)
+            in_progress = row["state"] == store_ops.RUNNING  # a stream still being pumped
+            _refuse_repeat(row["body_hash"], digest, row["request_id"], in_progress=in_progress)
             return _replay(row)
-        response = await run()
-        row = await _outcome(record, idem_key, digest, response, rt.clock.now())
-        await rt.store.write(store_ops.put, row)
-        return response
+        return await run(claim)
     finally:
         del rt.idempotency_claims[slot]
 
@@ -125,7 +165,10 @@ def _refuse_repeat(stored_hash: str, digest: str, original: str, *, in_progress:
 
 def _replay(row: dict[str, Any]) -> Response:
     if row["state"] != STORED:
-        why = "was streamed" if row["stream"] else "was not stored (zero retention)"
+        if row["state"] == store_ops.INTERRUPTED:
+            why = "was interrupted (the server stopped during the call)"
+        else:
+            why = "was streamed" if row["stream"] else "was not stored (zero retention)"
         raise GatewayError(
             "idempotency_conflict",
             f"The answer to request {row['request_id']} with this {HEADER} {why}; "
@@ -134,23 +177,3 @@ def _replay(row: dict[str, Any]) -> Response:
         )
     g.request_id = row["request_id"]  # the replay is the original answer, id included
     return Response(row["body"], status=row["status"], headers=row["headers"])
-
-
-async def _outcome(
-    record: KeyRecord, idem_key: str, digest: str, response: Response, now: float
-) -> dict[str, Any]:
-    """The row a finished call leaves: its answer when it may be kept, else only its id."""
-    stream = response.mimetype == "text/event-stream"
-    keep = not stream and record.data_mode != "zero_retention"
-    return {
-        "key_id": record.id,
-        "idem_key": idem_key,
-        "body_hash": digest,
-        "request_id": request_id(),
-        "state": STORED if keep else NOT_STORED,
-        "stream": int(stream),
-        "status": response.status_code,
-        "headers": {"Content-Type": response.content_type} if keep else {},
-        "body": await response.get_data() if keep else None,  # never read a stream's body
-        "created_at": now,
-    }

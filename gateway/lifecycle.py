@@ -7,14 +7,19 @@
 - ADMITTED: counted in the key's request window, holding an in-flight slot (step 3).
 - RESERVED: the model is resolved and priced, the worst case reserved (steps 6-8); the
   :class:`Hold` says what is held.
-- CALLED: the provider was asked (step 9): from here an abandoned call is not "not called".
+- CALLED: the provider may be asked (step 9): the request row exists in the store with
+  status ``pending`` and the reserved amount (and the Idempotency-Key claim), committed
+  before the move. From here an abandoned call is not "not called", and a crash leaves
+  a row that start-up recovery settles (:func:`gateway.store.records.recover_pending`).
 - HANDED_OFF: a stream pump owns the call and settles it; the handler no longer may.
-- SETTLED: :meth:`Call.finish` wrote the request record (for calls that reached the
-  model), then posted or voided the reservation and released the slot, exactly once.
+- SETTLED: :meth:`Call.finish` turned the pending row into the call's final record
+  (with its ledger row and the claim's outcome, one transaction), then posted or voided
+  the reservation and released the slot, exactly once.
 
 The settlement row of every ending is decided by :meth:`Call.ending` (over
 :func:`gateway.settlement.ending_for`); a call that ended without its own row (a fault of
-ours, a cancellation) settles by :meth:`Call.unfinished_ending`.
+ours, a cancellation) settles by :meth:`Call.unfinished_ending`. A graceful stop cuts a
+call still running at its deadline through :meth:`Call.cut` (see :mod:`gateway.inflight`).
 """
 
 from __future__ import annotations
@@ -25,18 +30,22 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import orjson
 import trio
 
 from gateway import admission
 from gateway.catalog import Model
+from gateway.errors import GatewayError
 from gateway.exchange import Exchange, call_settled
+from gateway.inflight import STOPPING_MESSAGE
 from gateway.keys import KeyRecord
 from gateway.providers.base import Provider, Usage
 from gateway.settlement import Ending, Settlement, ending_for, settle_amounts
-from gateway.store import records
+from gateway.store import StoreError, records
 from shards import Admission, Reservation
 
 if TYPE_CHECKING:
+    from gateway.idempotency import Claim
     from gateway.runtime import Runtime
 
 
@@ -54,15 +63,16 @@ _CALLED = frozenset({CallState.CALLED, CallState.HANDED_OFF})
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """What a reserved call holds: its provider, the reservation and what it reserved."""
+    """What a reserved call holds: the model as priced, its provider, the reservation."""
 
+    model: Model
     provider: Provider
     reservation: Reservation
     prompt_estimate: int
     reserved_nanos: int
 
 
-@dataclass
+@dataclass(eq=False)  # a call is itself: held in sets by identity
 class Call:
     runtime: Runtime
     record: KeyRecord
@@ -76,13 +86,17 @@ class Call:
     stream: bool = False
     tags: dict[str, str] = field(default_factory=dict)
     client_gone: bool = False
+    #: the Idempotency-Key this call holds, written with its pending row
+    claim: Claim | None = None
     state: CallState = CallState.ADMITTED
-    #: the model step 6 resolved (priced), for the record and the logs
-    model: Model | None = None
     hold: Hold | None = None
     settlement: Settlement | None = None
-    #: when the provider was asked (perf_counter), for the upstream duration
-    called_at: float | None = None
+    #: a graceful stop's deadline cut this call short (it ends as service_unavailable)
+    cut_short: bool = False
+    #: the cancel scope of the provider call, which :meth:`cut` cancels
+    scope: trio.CancelScope | None = None
+    #: when the provider was asked (perf_counter; 0 before), for the upstream duration
+    called_at: float = 0.0
     #: the HTTP exchange the call answers (its log line, its trace)
     exchange: Exchange | None = None
 
@@ -112,14 +126,47 @@ class Call:
         self._move(CallState.ADMITTED, CallState.RESERVED)
         self.hold = hold
 
-    def start_provider_call(self) -> None:
-        """RESERVED → CALLED: the provider is about to be asked (the one place this happens)."""
+    async def start_provider_call(self) -> None:
+        """RESERVED → CALLED: the provider is about to be asked (the one place this happens).
+
+        First the pending row (and the Idempotency-Key claim) is committed: only a call
+        that reaches this point waits for a write. A store that cannot take it refuses
+        the call (503 service_unavailable) before the provider is asked.
+        """
+        if self.cut_short:
+            raise GatewayError("service_unavailable", STOPPING_MESSAGE)
+        hold = self.held
+        claim = self.claim
+        claim_row = (
+            claim.running_row(self.record.id, self.stream, self.runtime.clock.now())
+            if claim is not None
+            else None
+        )
+        try:
+            await self.runtime.store.write(records.open_call, self._pending_row(hold), claim_row)
+        except StoreError:
+            raise GatewayError(
+                "service_unavailable", "The call could not be recorded; retry shortly."
+            ) from None
         self._move(CallState.RESERVED, CallState.CALLED)
         self.called_at = time.perf_counter()
 
     def hand_off(self) -> None:
         """CALLED → HANDED_OFF: a stream pump owns the call from now on."""
         self._move(CallState.CALLED, CallState.HANDED_OFF)
+
+    def watch(self, scope: trio.CancelScope) -> trio.CancelScope:
+        """Make ``scope`` the provider call's: :meth:`cut` cancels it."""
+        self.scope = scope
+        if self.cut_short:
+            scope.cancel()
+        return scope
+
+    def cut(self) -> None:
+        """A graceful stop's deadline: end the provider call now, as service_unavailable."""
+        self.cut_short = True
+        if self.scope is not None:
+            self.scope.cancel()
 
     # -- endings ---------------------------------------------------------------------------
 
@@ -161,39 +208,47 @@ class Call:
         usage: Usage | None = None,
         http_status: int = 200,
         error_code: str | None = None,
+        answer: dict[str, Any] | None = None,
     ) -> Settlement:
         """Record and settle, exactly once; later calls return the first settlement.
 
-        The one place a settlement is written: the request record and its ledger row
-        (calls that reached the model) are committed before the shard posts the amount,
-        so a settled amount is durable before any answer reports it.
+        The one place a settlement is written: a call that reached the model has its
+        pending row turned into its record, its ledger row appended and its
+        Idempotency-Key outcome written (``answer``: the body a retry may replay), in
+        one transaction committed before the shard posts the amount, so a settled
+        amount is durable before any answer reports it.
         """
         if self.settlement is not None:
             return self.settlement
-        hold, model = self.hold, self.model
-        if hold is None or model is None:
-            hold, ending = None, Ending.NOT_CALLED
+        hold = self.hold
+        recorded = self.state in _CALLED  # the pending row exists
+        if hold is None:
+            ending = Ending.NOT_CALLED
         settlement = (
             settle_amounts(
                 ending,
-                model=model,
+                model=hold.model,
                 reserved_nanos=hold.reserved_nanos,
                 prompt_estimate=hold.prompt_estimate,
                 prompt_tokens=usage.prompt_tokens if usage else 0,
                 completion_tokens=usage.completion_tokens if usage else 0,
                 live=self.live,
             )
-            if hold is not None and model is not None
+            if hold is not None
             else Settlement(Ending.NOT_CALLED, 0, 0)
         )
         self.settlement = settlement
         self.state = CallState.SETTLED
         with trio.CancelScope(shield=True):
-            if hold is not None and model is not None and ending is not Ending.NOT_CALLED:
+            if recorded:
+                claim = self.claim
                 await self.runtime.store.write(
-                    records.record_call,
-                    self._record_row(model, hold, settlement, usage, http_status, error_code),
+                    records.settle_call,
+                    self.request_id,
+                    self._settled_values(settlement, usage, http_status, error_code),
                     self._ledger_row(settlement),
+                    (self.record.id, claim.idem_key) if claim is not None else None,
+                    self._claim_outcome(http_status, error_code, answer),
                 )
             await admission.settle(
                 self.runtime,
@@ -203,19 +258,13 @@ class Call:
                 cap_amount=settlement.cap_nanos,
                 billed_amount=settlement.billed_nanos,
             )
+        self.runtime.inflight.discard(self)
         self.runtime.alerts.notice(self.record, settlement.cap_nanos)
         call_settled(self, settlement, usage, error_code)
         return settlement
 
-    def _record_row(
-        self,
-        model: Model,
-        hold: Hold,
-        settlement: Settlement,
-        usage: Usage | None,
-        http_status: int,
-        error: str | None,
-    ) -> dict[str, Any]:
+    def _pending_row(self, hold: Hold) -> dict[str, Any]:
+        """The request row of a call about to be asked: what it holds, nothing settled."""
         created = datetime.fromtimestamp(self.started, UTC)
         return {
             "id": self.request_id,
@@ -226,22 +275,50 @@ class Call:
             "day": created.strftime("%Y-%m-%d"),
             "month": created.strftime("%Y-%m"),
             "endpoint": self.endpoint,
-            "model": model.id,
-            "provider": model.config.provider if self.live else "mock",
-            "status": self._status(error),
-            "http_status": http_status,
+            "model": hold.model.id,
+            "provider": hold.model.config.provider if self.live else "mock",
+            "status": records.PENDING,
+            "http_status": None,
             "stream": int(self.stream),
             "tags": self.tags,
-            "usage": usage.as_dict() if usage else None,
+            "usage": None,
             "estimated_usd_nanos": hold.reserved_nanos,
             "reserved_usd_nanos": hold.reserved_nanos,
+            "settled_usd_nanos": 0,
+            "billed_usd_nanos": 0,
+            "latency_ms": None,
+            "error_code": None,
+            "mode": self.record.mode,
+            "trace_id": self.exchange.trace.trace_id if self.exchange else None,
+        }
+
+    def _settled_values(
+        self, settlement: Settlement, usage: Usage | None, http_status: int, error: str | None
+    ) -> dict[str, Any]:
+        """What settlement writes over the pending row."""
+        return {
+            "status": self._status(error),
+            "http_status": http_status,
+            "usage": usage.as_dict() if usage else None,
             "settled_usd_nanos": settlement.cap_nanos,
             "billed_usd_nanos": settlement.billed_nanos,
             "latency_ms": round((self.runtime.clock.now() - self.started) * 1000, 3),
             "error_code": error,
-            "mode": self.record.mode,
-            "trace_id": self.exchange.trace.trace_id if self.exchange else None,
         }
+
+    def _claim_outcome(
+        self, http_status: int, error: str | None, answer: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """The Idempotency-Key's outcome: kept for a call the client was answered 200
+        (a stream, or a non-streamed answer), dropped (None) for a refusal or a failure,
+        so that the retry is a new attempt."""
+        if self.claim is None or http_status != 200 or not (self.stream or answer is not None):
+            return None
+        return self.claim.outcome(
+            stream=self.stream,
+            answer=orjson.dumps(answer) if answer is not None else None,
+            keep=self.record.data_mode != "zero_retention",
+        )
 
     def _status(self, error: str | None) -> str:
         """failed (with an error code), cancelled (the client went away), or succeeded."""

@@ -44,6 +44,8 @@ from gateway.catalog import Model
 from gateway.errors import GatewayError
 from gateway.estimate import worst_case_tokens
 from gateway.exchange import call_opened
+from gateway.idempotency import Claim
+from gateway.inflight import STOPPING_MESSAGE
 from gateway.keys import KeyRecord
 from gateway.lifecycle import Call, Hold
 from gateway.orgs import Org
@@ -147,7 +149,7 @@ CHAT = _chat_shaped(
     "chat_completions",
     parse=_parse_chat,
     answer=lambda call, chat, completion: completion,
-    stream_format=lambda call, chat, svc: ChatFormat(resolved(call).id, chat.include_usage, svc),
+    stream_format=lambda call, chat, svc: ChatFormat(call.held.model.id, chat.include_usage, svc),
 )
 RESPONSES = _chat_shaped(
     "responses",
@@ -174,12 +176,17 @@ EMBEDDINGS = Endpoint(
 
 @asynccontextmanager
 async def open_call(
-    runtime: Runtime, record: KeyRecord, request_id: str, endpoint: Endpoint
+    runtime: Runtime,
+    record: KeyRecord,
+    request_id: str,
+    endpoint: Endpoint,
+    claim: Claim | None = None,
 ) -> AsyncIterator[Call]:
     """Step 3: count the request and take an in-flight slot; the call is settled on the
     way out, whatever happened, unless it settled itself or was handed to a pump."""
     admitted = await admission.admit(runtime, record, take_slot=True)
     call = Call(
+        claim=claim,
         runtime=runtime,
         record=record,
         request_id=request_id,
@@ -189,6 +196,7 @@ async def open_call(
         deadline=trio.current_time() + runtime.config.server.request_timeout_s,
         failures_count=endpoint.failures_count,
     )
+    runtime.inflight.add(call)
     call_opened(call)
     try:
         yield call
@@ -212,7 +220,7 @@ async def prepare(
     features = [endpoint.feature] + ["streaming"] * parsed.stream + sorted(parsed.needs)
     org = rt.orgs.get(record.org_id)
     check_entitlements(org, record, features)
-    model = call.model = check_model(rt, record, parsed.model, endpoint.model_kind)
+    model = check_model(rt, record, parsed.model, endpoint.model_kind)
     provider = rt.provider_for(record, model)
     endpoint.check(org, parsed, model)
     prompt, output = parsed.prompt_estimate(), parsed.output_ceiling
@@ -225,22 +233,26 @@ async def prepare(
         cost=cost,
         org_cost=cost if call.live else 0,
     )
-    call.reserved(Hold(provider, reservation, prompt, cost))
+    call.reserved(Hold(model, provider, reservation, prompt, cost))
     return parsed
 
 
 async def _ask(call: Call, ask: Callable[[], Awaitable[T]], late: str) -> T:
     """Step 9 without a stream: ask the provider under the call's deadline; a failure
     is settled here and raised as the answer's error."""
-    call.start_provider_call()
+    await call.start_provider_call()
     try:
-        with trio.move_on_after(call.remaining()) as scope:
+        with call.watch(trio.move_on_after(call.remaining())) as scope:
             result = await ask()
     except ProviderError as exc:
         error, failure = map_provider_error(exc, byok=call.record.byok)
         ending = call.ending(failure=failure, usage=exc.usage)
         await call.finish(ending, usage=exc.usage, http_status=error.status, error_code=error.code)
         raise error from None
+    if scope.cancelled_caught and call.cut_short:
+        # a graceful stop ran out of grace: the answer is a 503 the client may retry
+        await call.finish(call.ending(), http_status=503, error_code="service_unavailable")
+        raise GatewayError("service_unavailable", STOPPING_MESSAGE)
     if scope.cancelled_caught:
         await call.finish(call.ending(), http_status=504, error_code="request_timeout")
         raise GatewayError("request_timeout", late)
@@ -249,24 +261,17 @@ async def _ask(call: Call, ask: Callable[[], Awaitable[T]], late: str) -> T:
 
 def _provider_request(call: Call, chat: ChatCall) -> tuple[ProviderRequest, list[str]]:
     """The upstream request of a chat call, and the parameters its provider ignores."""
-    model = resolved(call)
-    upstream_id = model.config.upstream_id
+    hold = call.held
+    upstream_id = hold.model.config.upstream_id
     body = {**chat.body(), "model": upstream_id}
     request = ProviderRequest(
         upstream_model=upstream_id,
         body=body,
-        api_key=call.runtime.provider_key(call.record, model),
+        api_key=call.runtime.provider_key(call.record, hold.model),
         trace=call.exchange.trace if call.exchange else None,
         request_id=call.request_id,
     )
-    hold = call.held
     return request, hold.provider.ignored_parameters(body)
-
-
-def resolved(call: Call) -> Model:
-    """The model of a call past step 6."""
-    assert call.model is not None
-    return call.model
 
 
 def svc_block(call: Call, ignored: list[str]) -> dict[str, Any]:
@@ -285,14 +290,14 @@ async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, 
     )
     ending = call.ending(answered=True, usage=result.usage)
     try:
-        answer = endpoint.answer(call, chat, {**result.completion, "model": resolved(call).id})
+        answer = endpoint.answer(call, chat, {**result.completion, "model": call.held.model.id})
         answer["svc"] = svc_block(call, ignored)
     except Exception:
         # a fault of ours with the answer in hand: settled as the provider's answer
         # says, recorded as the 500 the client gets
         await call.finish(ending, usage=result.usage, http_status=500, error_code="internal_error")
         raise
-    await call.finish(ending, usage=result.usage)
+    await call.finish(ending, usage=result.usage, answer=answer)
     return answer
 
 
@@ -306,18 +311,22 @@ async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> Response:
 
 async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
     """Steps 9-10 of an embeddings call: the answer, settled."""
-    hold, model = call.held, resolved(call)
-    api_key = call.runtime.provider_key(call.record, model)
-    trace = call.exchange.trace if call.exchange else None
+    hold = call.held
+    config = hold.model.config
+    api_key = call.runtime.provider_key(call.record, hold.model)
     result = await _ask(
         call,
         lambda: hold.provider.embed(
-            model.config.upstream_id, parsed.inputs, parsed.dimensions, api_key, trace
+            config.upstream_id,
+            parsed.inputs,
+            parsed.dimensions,
+            api_key,
+            call.exchange.trace if call.exchange else None,
         ),
         "The call ran out of time.",
     )
     await call.finish(call.ending(answered=True, usage=result.usage), usage=result.usage)
-    answer = embedding_response(result, model.id, parsed.encoding_format)
+    answer = embedding_response(result, hold.model.id, parsed.encoding_format)
     # the svc block of every successful call; no forwarded parameter is ignored here
     # (fields other than model, input, encoding_format, dimensions are not forwarded)
     answer["svc"] = svc_block(call, [])

@@ -2,27 +2,32 @@
 
 Start-up order (see :func:`gateway.server.serve`): open the store; start the HTTP server
 (it answers only health while starting); run the start-up work of
-:attr:`Runtime.readiness` (load organisations, keys and today's and this month's settled
+:attr:`Runtime.readiness` (settle the calls a crash left ``pending``,
+:meth:`Runtime.recover`; load organisations, keys and today's and this month's settled
 spend into memory and into the shards, then create the demo organisation on an empty
 database); then start the store writer, the shards and the spend alerts, and be ready.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import trio
 
 from gateway import __version__
 from gateway.alerts import Alerts
-from gateway.catalog import Catalog, Model, usd_to_nanos
+from gateway.catalog import Catalog, Model, nanos_to_usd, usd_to_nanos
 from gateway.config import Config
 from gateway.errors import GatewayError
+from gateway.inflight import InFlight
 from gateway.keyring import Keyring
 from gateway.keys import KeyRecord, new_id
+from gateway.logs import event
 from gateway.metrics import Metrics
 from gateway.orgs import Org
 from gateway.providers.base import Provider
@@ -34,6 +39,10 @@ from gateway.store import Store, records
 from gateway.store import idempotency as idempotency_ops
 from shards import ShardPool, SystemClock
 from shards.clock import Clock
+
+log = logging.getLogger("gateway.runtime")
+if TYPE_CHECKING:
+    from gateway.idempotency import Claim
 
 DEMO_ORG_NAME = "demo"
 DEMO_CREDITS_USD = 100.0
@@ -55,9 +64,10 @@ class Runtime:
         self.keyring = Keyring(self.store, self.pool.key_ref, self.clock.now)
         self.catalog = Catalog(self.config)
         self.orgs: dict[str, Org] = {}
-        #: calls in progress under an Idempotency-Key: (key id, Idempotency-Key) →
-        #: (body hash, request id); see :mod:`gateway.idempotency`
-        self.idempotency_claims: dict[tuple[str, str], tuple[str, str]] = {}
+        #: calls in progress under an Idempotency-Key, by (key id, Idempotency-Key); see
+        #: :mod:`gateway.idempotency`
+        self.idempotency_claims: dict[tuple[str, str], Claim] = {}
+        self.inflight = InFlight()
         self.alerts = Alerts(self.store, self.keyring, self.pool, self.config.server, self.clock)
         self.byok: dict[tuple[str, str], str] = {}
         self.mock = MockProvider.for_models(self.config.models, clock=self.clock.now)
@@ -105,7 +115,8 @@ class Runtime:
         await trio.to_thread.run_sync(work)
 
     def load(self) -> None:
-        """Rebuild the in-memory state from the store (start-up only)."""
+        """Rebuild the in-memory state from the store (start-up only), after recovery."""
+        self.recover()
         for row in self.store.call(records.list_orgs):
             org = Org.from_row(row)
             self.orgs[org.id] = org
@@ -132,6 +143,24 @@ class Runtime:
             record = self.keyring.get(key_id)
             if record is not None:
                 self.pool.load_spend(record.id, record.family_id, day_nanos, month_nanos)
+
+    def recover(self) -> None:
+        """Settle the calls a crash left in flight, before the rebuild counts spend.
+
+        Every ``pending`` request row belongs to a process that is gone (one server per
+        database): it is settled by the settlement table's row "anything else without
+        reported usage" (:func:`records.recover_pending`), so the rebuild below counts
+        its full reservation against the caps of its key and parent.
+        """
+        found = self.store.call(records.recover_pending)
+        if found["calls"]:
+            calls, usd = found["calls"], nanos_to_usd(found["nanos"])
+            log.warning(
+                "recovery: %d interrupted calls settled, %s USD counted against caps",
+                calls,
+                usd,
+                extra=event("recovery", calls=calls, settled_usd=usd),
+            )
 
     def _load_org_account(self, org: Org, balance: dict[str, int], billed: int = 0) -> None:
         budget = org.policy.get("budget_usd_month")

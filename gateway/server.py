@@ -12,9 +12,15 @@
 
 Supervision is structural: if the writer or a shard dies, the exception cancels the
 root nursery and with it the HTTP server, so the process never keeps answering with
-dead actors. On SIGTERM or SIGINT /readyz turns 503 (STOPPING) at once; after
-``drain_s`` hypercorn stops accepting, lets calls in progress finish within
-``graceful_timeout_s``, and then the root nursery is cancelled.
+dead actors.
+
+Graceful stop, on SIGTERM or SIGINT: /readyz turns 503 (STOPPING) at once; after
+``drain_s`` hypercorn stops accepting, and the calls in progress may finish within
+``[server] shutdown_grace_s``; at that deadline every call still running is cut
+(:mod:`gateway.inflight`: a 503, or an open stream's in-band service_unavailable
+event), hypercorn gives the cut answers ``CUT_MARGIN_S`` to reach their clients, the
+server waits until every call is settled (no request row stays pending), and only then
+is the root nursery, with the store writer, cancelled.
 """
 
 from __future__ import annotations
@@ -36,9 +42,14 @@ from gateway.exchange import ExchangeRecorder
 from gateway.logs import event
 from gateway.readiness import Phase
 from gateway.runtime import Runtime
+from gateway.streaming import FINAL_SEND_S
 
 log = logging.getLogger("gateway.server")
 LAST_USED_FLUSH_S = 30.0
+#: after the grace: how long a cut call has to send its last event and close
+CUT_MARGIN_S = FINAL_SEND_S + 1.0
+#: once HTTP is closed: how long the calls still in flight (pumps) have to settle
+SETTLE_WAIT_S = FINAL_SEND_S + 1.0
 
 
 def hypercorn_config(gateway_config: Config) -> HyperConfig:
@@ -46,7 +57,7 @@ def hypercorn_config(gateway_config: Config) -> HyperConfig:
     config = HyperConfig()
     host = f"[{server.host}]" if ":" in server.host else server.host
     config.bind = [f"{host}:{server.port}"]
-    config.graceful_timeout = server.graceful_timeout_s
+    config.graceful_timeout = server.shutdown_grace_s + CUT_MARGIN_S
     config.keep_alive_max_requests = 1_000_000
     config.keep_alive_timeout = server.connection_idle_s
     # the access log is our "request" event (gateway.exchange); the error log goes
@@ -78,6 +89,24 @@ async def _flush_last_used(runtime: Runtime) -> None:
         await runtime.keyring.flush_last_used()
 
 
+async def _cut_after(runtime: Runtime, grace: float) -> None:
+    """The end of the grace: cut every call still in flight."""
+    await trio.sleep(grace)
+    calls = len(runtime.inflight)
+    if calls:
+        log.info("grace over: cutting %d calls", calls, extra=event("shutdown_cut", calls=calls))
+    runtime.inflight.cut()
+
+
+async def _settle_in_flight(runtime: Runtime) -> None:
+    """HTTP is closed: cut what still runs (stream pumps) and wait until it is settled."""
+    runtime.inflight.cut()
+    with trio.move_on_after(SETTLE_WAIT_S):
+        await runtime.inflight.wait_settled()
+    if len(runtime.inflight):
+        log.error("stopped with %d calls not settled", len(runtime.inflight))
+
+
 async def serve(
     runtime: Runtime,
     sockets: Sockets | None = None,
@@ -94,17 +123,22 @@ async def serve(
     app = wrap_app(app, config.wsgi_max_body_size, None)
     readiness = runtime.readiness
     drain_s = runtime.config.server.drain_s
-
-    async def stop_trigger() -> None:
-        await shutdown_trigger()
-        readiness.phase = Phase.STOPPING
-        log.info("stopping", extra=event("shutdown", drain_s=drain_s))
-        await trio.sleep(drain_s)
+    grace = runtime.config.server.shutdown_grace_s
 
     try:
         async with trio.open_nursery() as root:
             runtime.nursery = root
             started = trio.Event()
+
+            async def stop_trigger() -> None:
+                await shutdown_trigger()
+                readiness.phase = Phase.STOPPING
+                log.info(
+                    "stopping", extra=event("shutdown", drain_s=drain_s, shutdown_grace_s=grace)
+                )
+                await trio.sleep(drain_s)
+                # hypercorn stops accepting now: the calls in progress have the grace
+                root.start_soon(_cut_after, runtime, grace)
 
             async def http(*, task_status: trio.TaskStatus[list[str]]) -> None:
                 await worker_serve(
@@ -116,6 +150,7 @@ async def serve(
                 )
                 if started.is_set():
                     with trio.CancelScope(shield=True):
+                        await _settle_in_flight(runtime)
                         await runtime.keyring.flush_last_used()
                         await runtime.alerts.aclose()  # before the store writer stops
                 root.cancel_scope.cancel()

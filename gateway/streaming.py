@@ -15,6 +15,8 @@ settle, exactly once, whatever happens:
 - the provider fails: settle per the table, then an in-band error (or, when nothing
   was sent yet, the handler answers with a plain HTTP error);
 - the deadline passes: settle, then the in-band request_timeout error;
+- a graceful stop runs out of grace (:mod:`gateway.inflight`): settle, then the in-band
+  service_unavailable error;
 - the client goes away: the body cancels the pump's scope at once; the pump settles.
 
 The pump never raises: an exception escaping it would cancel the root nursery.
@@ -34,6 +36,7 @@ from quart import Response
 
 from gateway.calls.translate import ResponseStreamTranslator
 from gateway.errors import GatewayError, in_band
+from gateway.inflight import STOPPING_MESSAGE
 from gateway.lifecycle import Call
 from gateway.provider_errors import map_provider_error
 from gateway.providers.base import ProviderError, ProviderRequest, Usage
@@ -107,8 +110,10 @@ async def pump(
                 finally:
                     await _close(chunks)
             if scope.cancelled_caught:
-                failed_as = None  # our deadline or the client ended the call
-                if not call.client_gone:
+                failed_as = None  # our deadline, a graceful stop or the client ended the call
+                if call.cut_short:
+                    failure = GatewayError("service_unavailable", STOPPING_MESSAGE)
+                elif not call.client_gone:
                     failure = GatewayError("request_timeout", "The call reached its time limit.")
         except trio.BrokenResourceError:
             call.client_gone = True
@@ -200,8 +205,8 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
     runtime = call.runtime
     assert runtime.nursery is not None
     send, receive = trio.open_memory_channel[Frame](BUFFER)
-    scope = trio.CancelScope(deadline=call.deadline)
-    call.start_provider_call()
+    await call.start_provider_call()
+    scope = call.watch(trio.CancelScope(deadline=call.deadline))
     call.hand_off()
     answered = trio.Event()
     runtime.nursery.start_soon(pump, call, request, fmt, send, scope, answered)

@@ -20,16 +20,18 @@ tests never share state::
     [[fault malformed]]           answer 200 with a body that is not JSON
     [[fault usage_with_finish]]   stream the usage in the finish_reason chunk, not after it
     [[fault usage_with_content]]  the last word, finish_reason and usage in one chunk
-    [[fault hold]]                wait until the test calls ``release()``, then answer
+    [[fault hold]]                hold the call open (before answering) until ``release``
     [[fault lockstep]]            stream: after each word, wait until the test ``ack()``s it
 
-``calls`` counts requests received; ``bodies``, ``auth`` and ``headers`` keep what came in.
-A test waits for requests with ``await upstream.received(n)`` instead of sleeping.
+``calls`` counts requests received, ``served`` the answers sent in full, ``open`` the
+calls in progress; ``bodies``, ``auth`` and ``headers`` keep what came in.
+:meth:`wait_until` waits (on events, not sleeps) until a condition on these holds.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,17 +70,19 @@ class FakeUpstream:
     bodies: list[dict[str, Any]] = field(default_factory=list)
     auth: list[str | None] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
+    served: int = 0
+    open: int = 0
+    #: held calls ([[fault hold]]) answer once this is set
+    release: trio.Event = field(default_factory=trio.Event)
+    _changed: trio.Event = field(default_factory=trio.Event)
     #: lockstep streams: words sent so far, and words the client said it received
     words_sent: int = 0
     acks: int = 0
-    _arrived: trio.Event = field(default_factory=trio.Event)
-    _released: trio.Event = field(default_factory=trio.Event)
     _acked: trio.Event = field(default_factory=trio.Event)
 
     async def received(self, count: int) -> None:
         """Return once ``count`` requests in all have come in (counted, not answered)."""
-        while self.calls < count:
-            await self._arrived.wait()
+        await self.wait_until(lambda: self.calls >= count)
 
     def ack(self) -> int:
         """(lockstep) The client received one more word; how many had been sent then."""
@@ -87,9 +91,14 @@ class FakeUpstream:
         self._acked = trio.Event()
         return self.words_sent
 
-    def release(self) -> None:
-        """Let the requests held by ``[[fault hold]]`` (and later ones) be answered."""
-        self._released.set()
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def wait_until(self, condition: Callable[[], bool]) -> None:
+        """Return once ``condition()`` holds; it is checked on every call and answer."""
+        while not condition():
+            await self._changed.wait()
 
     async def serve(self, *, task_status: trio.TaskStatus[FakeUpstream]) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -118,18 +127,31 @@ class FakeUpstream:
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
     ) -> bool:
         self.calls += 1
+        self.open += 1
+        self._notify()
+        try:
+            keep = await self._reply(conn, stream, request, raw)
+        finally:
+            self.open -= 1
+            self._notify()
+        if conn.our_state is h11.DONE:
+            self.served += 1
+            self._notify()
+        return keep
+
+    async def _reply(
+        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
+    ) -> bool:
         body = orjson.loads(raw) if raw else {}
         self.bodies.append(body)
         headers = dict(request.headers)
         self.auth.append(headers.get(b"authorization", b"").decode() or None)
         self.headers.append({k.decode(): v.decode() for k, v in headers.items()})
-        self._arrived.set()
-        self._arrived = trio.Event()
         faults = directives(body)
-        if "hold" in faults:
-            await self._released.wait()
         if "delay" in faults:
             await trio.sleep(float(faults["delay"]))
+        if "hold" in faults:
+            await self.release.wait()
         if "reset" in faults:
             return False
         if "status" in faults:

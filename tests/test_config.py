@@ -215,6 +215,7 @@ def test_environment_overrides() -> None:
         "SVC_SERVER_SHARDS": "2",
         "SVC_SERVER_PLATFORM_RPM": "50",
         "SVC_SERVER_ROTATION_GRACE_S": "60",
+        "SVC_SERVER_SHUTDOWN_GRACE_S": "4.5",
     }
     server = load_config(None, environ=environ).server
     assert server.host == "::1"
@@ -225,6 +226,7 @@ def test_environment_overrides() -> None:
     assert server.shards == 2
     assert server.platform_rpm == 50
     assert server.rotation_grace_s == 60
+    assert server.shutdown_grace_s == 4.5
 
 
 def test_environment_wins_over_the_file(tmp_path: Path) -> None:
@@ -325,7 +327,12 @@ INVALID: list[tuple[str, str, str]] = [
     ("shards-zero", "[server]\nshards = 0\n", "server.shards"),
     ("platform-rpm-zero", "[server]\nplatform_rpm = 0\n", "server.platform_rpm"),
     ("max-body-zero", "[server]\nmax_body_bytes = 0\n", "server.max_body_bytes"),
-    ("graceful-negative", "[server]\ngraceful_timeout_s = -1\n", "server.graceful_timeout_s"),
+    ("grace-negative", "[server]\nshutdown_grace_s = -1\n", "server.shutdown_grace_s"),
+    (
+        "graceful-renamed",
+        "[server]\ngraceful_timeout_s = 3\n",
+        "server.graceful_timeout_s: renamed server.shutdown_grace_s",
+    ),
     ("rotation-grace-negative", "[server]\nrotation_grace_s = -1\n", "server.rotation_grace_s"),
     ("catalog-rpm-negative", "[server]\npublic_catalog_rpm = -1\n", "server.public_catalog_rpm"),
     ("providers-without-models", PROVIDERS, "models"),

@@ -142,7 +142,7 @@ async def test_a_repeat_while_in_progress_is_409(gw: Gateway, upstream: FakeUpst
         nursery.start_soon(original)
         await upstream.received(1)  # the original claimed its key before calling
         answers["repeat"] = await post(gw, token, body, "slow-1")
-        upstream.release()
+        upstream.release.set()
     repeat = answers["repeat"]
     assert_error(repeat, 409, "idempotency_conflict", "Idempotency-Key")
     assert repeat.headers["Retry-After"] == "1"
@@ -170,7 +170,7 @@ async def test_a_repeat_takes_no_in_flight_slot(gw: Gateway, upstream: FakeUpstr
         answers["repeat"] = await post(gw, token, slow, "slow-1")
         answers["replay"] = await post(gw, token, body_for("done"), "done-1")
         answers["other"] = await post(gw, token, body_for("new"), "new-1")
-        upstream.release()
+        upstream.release.set()
     assert_error(answers["repeat"], 409, "idempotency_conflict", "Idempotency-Key")
     assert answers["replay"].status_code == 200
     assert answers["replay"].headers["X-Request-Id"] == done.headers["X-Request-Id"]

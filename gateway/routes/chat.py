@@ -19,6 +19,7 @@ from gateway.admission import admit
 from gateway.auth import authenticate, require_scope
 from gateway.errors import GatewayError
 from gateway.http import json_response, read_json_object, request_id, runtime
+from gateway.idempotency import Claim
 from gateway.keys import KeyRecord
 from gateway.lifecycle import Call
 from gateway.pipeline import CHAT, RESPONSES, Endpoint
@@ -44,14 +45,19 @@ async def serve_call(endpoint: Endpoint, run: Run) -> Response:
         raise
     call = partial(_call, rt, endpoint, run, record, body)
     if idem_key is None:
-        return await call()
+        return await call(None)
     return await idempotency.serve(rt, record, endpoint.name, idem_key, body, call)
 
 
 async def _call(
-    rt: Runtime, endpoint: Endpoint, run: Run, record: KeyRecord, body: dict[str, Any]
+    rt: Runtime,
+    endpoint: Endpoint,
+    run: Run,
+    record: KeyRecord,
+    body: dict[str, Any],
+    claim: Claim | None,
 ) -> Response:
-    async with pipeline.open_call(rt, record, request_id(), endpoint) as call:
+    async with pipeline.open_call(rt, record, request_id(), endpoint, claim) as call:
         parsed = await pipeline.prepare(call, endpoint, body, request.headers.get("X-Svc-Tags"))
         return await run(call, endpoint, parsed)
 

@@ -1,4 +1,9 @@
-"""Store operations of the idempotency table: one row per (calling key, Idempotency-Key)."""
+"""Store operations of the idempotency table: one row per (calling key, Idempotency-Key).
+
+A row is written as a claim (state ``running``) in the transaction of its call's
+pending request row, and given its outcome (or dropped) in the transaction of the
+call's settlement (:mod:`gateway.store.records`).
+"""
 
 from __future__ import annotations
 
@@ -25,3 +30,24 @@ def put(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
 def purge(conn: sqlite3.Connection, before: float) -> int:
     """Drop rows created before ``before``; returns how many."""
     return conn.execute("DELETE FROM idempotency WHERE created_at < ?", (before,)).rowcount
+
+
+#: a claimed key whose call is in flight; what recovery makes of one whose process is gone
+RUNNING, INTERRUPTED = "running", "interrupted"
+
+
+def settle(
+    conn: sqlite3.Connection, key_id: str, idem_key: str, outcome: dict[str, Any] | None
+) -> None:
+    """The outcome of a claim: its row updated with ``outcome``, or dropped (None)."""
+    if outcome is None:
+        conn.execute(
+            "DELETE FROM idempotency WHERE key_id = ? AND idem_key = ?", (key_id, idem_key)
+        )
+    else:
+        sq.update(conn, "idempotency", {"key_id": key_id, "idem_key": idem_key}, outcome)
+
+
+def interrupt_running(conn: sqlite3.Connection) -> None:
+    """Recovery: every claim whose call was in flight when its process died."""
+    conn.execute("UPDATE idempotency SET state = ? WHERE state = ?", (INTERRUPTED, RUNNING))

@@ -185,12 +185,18 @@ def _m005_request_trace(db: Database) -> None:
     db["requests"].add_column("trace_id", str)
 
 
+def _m006_pending_requests(db: Database) -> None:
+    """Start-up recovery finds the ``pending`` rows a crash left without a table scan."""
+    db.execute("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'")
+
+
 MIGRATIONS: tuple[Callable[[Database], None], ...] = (
     _m001_initial,
     _m002_webhooks,
     _m003_request_parent,
     _m004_dashboard,
     _m005_request_trace,
+    _m006_pending_requests,
 )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sqlite3
 from typing import Any
 
+from gateway.store import idempotency
 from gateway.store import sqlite as sq
 
 # -- organisations -------------------------------------------------------------------------
@@ -100,13 +101,60 @@ def settled_spend(conn: sqlite3.Connection, day: str, month: str) -> list[dict[s
     )
 
 
-def record_call(
-    conn: sqlite3.Connection, record: dict[str, Any], ledger: dict[str, Any] | None
+#: the status of a request row while its call is in flight (before it is settled)
+PENDING = "pending"
+#: the status recovery gives a pending row whose process is gone
+INTERRUPTED = "interrupted"
+
+
+def open_call(
+    conn: sqlite3.Connection, record: dict[str, Any], claim: dict[str, Any] | None
 ) -> None:
-    """A call's request record and, when it was billed, its credit debit: one transaction."""
+    """A call about to reach its provider: its ``pending`` request row and, with an
+    Idempotency-Key, the key's claim: one transaction."""
     sq.insert(conn, "requests", record)
+    if claim is not None:
+        idempotency.put(conn, claim)
+
+
+def settle_call(
+    conn: sqlite3.Connection,
+    request_id: str,
+    values: dict[str, Any],
+    ledger: dict[str, Any] | None,
+    claim: tuple[str, str] | None,
+    outcome: dict[str, Any] | None,
+) -> None:
+    """A call's settlement: its row's final state, its credit debit when it was billed,
+    and the outcome of its Idempotency-Key ``claim`` (None: dropped): one transaction."""
+    sq.update(conn, "requests", {"id": request_id}, values)
     if ledger is not None:
         sq.insert(conn, "credit_ledger", ledger)
+    if claim is not None:
+        idempotency.settle(conn, *claim, outcome)
+
+
+def recover_pending(conn: sqlite3.Connection) -> dict[str, int]:
+    """Settle every ``pending`` row (its process is gone) by the settlement table's row
+    "anything else without reported usage": the full reservation counts against the
+    caps of the call's day and month, nothing is billed (no ledger row); the record says
+    ``interrupted``, ``service_unavailable``. Their Idempotency-Key claims say so too.
+
+    Returns how many rows, and the nano-USD they now count.
+    """
+    # the literal 'pending' (not a bound parameter) lets SQLite use the partial index
+    found = sq.query(
+        conn,
+        "SELECT COUNT(*) AS calls, COALESCE(SUM(reserved_usd_nanos), 0) AS nanos"
+        f" FROM requests WHERE status = '{PENDING}'",
+    )[0]
+    conn.execute(
+        f"UPDATE requests SET status = '{INTERRUPTED}', error_code = 'service_unavailable',"
+        " http_status = 503, settled_usd_nanos = reserved_usd_nanos, billed_usd_nanos = 0"
+        f" WHERE status = '{PENDING}'"
+    )
+    idempotency.interrupt_running(conn)
+    return {"calls": found["calls"], "nanos": found["nanos"]}
 
 
 def org_billed(conn: sqlite3.Connection, month: str) -> dict[str, int]:
@@ -128,7 +176,8 @@ def usage_rows(
     group: str | None,
     by_day: bool = False,
 ) -> list[dict[str, Any]]:
-    """Totals of the requests of ``key_ids`` between two days (inclusive), grouped.
+    """Totals of the settled requests of ``key_ids`` between two days (inclusive), grouped
+    (a call in flight counts once it is settled).
 
     ``group`` is a column name (day, model, key_id) or ``tag:<name>``; None for one total.
     ``by_day`` also splits each group by day (a ``day`` column): the dashboard's chart.
@@ -150,6 +199,7 @@ def usage_rows(
         " SUM(COALESCE(json_extract(usage, '$.completion_tokens'), 0)) AS output_tokens,"
         " SUM(billed_usd_nanos) AS billed, SUM(settled_usd_nanos) AS settled"
         f" FROM requests WHERE key_id IN ({marks}) AND day BETWEEN ? AND ?"
+        f" AND status != '{PENDING}'"
         f" GROUP BY {days}grp ORDER BY {days}grp",
         params,
     )
