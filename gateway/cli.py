@@ -129,10 +129,22 @@ def main() -> None:
     callback=_json_mode,
     help='Once listening, print one JSON object: {"url", "database", "sandbox_key"}.',
 )
+@click.option(
+    "--demo",
+    is_flag=True,
+    help="On an empty database, create the demo organisation and sandbox key even with a "
+    "config file (without one they are always created).",
+)
 def serve(
-    config_path: str | None, host: str | None, port: int | None, db: str | None, as_json: bool
+    config_path: str | None,
+    host: str | None,
+    port: int | None,
+    db: str | None,
+    as_json: bool,
+    demo: bool,
 ) -> None:
-    """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog.
+    """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog,
+    and on a new database a demo organisation with a sandbox key.
 
     One server per database: a second one on the same database is refused."""
     try:
@@ -146,12 +158,12 @@ def serve(
     except DatabaseLockError as exc:
         fail(str(exc))
     try:
-        _serve(config, as_json)
+        _serve(config, as_json, demo=demo or config.source is None)
     finally:
         lock.release()
 
 
-def _serve(config: Config, as_json: bool) -> None:
+def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
     from gateway.heap import settle_heap
     from gateway.runtime import Runtime
     from gateway.server import bind_sockets, hypercorn_config
@@ -165,6 +177,9 @@ def _serve(config: Config, as_json: bool) -> None:
         runtime = Runtime.open(config)
     except StoreError as exc:
         fail(str(exc))
+    # demo data (an organisation with credits and a key that manages keys) only where it
+    # is asked for: never under an operator's configuration unless `--demo` says so
+    runtime.demo = demo
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
@@ -180,11 +195,23 @@ def _serve(config: Config, as_json: bool) -> None:
                 return
             click.echo(f"svc-gateway listening on {url}")
             click.echo(f"database: {database}")
-            if token:
+            if token and sys.stdout.isatty():
                 click.echo(f"sandbox key (shown once): {token}")
                 click.echo(f"try: curl -H 'Authorization: Bearer {token}' {url}/v1/key")
-            else:
+            elif token:
+                # stdout is a file or a pipe, a log someone else may read: no token there
+                click.echo(
+                    "demo organisation created; its sandbox key is not printed because stdout"
+                    " is not a terminal (`serve --json` prints it): create keys with"
+                    " `svc-gateway key create`"
+                )
+            elif demo:
                 click.echo("existing database: create keys with `svc-gateway key create`")
+            else:
+                click.echo(
+                    "create organisations and keys with `svc-gateway org create`,"
+                    " `svc-gateway key create`"
+                )
             sys.stdout.flush()
 
     trio.run(run)

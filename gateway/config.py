@@ -8,7 +8,7 @@ Environment overrides (all optional): ``SVC_SERVER_HOST``, ``SVC_SERVER_PORT``,
 ``SVC_SERVER_DB``, ``SVC_SERVER_REQUEST_TIMEOUT_S``, ``SVC_SERVER_KEEPALIVE_S``,
 ``SVC_SERVER_SHARDS``, ``SVC_SERVER_PLATFORM_RPM``, ``SVC_SERVER_ROTATION_GRACE_S``,
 ``SVC_SERVER_LOG_FORMAT``, ``SVC_SERVER_LOG_LEVEL``, ``SVC_SERVER_METRICS_TOKEN``,
-``SVC_SERVER_SHUTDOWN_GRACE_S``.
+``SVC_SERVER_SHUTDOWN_GRACE_S``, ``SVC_SERVER_BODY_TIMEOUT_S``, ``SVC_SERVER_MAX_CONNECTIONS``.
 
 Every problem is a :class:`ConfigError` whose message names the offending key; the CLI
 prints it on one line and exits with status 2.
@@ -53,6 +53,12 @@ class ServerConfig:
     #: on SIGTERM/SIGINT, how long calls in progress may take to finish (DESIGN.md)
     shutdown_grace_s: float = 25.0
     max_body_bytes: int = 10 * 1024 * 1024
+    #: a request body must arrive whole within this long (and not trickle: gateway/bodies.py)
+    body_timeout_s: float = 30.0
+    #: request bodies over 64 KiB held in memory at once, all requests together
+    max_buffered_body_bytes: int = 32 * 1024 * 1024
+    #: open client connections; past it the next one waits in the listen backlog
+    max_connections: int = 1000
     public_catalog_rpm: int = 60
     #: an idle kept-alive connection is closed after this long (longer than clients'
     #: own pool expiry, 5 s for httpx and the OpenAI SDK, so they close first)
@@ -196,6 +202,9 @@ def _parse_server(table: dict[str, Any]) -> ServerConfig:
         "rotation_grace_s": int,
         "shutdown_grace_s": (int, float),
         "max_body_bytes": int,
+        "body_timeout_s": (int, float),
+        "max_buffered_body_bytes": int,
+        "max_connections": int,
         "public_catalog_rpm": int,
         "connection_idle_s": (int, float),
         "webhook_retry_s": (int, float),
@@ -224,12 +233,18 @@ def _validate_server(server: ServerConfig) -> None:
         "keepalive_s",
         "shards",
         "max_body_bytes",
+        "body_timeout_s",
+        "max_buffered_body_bytes",
+        "max_connections",
         "public_catalog_rpm",
         "connection_idle_s",
         "webhook_retry_s",
         "webhook_max_attempts",
     ):
         _positive(getattr(server, key), f"server.{key}")
+    if server.max_buffered_body_bytes < server.max_body_bytes:
+        # else a body of the largest size allowed could never be read
+        raise ConfigError("server.max_buffered_body_bytes: must be at least max_body_bytes")
     for key in ("shutdown_grace_s", "rotation_grace_s", "drain_s"):
         if getattr(server, key) < 0:
             raise ConfigError(f"server.{key}: must not be negative")
@@ -392,6 +407,8 @@ _ENV_SERVER: dict[str, type] = {
     "log_level": str,
     "metrics_token": str,
     "shutdown_grace_s": float,
+    "body_timeout_s": float,
+    "max_connections": int,
 }
 
 

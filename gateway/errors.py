@@ -91,6 +91,8 @@ CATALOG: dict[str, ErrorSpec] = {
     "not_found": _spec(404, False, "Not found."),
     # 405
     "method_not_allowed": _spec(405, False, "Method not allowed on this path."),
+    # 408 (a request body that did not arrive in time: [server] body_timeout_s)
+    "request_body_timeout": _spec(408, True, "The request body did not arrive in time."),
     # 409 (idempotency_conflict: retryable when raised for an original still in progress)
     "idempotency_conflict": _spec(409, False, "The Idempotency-Key is in conflict."),
     "provider_credential_missing": _spec(
@@ -131,7 +133,7 @@ def retry_hint(retryable: bool) -> dict[str, str]:
 
 #: the spec's error.type of each status; every other status is an api_error
 ERROR_TYPES = {
-    **dict.fromkeys((400, 405, 413, 422), "invalid_request_error"),
+    **dict.fromkeys((400, 405, 408, 413, 422), "invalid_request_error"),
     401: "authentication_error",
     402: "insufficient_quota",
     403: "permission_error",

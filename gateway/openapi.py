@@ -409,7 +409,7 @@ SCHEMAS: dict[str, Any] = {
 
 _ANY_KEY = ("invalid_api_key", "rate_limited", "admission_unavailable", "internal_error")
 _SCOPED = (*_ANY_KEY, "scope_denied")
-_BODY = ("invalid_request", "request_too_large")
+_BODY = ("invalid_request", "request_too_large", "request_body_timeout")
 _RESOLVE = (
     "model_not_found",
     "model_not_allowed",

@@ -71,7 +71,9 @@ class Runtime:
         self.alerts = Alerts(self.store, self.keyring, self.pool, self.config.server, self.clock)
         self.byok: dict[tuple[str, str], str] = {}
         self.mock = MockProvider.for_models(self.config.models, clock=self.clock.now)
-        self.providers: dict[str, Provider] = build_providers(self.config, self.mock)
+        self.providers: dict[str, Provider] = build_providers(
+            self.config, self.mock, self.provider_secrets
+        )
         #: the root nursery of the server, where stream pumps run (set by serve())
         self.nursery: trio.Nursery | None = None
         self.public_limiter = PublicCatalogLimiter(
@@ -86,6 +88,9 @@ class Runtime:
         )
         self.store.on_commit = self.metrics.store_committed
         self.readiness = Readiness(startup=[self.start_up])
+        #: whether the start-up work makes demo data on an empty database: only under the
+        #: embedded default (no config file) or when ``serve --demo`` asks
+        self.demo = self.config.source is None
         #: the sandbox key made by the start-up work on an empty database (shown once)
         self.demo_token: str | None = None
 
@@ -101,7 +106,8 @@ class Runtime:
         )
 
     async def start_up(self) -> None:
-        """The start-up work: the rebuild from the store, then the demo bootstrap.
+        """The start-up work: the rebuild from the store, then the demo bootstrap (if
+        ``demo``).
 
         On a worker thread, so that the server answers /healthz and /readyz meanwhile.
         Nothing reads or changes this state concurrently: until the phase is READY only
@@ -110,7 +116,7 @@ class Runtime:
 
         def work() -> None:
             self.load()
-            self.demo_token = self.bootstrap_demo()
+            self.demo_token = self.bootstrap_demo() if self.demo else None
 
         await trio.to_thread.run_sync(work)
 
@@ -230,6 +236,12 @@ class Runtime:
         else:
             env = self.config.provider(model.config.provider).api_key_env
         return os.environ.get(env) if env else None
+
+    def provider_secrets(self) -> list[str]:
+        """Every upstream credential this server can send now: the providers' keys and
+        the organisations' BYOK keys (read at each use, as :meth:`provider_key` does)."""
+        names = {p.api_key_env for p in self.config.providers} | set(self.byok.values())
+        return [value for name in names if name and (value := os.environ.get(name))]
 
     async def aclose_providers(self) -> None:
         for provider in self.providers.values():

@@ -1,7 +1,8 @@
 """Serving: one root nursery holds the HTTP server, the store writer and the shards.
 
     root nursery
-      ├─ hypercorn         (nursery.start: bound; only health is served while starting)
+      ├─ hypercorn         (nursery.start: bound; only health is served while starting;
+      │                     at most [server] max_connections open, gateway/connections.py)
       │    start-up work   (gateway.readiness: the rebuild from the store, ...)
       ├─ store writer      (nursery.start)
       ├─ shard pool        (nursery.start)
@@ -32,12 +33,12 @@ from collections.abc import Awaitable, Callable
 import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.config import Sockets
-from hypercorn.trio.run import worker_serve
 from hypercorn.utils import wrap_app
 
 from gateway.app import create_app
 from gateway.asgi_guard import FinalSendGuard
 from gateway.config import Config
+from gateway.connections import connection_cap, serve_http
 from gateway.exchange import ExchangeRecorder
 from gateway.logs import event
 from gateway.readiness import Phase
@@ -141,10 +142,11 @@ async def serve(
                 root.start_soon(_cut_after, runtime, grace)
 
             async def http(*, task_status: trio.TaskStatus[list[str]]) -> None:
-                await worker_serve(
+                await serve_http(
                     app,
                     config,
-                    sockets=sockets,
+                    sockets,
+                    connection_cap(runtime.config),
                     shutdown_trigger=stop_trigger,
                     task_status=task_status,
                 )

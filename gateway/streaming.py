@@ -14,7 +14,8 @@ settle, exactly once, whatever happens:
 - the provider finishes: settle from usage, then send the usage chunk and the end;
 - the provider fails: settle per the table, then an in-band error (or, when nothing
   was sent yet, the handler answers with a plain HTTP error);
-- the deadline passes: settle, then the in-band request_timeout error;
+- the deadline passes: settle, then the in-band request_timeout error (in-band even
+  when nothing was sent yet: the stream then opens with it, status 200);
 - a graceful stop runs out of grace (:mod:`gateway.inflight`): settle, then the in-band
   service_unavailable error;
 - the client goes away: the body cancels the pump's scope at once; the pump settles.
@@ -123,17 +124,20 @@ async def pump(
             failure = GatewayError("service_unavailable", "The stream failed.")
             failed_as = None
         ending = call.ending(usage=usage, failure=failed_as, produced=produced)
+        # the spec: a streamed call's timeout is in-band, even with nothing sent yet (a
+        # deadline shorter than the keep-alive interval): its frames open the stream
+        in_band = sent or (failure is not None and failure.code == "request_timeout")
         await call.finish(
             ending,
             usage=usage,
-            http_status=failure.status if failure and not (sent or answered.is_set()) else 200,
+            http_status=failure.status if failure and not (in_band or answered.is_set()) else 200,
             error_code=failure.code if failure else None,
         )
         if call.client_gone:
             return
         frames = (
             [Frame(error=failure)]
-            if failure and not sent
+            if failure and not in_band
             else [Frame(f) for f in (fmt.error(failure) if failure else fmt.finish(usage_chunk))]
         )
         with trio.move_on_after(FINAL_SEND_S):

@@ -16,6 +16,8 @@ tests never share state::
     [[fault no_usage]]            report no usage
     [[fault chunk_delay=0.2]]     pause between stream chunks
     [[fault usage_on_error]]      an error body that reports usage
+    [[fault status=401 echo=X]]   the error message echoes X (``echo=auth``: the token of
+                                  the Authorization received), as upstreams echo a rejected key
     [[fault drop_at_end]]         stream every chunk and the usage, then cut before [DONE]
     [[fault malformed]]           answer 200 with a body that is not JSON
     [[fault usage_with_finish]]   stream the usage in the finish_reason chunk, not after it
@@ -155,7 +157,13 @@ class FakeUpstream:
         if "reset" in faults:
             return False
         if "status" in faults:
-            error: dict[str, Any] = {"error": {"message": ERROR_TEXT, "type": "x", "code": None}}
+            message = ERROR_TEXT
+            if "echo" in faults:
+                echoed = faults["echo"]
+                if echoed == "auth":
+                    echoed = (self.auth[-1] or "").removeprefix("Bearer ")
+                message = f"Incorrect API key provided: {echoed}. Header was {echoed!r}."
+            error: dict[str, Any] = {"error": {"message": message, "type": "x", "code": None}}
             if "usage_on_error" in faults:
                 error["usage"] = {"prompt_tokens": 5, "completion_tokens": 3}
             await _send(conn, stream, int(faults["status"]), orjson.dumps(error))

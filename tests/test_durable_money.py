@@ -81,7 +81,10 @@ async def kill(server: Server) -> None:
 async def live_key(server: Server, **caps: float) -> str:
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with httpx.AsyncClient(base_url=server.url, headers=admin) as client:
-        org_id = (await client.get("/admin/orgs")).json()["data"][0]["id"]
+        # a config file starts with no demo organisation: the operator makes one
+        org = await client.post("/admin/orgs", json={"name": "acme", "credits_usd": 100})
+        assert org.status_code == 201, org.text
+        org_id = org.json()["id"]
         body = {
             "org_id": org_id,
             "name": "live",

@@ -41,7 +41,7 @@ def lines_of(stderr: str) -> list[dict[str, Any]]:
 def test_json_logs_have_one_request_line_per_request_and_no_secret(tmp_path: Path) -> None:
     config = tmp_path / "gateway.toml"
     config.write_text('[server]\nlog_format = "json"\nlog_level = "info"\n')
-    server = start_server(tmp_path, "--config", str(config))
+    server = start_server(tmp_path, "--config", str(config), "--demo")
     assert server.token is not None
     secrets = [server.token, ADMIN_TOKEN, "svc_test_wrongwrongwrongwrong"]
     contents = [PROMPT, "violet lighthouse"]

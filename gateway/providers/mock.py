@@ -75,9 +75,32 @@ _READ_KEYS = frozenset(
 _TOKEN = re.compile(r"\s*\w+|\s*[^\w\s]|\s+")
 
 
+#: each ASCII character as its class under _TOKEN: w (\w), s (\s) or p (anything else)
+_ASCII_CLASSES = (
+    bytes(
+        ord("w") if re.match(r"\w", chr(c)) else ord("s") if re.match(r"\s", chr(c)) else ord("p")
+        for c in range(128)
+    )
+    + b"p" * 128
+)
+#: below this length the regex is as quick as anything
+_LONG_TEXT = 1024
+
+
 def count_tokens(text: str) -> int:
-    """The mock's token count of ``text``: words and punctuation marks."""
-    return len(_TOKEN.findall(text))
+    """The mock's token count of ``text``: words and punctuation marks.
+
+    The number of ``_TOKEN`` matches: a match per run of word characters, per other
+    non-space character, and one for whitespace that ends the text (whitespace before a
+    word or a mark belongs to it). A long ASCII text is counted so, with C-speed bytes
+    operations: the regex took 0.1 to 1 s on a 10 MB prompt, all of it blocking the
+    event loop.
+    """
+    if len(text) < _LONG_TEXT or not text.isascii():
+        return len(_TOKEN.findall(text))
+    classes = text.encode("ascii").translate(_ASCII_CLASSES)
+    words = classes.count(b"sw") + classes.count(b"pw") + classes.startswith(b"w")
+    return words + classes.count(b"p") + classes.endswith(b"s")
 
 
 def prompt_tokens(body: dict[str, Any]) -> int:

@@ -17,6 +17,10 @@ httpx failures are translated at this boundary into the provider error tree of
     connection lost after output started         ProviderDropped
     no answer (or next chunk) within timeout_s   ProviderTimedOut
 
+The upstream's error text is kept (the client gets it, cleaned, on a refusal) only after
+every credential this server holds has been cut out of it (:func:`redact_secrets`): an
+upstream that echoes a rejected key must not hand it to whoever sent the call.
+
 Deadlines belong to the gateway: it cancels the call (trio cancellation closes the
 connection). httpx's own timeouts are a backstop at the provider's ``timeout_s``; a
 read timeout there ends the call like the gateway's own deadline.
@@ -24,13 +28,14 @@ read timeout there ends the call like the gateway's own deadline.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 import httpx
 import orjson
 
 from gateway.config import ProviderConfig
+from gateway.provider_errors import redact_secrets
 from gateway.providers.base import (
     EmbeddingResult,
     ProviderDropped,
@@ -50,21 +55,21 @@ from gateway.tracing import TraceContext
 REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
 
 
-def _explanation(content: bytes) -> tuple[str, Usage | None]:
-    """The upstream's error message and any usage it reported, from an error body."""
+def _explanation(content: bytes, secrets: Iterable[str]) -> tuple[str, Usage | None]:
+    """The upstream's error message (``secrets`` cut out) and any usage it reported."""
     try:
         body = orjson.loads(content)
     except orjson.JSONDecodeError:
-        return content.decode("utf-8", "replace")[:500], None
+        return redact_secrets(content.decode("utf-8", "replace"), secrets)[:500], None
     if not isinstance(body, dict):
-        return str(body)[:500], None
+        return redact_secrets(str(body), secrets)[:500], None
     error = body.get("error")
     message = error.get("message") if isinstance(error, dict) else error
-    return str(message or body)[:500], Usage.reported(body.get("usage"))
+    return redact_secrets(str(message or body), secrets)[:500], Usage.reported(body.get("usage"))
 
 
-def status_error(status: int, content: bytes) -> ProviderError:
-    message, usage = _explanation(content)
+def status_error(status: int, content: bytes, secrets: Iterable[str]) -> ProviderError:
+    message, usage = _explanation(content, secrets)
     if status in REFUSAL_STATUSES:
         return ProviderRefused(status, message, usage=usage)
     if status == 429:
@@ -73,9 +78,14 @@ def status_error(status: int, content: bytes) -> ProviderError:
 
 
 class OpenAIProvider:
-    def __init__(self, config: ProviderConfig) -> None:
+    def __init__(
+        self, config: ProviderConfig, secrets: Callable[[], Iterable[str]] = tuple
+    ) -> None:
+        """``secrets``: every credential the server holds now (its own keys and the
+        organisations' BYOK keys), cut out of the upstream's error text."""
         assert config.base_url is not None
         self.config = config
+        self.secrets = secrets
         self.base_url = config.base_url.rstrip("/")
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
@@ -93,6 +103,9 @@ class OpenAIProvider:
             headers.update(trace.headers())
         return headers
 
+    def _secrets(self, api_key: str | None) -> list[str]:
+        return [*self.secrets(), *([api_key] if api_key else [])]
+
     async def _post(
         self, path: str, body: dict[str, Any], api_key: str | None, trace: TraceContext | None
     ) -> httpx.Response:
@@ -108,7 +121,7 @@ class OpenAIProvider:
         except httpx.HTTPError as exc:
             raise ProviderUnreachable(type(exc).__name__) from None
         if response.status_code != 200:
-            raise status_error(response.status_code, response.content)
+            raise status_error(response.status_code, response.content, self._secrets(api_key))
         return response
 
     async def complete(self, request: ProviderRequest) -> ProviderResult:
@@ -135,7 +148,11 @@ class OpenAIProvider:
                 headers=self._headers(request.api_key, request.trace),
             ) as response:
                 if response.status_code != 200:
-                    raise status_error(response.status_code, await response.aread())
+                    raise status_error(
+                        response.status_code,
+                        await response.aread(),
+                        self._secrets(request.api_key),
+                    )
                 async for line in response.aiter_lines():
                     chunk = _sse_data(line)
                     if chunk is None or done:
@@ -145,7 +162,8 @@ class OpenAIProvider:
                         done = True
                         continue
                     if isinstance(chunk, dict) and "error" in chunk and not chunk.get("choices"):
-                        message, usage = _explanation(orjson.dumps(chunk))
+                        secrets = self._secrets(request.api_key)
+                        message, usage = _explanation(orjson.dumps(chunk), secrets)
                         raise ProviderDropped(message, usage=usage)
                     produced = True
                     yield chunk
