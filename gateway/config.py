@@ -265,16 +265,8 @@ def _validate_server(server: ServerConfig) -> None:
 
 def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
     where = f"providers[{index}]"
-    allowed = {
-        "name",
-        "kind",
-        "base_url",
-        "api_key_env",
-        "zero_retention",
-        "residency",
-        "timeout_s",
-        "max_connections",
-    }
+    allowed = {"name", "kind", "base_url", "api_key_env", "zero_retention", "residency"}
+    allowed |= {"timeout_s", "max_connections"}
     _check_unknown(table, allowed, where)
     for key in ("name", "kind"):
         if key not in table:
@@ -313,20 +305,9 @@ def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
 
 def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> ModelConfig:
     where = f"models[{index}]"
-    allowed = {
-        "id",
-        "provider",
-        "upstream_id",
-        "kind",
-        "capabilities",
-        "zero_retention_available",
-        "byok_available",
-        "input_usd_per_mtok",
-        "output_usd_per_mtok",
-        "dimensions",
-        "enabled",
-        "aliases",
-    }
+    allowed = {"id", "provider", "upstream_id", "kind", "capabilities", "dimensions", "enabled"}
+    allowed |= {"zero_retention_available", "byok_available", "aliases"}
+    allowed |= {"input_usd_per_mtok", "output_usd_per_mtok"}
     _check_unknown(table, allowed, where)
     for key in ("id", "provider"):
         if key not in table:

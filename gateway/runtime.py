@@ -15,6 +15,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -23,8 +24,6 @@ from gateway.alerts import Alerts
 from gateway.catalog import Catalog, Model, nanos_to_usd, usd_to_nanos
 from gateway.config import Config
 from gateway.errors import GatewayError
-from gateway.idempotency import RETENTION_S as IDEMPOTENCY_RETENTION_S
-from gateway.idempotency import IdempotencyBook
 from gateway.inflight import InFlight
 from gateway.keyring import Keyring
 from gateway.keys import KeyRecord, new_id
@@ -42,6 +41,9 @@ from shards import ShardPool, SystemClock
 from shards.clock import Clock
 
 log = logging.getLogger("gateway.runtime")
+if TYPE_CHECKING:
+    from gateway.idempotency import Claim
+
 DEMO_ORG_NAME = "demo"
 DEMO_CREDITS_USD = 100.0
 
@@ -62,9 +64,11 @@ class Runtime:
         self.keyring = Keyring(self.store, self.pool.key_ref, self.clock.now)
         self.catalog = Catalog(self.config)
         self.orgs: dict[str, Org] = {}
-        self.idempotency = IdempotencyBook()
+        #: calls in progress under an Idempotency-Key, by (key id, Idempotency-Key); see
+        #: :mod:`gateway.idempotency`
+        self.idempotency_claims: dict[tuple[str, str], Claim] = {}
         self.inflight = InFlight()
-        self.alerts = Alerts(self)
+        self.alerts = Alerts(self.store, self.keyring, self.pool, self.config.server, self.clock)
         self.byok: dict[tuple[str, str], str] = {}
         self.mock = MockProvider.for_models(self.config.models, clock=self.clock.now)
         self.providers: dict[str, Provider] = build_providers(
@@ -127,7 +131,7 @@ class Runtime:
         for org in self.orgs.values():
             self._load_org_account(org, balances.get(org.id, {}), billed.get(org.id, 0))
         self.keyring.load(self.store.call(records.all_keys))
-        self.store.call(idempotency_ops.purge, self.clock.now() - IDEMPOTENCY_RETENTION_S)
+        self.store.call(idempotency_ops.purge, self.clock.now() - idempotency_ops.RETENTION_S)
         self.alerts.load()
         for row in self.store.call(records.list_provider_credentials):
             self.byok[(row["org_id"], row["provider"])] = row["api_key_env"]

@@ -73,16 +73,6 @@ class Frame:
     error: GatewayError | None = None
 
 
-def _usage(chunk: dict[str, Any]) -> Usage | None:
-    usage = chunk.get("usage")
-    if not isinstance(usage, dict):
-        return None
-    return Usage(
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-    )
-
-
 async def pump(
     call: Call,
     request: ProviderRequest,
@@ -107,7 +97,8 @@ async def pump(
                     async for chunk in chunks:
                         if chunk.get("usage"):
                             # kept without its choices: those are passed on below, once
-                            usage, usage_chunk = _usage(chunk), {**chunk, "choices": []}
+                            usage = Usage.reported(chunk["usage"])
+                            usage_chunk = {**chunk, "choices": []}
                         if not chunk.get("choices"):
                             continue
                         produced = True

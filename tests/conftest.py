@@ -7,6 +7,11 @@
   minute, the day or the month use ``FakeClock`` instead of sleeping.
 - Every I/O test is bounded: pytest-timeout per test, and ``trio.fail_after`` where a
   wait could hang.
+- Tests wait on events, not on time: a gateway says when it has stopped
+  (:meth:`Gateway.aclose`), the fake upstream when it received a call
+  (:meth:`FakeUpstream.received`). A sleep is left only where time itself is the subject.
+- A gateway holds its database's one-server lock, as ``serve`` does: a restart test must
+  stop the first server before it starts the second.
 - No mocks of our own code: the pieces under test run for real.
 """
 
@@ -22,6 +27,7 @@ import pytest
 import trio
 
 from gateway.config import Config, default_config, load_config
+from gateway.db_lock import DatabaseLock
 from gateway.runtime import Runtime
 from gateway.server import serve
 from shards import FakeClock
@@ -39,6 +45,12 @@ class Gateway:
     runtime: Runtime
     token: str
     stop: trio.Event
+    stopped: trio.Event
+
+    async def aclose(self) -> None:
+        """Stop the server and return once it has stopped (and released its lock)."""
+        self.stop.set()
+        await self.stopped.wait()
 
     @property
     def org_id(self) -> str:
@@ -68,13 +80,26 @@ def make_config(tmp_path: Path, **server: Any) -> Config:
 async def start_gateway(
     nursery: trio.Nursery, config: Config, clock: Clock | None = None
 ) -> Gateway:
-    runtime = Runtime.open(config, clock=clock)
+    lock = DatabaseLock(config.server.db)
+    lock.acquire()  # one server per database, as `serve` has it
+    try:
+        runtime = Runtime.open(config, clock=clock)
+    except BaseException:
+        lock.release()
+        raise
     runtime.admin_token = ADMIN_TOKEN
-    stop = trio.Event()
-    binds = await nursery.start(
-        lambda task_status: serve(runtime, shutdown_trigger=stop.wait, task_status=task_status)
-    )
-    return Gateway(url=binds[0], runtime=runtime, token=runtime.demo_token or "", stop=stop)
+    stop, stopped = trio.Event(), trio.Event()
+
+    async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
+        try:
+            await serve(runtime, shutdown_trigger=stop.wait, task_status=task_status)
+        finally:
+            lock.release()
+            stopped.set()
+
+    binds = await nursery.start(run)
+    token = runtime.demo_token or ""
+    return Gateway(url=binds[0], runtime=runtime, token=token, stop=stop, stopped=stopped)
 
 
 @pytest.fixture

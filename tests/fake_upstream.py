@@ -23,6 +23,7 @@ tests never share state::
     [[fault usage_with_finish]]   stream the usage in the finish_reason chunk, not after it
     [[fault usage_with_content]]  the last word, finish_reason and usage in one chunk
     [[fault hold]]                hold the call open (before answering) until ``release``
+    [[fault lockstep]]            stream: after each word, wait until the test ``ack()``s it
 
 ``calls`` counts requests received, ``served`` the answers sent in full, ``open`` the
 calls in progress; ``bodies``, ``auth`` and ``headers`` keep what came in.
@@ -76,6 +77,21 @@ class FakeUpstream:
     #: held calls ([[fault hold]]) answer once this is set
     release: trio.Event = field(default_factory=trio.Event)
     _changed: trio.Event = field(default_factory=trio.Event)
+    #: lockstep streams: words sent so far, and words the client said it received
+    words_sent: int = 0
+    acks: int = 0
+    _acked: trio.Event = field(default_factory=trio.Event)
+
+    async def received(self, count: int) -> None:
+        """Return once ``count`` requests in all have come in (counted, not answered)."""
+        await self.wait_until(lambda: self.calls >= count)
+
+    def ack(self) -> int:
+        """(lockstep) The client received one more word; how many had been sent then."""
+        self.acks += 1
+        self._acked.set()
+        self._acked = trio.Event()
+        return self.words_sent
 
     def _notify(self) -> None:
         self._changed.set()
@@ -186,9 +202,12 @@ class FakeUpstream:
             if "stall_after" in faults and index >= int(faults["stall_after"]):
                 await trio.sleep_forever()
             choice = {"index": 0, "delta": delta, "finish_reason": None}
+            self.words_sent = index
             await _event(
                 conn, stream, _completion(body, None, None, "chat.completion.chunk", choice)
             )
+            while "lockstep" in faults and self.acks < index:
+                await self._acked.wait()
             if delay:
                 await trio.sleep(delay)
         final = {"index": 0, "delta": {}, "finish_reason": "stop"}

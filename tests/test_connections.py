@@ -113,7 +113,10 @@ async def test_a_body_that_never_finishes_holds_no_in_flight_slot(
         'Content-Type: application/json\r\nContent-Length: 60\r\n\r\n{"mod'
     )
     await stalled.send_all(head.encode())
-    await trio.sleep(0.3)  # the server has the headers and part of the body
+    # time for the server to have the headers and part of the body; nothing signals it,
+    # and a server that has not read them yet holds no slot either (the test cannot
+    # fail falsely, only pass weakly)
+    await trio.sleep(0.3)
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
     if path.endswith("embeddings"):
         body = {"model": "text-embedding-3-small", "input": "hi"}

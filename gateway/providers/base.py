@@ -45,6 +45,19 @@ class Usage:
         if not self.total_tokens:
             object.__setattr__(self, "total_tokens", self.prompt_tokens + self.completion_tokens)
 
+    @classmethod
+    def reported(cls, data: Any) -> Usage | None:
+        """The usage an OpenAI-shaped ``usage`` object reports; None when it is not one."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls(
+                prompt_tokens=int(data.get("prompt_tokens") or 0),
+                completion_tokens=int(data.get("completion_tokens") or 0),
+            )
+        except (TypeError, ValueError):
+            return None
+
     def as_dict(self) -> dict[str, int]:
         """OpenAI's ``usage`` object of a chat completion."""
         return {

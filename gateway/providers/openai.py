@@ -55,18 +55,6 @@ from gateway.tracing import TraceContext
 REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
 
 
-def _usage(data: Any) -> Usage | None:
-    if not isinstance(data, dict):
-        return None
-    try:
-        return Usage(
-            prompt_tokens=int(data.get("prompt_tokens") or 0),
-            completion_tokens=int(data.get("completion_tokens") or 0),
-        )
-    except (TypeError, ValueError):
-        return None
-
-
 def _explanation(content: bytes, secrets: Iterable[str]) -> tuple[str, Usage | None]:
     """The upstream's error message (``secrets`` cut out) and any usage it reported."""
     try:
@@ -77,7 +65,7 @@ def _explanation(content: bytes, secrets: Iterable[str]) -> tuple[str, Usage | N
         return redact_secrets(str(body), secrets)[:500], None
     error = body.get("error")
     message = error.get("message") if isinstance(error, dict) else error
-    return redact_secrets(str(message or body), secrets)[:500], _usage(body.get("usage"))
+    return redact_secrets(str(message or body), secrets)[:500], Usage.reported(body.get("usage"))
 
 
 def status_error(status: int, content: bytes, secrets: Iterable[str]) -> ProviderError:
@@ -146,7 +134,7 @@ class OpenAIProvider:
             raise ProviderMalformed("the upstream answered with invalid JSON") from None
         if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
             raise ProviderMalformed("the upstream answer is not a chat completion")
-        return ProviderResult(completion=completion, usage=_usage(completion.get("usage")))
+        return ProviderResult(completion=completion, usage=Usage.reported(completion.get("usage")))
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
         body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
@@ -216,7 +204,7 @@ class OpenAIProvider:
             vectors = [[float(x) for x in row["embedding"]] for row in rows]
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
             raise ProviderMalformed("the upstream embeddings answer is malformed") from None
-        usage = _usage(data.get("usage")) or Usage(prompt_tokens=0)
+        usage = Usage.reported(data.get("usage")) or Usage(prompt_tokens=0)
         return EmbeddingResult(vectors=vectors, usage=usage)
 
     def ignored_parameters(self, body: dict[str, Any]) -> list[str]:

@@ -16,10 +16,6 @@ def create_org(conn: sqlite3.Connection, org: dict[str, Any]) -> dict[str, Any]:
     return org
 
 
-def get_org(conn: sqlite3.Connection, org_id: str) -> dict[str, Any] | None:
-    return sq.select_one(conn, "orgs", "WHERE id = ?", (org_id,))
-
-
 def list_orgs(conn: sqlite3.Connection) -> list[dict[str, Any]]:
     return sq.select(conn, "orgs", "ORDER BY created_at")
 

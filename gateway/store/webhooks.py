@@ -43,6 +43,14 @@ def due_events(conn: sqlite3.Connection, now: float, limit: int) -> list[dict[st
     )
 
 
+def undelivered_count(conn: sqlite3.Connection) -> int:
+    """Events neither delivered nor given up: due now, or waiting for a retry."""
+    row = conn.execute(
+        "SELECT COUNT(*) FROM webhook_events WHERE delivered_at IS NULL AND given_up = 0"
+    ).fetchone()
+    return int(row[0])
+
+
 def mark_delivered(conn: sqlite3.Connection, event_id: str, at: float) -> None:
     conn.execute("UPDATE webhook_events SET delivered_at = ? WHERE id = ?", (at, event_id))
 
