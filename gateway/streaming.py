@@ -126,18 +126,18 @@ async def pump(
         ending = call.ending(usage=usage, failure=failed_as, produced=produced)
         # the spec: a streamed call's timeout is in-band, even with nothing sent yet (a
         # deadline shorter than the keep-alive interval): its frames open the stream
-        in_band = sent or (failure is not None and failure.code == "request_timeout")
+        in_stream = sent or (failure is not None and failure.code == "request_timeout")
         await call.finish(
             ending,
             usage=usage,
-            http_status=failure.status if failure and not (in_band or answered.is_set()) else 200,
+            http_status=failure.status if failure and not (in_stream or answered.is_set()) else 200,
             error_code=failure.code if failure else None,
         )
         if call.client_gone:
             return
         frames = (
             [Frame(error=failure)]
-            if failure and not in_band
+            if failure and not in_stream
             else [Frame(f) for f in (fmt.error(failure) if failure else fmt.finish(usage_chunk))]
         )
         with trio.move_on_after(FINAL_SEND_S):
