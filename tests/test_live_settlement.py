@@ -384,11 +384,12 @@ async def test_openai_client_receives_chunks_as_they_are_sent(
     gw, token = live
 
     def stream() -> list[int]:
-        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token)
         sent_at_arrival = []
-        for chunk in client.chat.completions.create(**body_for("[[fault lockstep]]", stream=True)):
-            if chunk.choices and chunk.choices[0].delta.content:
-                sent_at_arrival.append(trio.from_thread.run_sync(upstream.ack))
+        with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token) as client:
+            body = body_for("[[fault lockstep]]", stream=True)
+            for chunk in client.chat.completions.create(**body):
+                if chunk.choices and chunk.choices[0].delta.content:
+                    sent_at_arrival.append(trio.from_thread.run_sync(upstream.ack))
         return sent_at_arrival
 
     with trio.fail_after(20):
