@@ -2,23 +2,41 @@
 
 Run it from a clone, no install needed::
 
-    python bench/live_upstream.py            # prints a table, updates bench/RESULTS.md
-    python bench/live_upstream.py --no-write # prints only
-    python bench/live_upstream.py --metrics-cost   # CPU per call, metrics on vs off
+    python bench/live_upstream.py                 # prints a table, updates bench/RESULTS.md
+    python bench/live_upstream.py --no-write      # prints only
+    python bench/live_upstream.py --against REV   # this tree against REV, alternating
+    python bench/live_upstream.py --metrics-cost  # CPU per call, metrics on vs off
 
 Three processes on 127.0.0.1: the fake OpenAI-compatible upstream of the tests
 (``tests/fake_upstream.py``, trio + h11, answers at once), a ``svc-gateway serve``
-configured with that upstream as an ``openai`` provider, and this client (httpx). A live
-key of an organisation with credits calls the gateway; the same bodies go straight to the
-upstream for the "direct" column. Figures per call, one at a time: the whole answer of a
-non-streamed call, and the first chunk of a streamed one (median and p99); then calls per
-second with 16 at once. Each figure is the best of 3 rounds. Bounded: about 40 s on 2
-cores, and a hard stop at 90 s.
+configured with that upstream as an ``openai`` provider, and this client (httpx). On a
+machine of two cores or more the gateway is pinned to the first core and this client and
+the upstream to the others, so that the gateway's own cost is what limits it.
+
+One round measures, with a live key of an organisation with credits:
+
+- one caller: non-streamed calls through the gateway and the same body straight to the
+  upstream, taking turns (the added latency is the gateway's median or p99 minus the
+  upstream's), and the first chunk of short streams;
+- 16 callers, non-streamed calls: calls/s, and the gateway process's CPU time (user +
+  system, all threads, from ``/proc/<pid>/stat``) per call;
+- 16 callers, short streams (16 words): streamed calls/s;
+- 16 callers, long streams (200 chunks from the upstream): the gateway's CPU time per
+  chunk relayed (CPU over the phase ÷ ``data:`` chunks the clients received).
+
+Then, once: the gateway's RSS with N streams open at once (each stalled by the upstream
+after its first chunk, ``--open-streams``).
+
+``--against REV`` builds REV in a venv of its own (``git archive`` of REV, ``pip install``
+with pip's cache; kept under the temp dir by commit and reused), runs both gateways on
+the same upstream and gives them the rounds in turn (which goes first alternates), so a
+burst of the machine's other load meets both sides of a pair; the ratios (this tree ÷
+REV) are the medians of the per-pair ratios. Bounded: about 60 s.
 
 ``--metrics-cost`` runs two gateways on the same upstream, one with ``[server] metrics =
 false``, and sends them the same short rounds in turn (non-streamed calls and streams),
-reading each server process's CPU time (``/proc/<pid>/stat``) around each round: the CPU
-per call with the counting on and off, and their ratio per pair of adjacent rounds.
+reading each server process's CPU time around each round: the CPU per call with the
+counting on and off, and their ratio per pair of adjacent rounds.
 """
 
 from __future__ import annotations
@@ -26,6 +44,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -45,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.streaming import (  # noqa: E402
     ADMIN_TOKEN,
+    Server,
     machine,
     percentile,
     start_server,
@@ -52,55 +72,117 @@ from bench.streaming import (  # noqa: E402
 )
 
 SECTION = "## Live calls (HTTP upstream)"
+AGAINST_SECTION = "## Hot path against the base revision (alternating)"
 METRICS_SECTION = "## Metrics cost (CPU per call, on vs off)"
 COST_PAIRS = 10
 COST_CALLS = 300
 COST_STREAMS = 60
 UPSTREAM_KEY = "sk-bench-upstream"
+#: words per long stream: the upstream sends one chunk per word
+CHUNKS = 200
 BODY = {
     "model": "live-chat",
     "messages": [{"role": "user", "content": "Tell me about gateways."}],
-    "max_tokens": 64,
+    "max_tokens": 16,
 }
-SEQUENTIAL_CALLS = 300
+SHORT_STREAM = {**BODY, "stream": True}
+LONG_STREAM = {**BODY, "max_tokens": CHUNKS, "stream": True}
+#: held open by the upstream after its first chunk, until the client leaves
+STALLED_STREAM = {
+    **SHORT_STREAM,
+    "messages": [{"role": "user", "content": "Stay open. [[fault stall_after=1]]"}],
+}
 CONCURRENCY = 16
-CONCURRENT_CALLS_EACH = 25
-REPEATS = 3
+OPEN_STREAMS = 1000
+PAIRS = 4
 HARD_LIMIT_S = 90.0
-UPSTREAM_SCRIPT = """
+UPSTREAM_SCRIPT = f"""
 import sys, trio
 from tests.fake_upstream import FakeUpstream
 
 async def main():
     async with trio.open_nursery() as nursery:
-        upstream = await nursery.start(FakeUpstream().serve)
+        upstream = await nursery.start(FakeUpstream(max_words={CHUNKS}).serve)
         print(upstream.url, flush=True)
 
 trio.run(main)
 """
 
 
+@dataclass(frozen=True)
+class Sizes:
+    """How much one round measures: the full table, or a short round (``--short``,
+    ``--against``) for alternating comparisons on a busy machine."""
+
+    sequential: int = 300
+    calls_each: int = 25
+    short_streams_each: int = 10
+    long_streams_each: int = 2
+    rounds: int = 3
+
+
+SHORT = Sizes(sequential=150, calls_each=15, short_streams_each=6, long_streams_each=2, rounds=1)
+#: one side's round of ``--against``: a few seconds, so that pairs stay close in time
+PAIRED = Sizes(sequential=60, calls_each=8, short_streams_each=3, long_streams_each=1, rounds=1)
+
+
 @dataclass
 class Figures:
+    """One round's figures; every one is a median of the round's calls or a rate."""
+
     whole_median_ms: float
     whole_p99_ms: float
+    direct_median_ms: float
+    direct_p99_ms: float
     ttfc_median_ms: float
     ttfc_p99_ms: float
+    #: 16 callers, non-streamed: calls/s and the gateway's CPU time per call
     calls_per_s: float
-    #: CPU time (user + system) of the serving process per call, 16 at once
     cpu_ms_per_call: float
+    #: 16 callers, short streams
+    streams_per_s: float
+    #: 16 callers, long streams: the gateway's CPU time per chunk relayed
+    cpu_us_per_chunk: float
+    chunks_per_stream: float
+
+    @property
+    def added_median_ms(self) -> float:
+        return self.whole_median_ms - self.direct_median_ms
+
+    @property
+    def added_p99_ms(self) -> float:
+        return self.whole_p99_ms - self.direct_p99_ms
+
+
+@dataclass
+class Target:
+    """A gateway under test: its process, and a live key on it."""
+
+    name: str
+    server: Server
+    token: str
+
+    @property
+    def url(self) -> str:
+        return f"{self.server.url}/v1"
+
+    @property
+    def pid(self) -> int:
+        return self.server.proc.pid
 
 
 def config_toml(upstream_url: str, metrics: bool = True) -> str:
     return f"""
 [server]
 metrics = {str(metrics).lower()}
+max_connections = {OPEN_STREAMS + 100}
 
 [[providers]]
 name = "upstream"
 kind = "openai"
 base_url = "{upstream_url}"
 api_key_env = "BENCH_UPSTREAM_KEY"
+max_connections = {OPEN_STREAMS + 100}
 
 [[models]]
 id = "live-chat"
@@ -110,6 +192,16 @@ kind = "chat"
 input_usd_per_mtok = 0.15
 output_usd_per_mtok = 0.60
 """
+
+
+def pin_cores() -> set[int] | None:
+    """The gateway's core; this process (and the upstream it starts) moves to the others.
+    None on a machine of one core."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < 2:
+        return None
+    os.sched_setaffinity(0, set(cores[1:]))
+    return {cores[0]}
 
 
 def start_upstream() -> tuple[subprocess.Popen[str], str]:
@@ -129,21 +221,73 @@ def start_upstream() -> tuple[subprocess.Popen[str], str]:
     return proc, url
 
 
+def build_revision(rev: str) -> tuple[Path, str]:
+    """REV's source tree and a Python with its dependencies: built once per commit
+    (``git archive``, a venv, ``pip install`` through pip's cache), then reused."""
+    sha = subprocess.run(
+        ["git", "rev-parse", "--verify", f"{rev}^{{commit}}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    home = Path(tempfile.gettempdir()) / f"svc-bench-rev-{sha[:12]}"
+    tree, venv = home / "tree", home / "venv"
+    python = str(venv / "bin" / "python")
+    if (home / "ready").exists():
+        return tree, python
+    shutil.rmtree(home, ignore_errors=True)
+    tree.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", sha], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(tree)],
+        check=True,
+    )
+    (home / "ready").touch()
+    return tree, python
+
+
 async def live_key(url: str) -> str:
     """A live key of a new organisation with ample credits and no reachable limit."""
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with httpx.AsyncClient(base_url=url, headers=admin) as client:
-        org = await client.post("/admin/orgs", json={"name": "bench", "credits_usd": 1000})
+        org = await client.post("/admin/orgs", json={"name": "bench", "credits_usd": 100_000})
         org.raise_for_status()
         body = {
             "org_id": org.json()["id"],
             "name": "bench",
             "mode": "live",
-            "caps": {"rpm": 10_000_000, "max_in_flight": 1000},
+            "caps": {"rpm": 10_000_000, "max_in_flight": 2 * OPEN_STREAMS},
         }
         response = await client.post("/admin/keys", json=body)
         response.raise_for_status()
         return response.json()["token"]
+
+
+async def start_target(
+    name: str,
+    workdir: Path,
+    upstream_url: str,
+    cpus: set[int] | None,
+    tree: Path = ROOT,
+    python: str = sys.executable,
+) -> Target:
+    workdir.mkdir()
+    config = workdir / "gateway.toml"
+    config.write_text(config_toml(upstream_url))
+    server = await trio.to_thread.run_sync(
+        lambda: start_server(
+            workdir,
+            ("--config", str(config)),
+            {"BENCH_UPSTREAM_KEY": UPSTREAM_KEY},
+            tree=tree,
+            python=python,
+            cpus=cpus,
+        )
+    )
+    return Target(name, server, await live_key(server.url))
 
 
 async def whole(client: httpx.AsyncClient, payload: bytes) -> float:
@@ -166,107 +310,193 @@ async def first_chunk(client: httpx.AsyncClient, payload: bytes) -> float:
     return first
 
 
-@dataclass(frozen=True)
-class Sizes:
-    """How much one run measures: the full table, or a short run (``--short``) for
-    alternating before/after comparisons on a busy machine."""
+async def chunks_of(client: httpx.AsyncClient, payload: bytes) -> int:
+    """Stream one call to its end; the chunks received (``data:`` lines but [DONE])."""
+    chunks = 0
+    async with client.stream("POST", "/chat/completions", content=payload) as response:
+        if response.status_code != 200:
+            raise SystemExit(f"HTTP {response.status_code}")
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                chunks += 1
+    return chunks
 
-    sequential: int = SEQUENTIAL_CALLS
-    concurrent_each: int = CONCURRENT_CALLS_EACH
-    repeats: int = REPEATS
+
+async def at_once(
+    work: Callable[[], Awaitable[float | int]], each: int, pid: int
+) -> tuple[float, float, float]:
+    """``work`` ``each`` times in each of 16 callers: (seconds, CPU seconds of ``pid``,
+    the sum of what the calls returned)."""
+    results: list[float | int] = []
+
+    async def caller() -> None:
+        for _ in range(each):
+            results.append(await work())
+
+    start, cpu_start = time.perf_counter(), cpu_seconds(pid)
+    async with trio.open_nursery() as nursery:
+        for _ in range(CONCURRENCY):
+            nursery.start_soon(caller)
+    return time.perf_counter() - start, cpu_seconds(pid) - cpu_start, float(sum(results))
 
 
-SHORT = Sizes(sequential=100, concurrent_each=15, repeats=1)
-
-
-async def one_round(base_url: str, token: str, pid: int, sizes: Sizes) -> Figures:
-    """One round of every figure; ``pid`` is the process that serves ``base_url``."""
-    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+async def one_round(target: Target, upstream_url: str, sizes: Sizes) -> Figures:
+    """Every figure of one round against ``target``."""
+    headers = {"Authorization": f"Bearer {target.token}", "Content-Type": "application/json"}
+    upstream_headers = {**headers, "Authorization": f"Bearer {UPSTREAM_KEY}"}
     limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
-    plain = orjson.dumps(BODY)
-    streamed = orjson.dumps({**BODY, "stream": True})
-    async with httpx.AsyncClient(
-        base_url=base_url, headers=headers, timeout=30.0, limits=limits
-    ) as client:
+    plain, short, long = (orjson.dumps(b) for b in (BODY, SHORT_STREAM, LONG_STREAM))
+    async with (
+        httpx.AsyncClient(
+            base_url=target.url, headers=headers, timeout=30.0, limits=limits
+        ) as client,
+        httpx.AsyncClient(base_url=upstream_url, headers=upstream_headers) as direct,
+    ):
         for _ in range(10):
             await whole(client, plain)
-        wholes = [await whole(client, plain) for _ in range(sizes.sequential)]
-        firsts = [await first_chunk(client, streamed) for _ in range(sizes.sequential)]
-        start, cpu_start = time.perf_counter(), cpu_seconds(pid)
-
-        async def worker() -> None:
-            for _ in range(sizes.concurrent_each):
-                await whole(client, plain)
-
-        async with trio.open_nursery() as nursery:
-            for _ in range(CONCURRENCY):
-                nursery.start_soon(worker)
-        calls = CONCURRENCY * sizes.concurrent_each
-        rate = calls / (time.perf_counter() - start)
-        cpu_ms = (cpu_seconds(pid) - cpu_start) * 1000 / calls
+            await whole(direct, plain)
+        wholes, directs = [], []
+        for _ in range(sizes.sequential):
+            directs.append(await whole(direct, plain))
+            wholes.append(await whole(client, plain))
+        firsts = [await first_chunk(client, short) for _ in range(sizes.sequential // 2)]
+        seconds, cpu, _ = await at_once(lambda: whole(client, plain), sizes.calls_each, target.pid)
+        calls = CONCURRENCY * sizes.calls_each
+        calls_per_s, cpu_ms_per_call = calls / seconds, cpu * 1000 / calls
+        seconds, _, _ = await at_once(
+            lambda: chunks_of(client, short), sizes.short_streams_each, target.pid
+        )
+        streams_per_s = CONCURRENCY * sizes.short_streams_each / seconds
+        _, cpu, chunks = await at_once(
+            lambda: chunks_of(client, long), sizes.long_streams_each, target.pid
+        )
     return Figures(
         whole_median_ms=statistics.median(wholes),
         whole_p99_ms=percentile(wholes, 0.99),
+        direct_median_ms=statistics.median(directs),
+        direct_p99_ms=percentile(directs, 0.99),
         ttfc_median_ms=statistics.median(firsts),
         ttfc_p99_ms=percentile(firsts, 0.99),
-        calls_per_s=rate,
-        cpu_ms_per_call=cpu_ms,
+        calls_per_s=calls_per_s,
+        cpu_ms_per_call=cpu_ms_per_call,
+        streams_per_s=streams_per_s,
+        cpu_us_per_chunk=cpu * 1e6 / chunks,
+        chunks_per_stream=chunks / (CONCURRENCY * sizes.long_streams_each),
     )
 
 
-def best(rounds: list[Figures]) -> Figures:
-    return Figures(
-        whole_median_ms=min(r.whole_median_ms for r in rounds),
-        whole_p99_ms=min(r.whole_p99_ms for r in rounds),
-        ttfc_median_ms=min(r.ttfc_median_ms for r in rounds),
-        ttfc_p99_ms=min(r.ttfc_p99_ms for r in rounds),
-        calls_per_s=max(r.calls_per_s for r in rounds),
-        cpu_ms_per_call=min(r.cpu_ms_per_call for r in rounds),
-    )
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
 
 
-async def rounds_of(
-    work: Callable[[], Awaitable[Figures]], deadline: float, repeats: int
-) -> Figures:
-    results = []
-    for _ in range(repeats):
-        with trio.fail_at(deadline):
-            results.append(await work())
-    return best(results)
+async def rss_with_open_streams(target: Target, count: int) -> tuple[float, float]:
+    """The gateway's RSS (MiB) before, and with ``count`` streams open at once (each has
+    its first chunk; the upstream holds it open). Raw sockets: this side stays light."""
+    host, port = target.server.url.removeprefix("http://").split(":")
+    body = orjson.dumps(STALLED_STREAM)
+    request = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\n"
+        f"Authorization: Bearer {target.token}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    opened: list[trio.SocketStream] = []
+    limiter = trio.CapacityLimiter(64)
+
+    async def open_one() -> None:
+        async with limiter:
+            sock = await trio.open_tcp_stream(host, int(port))
+            opened.append(sock)
+            await sock.send_all(request)
+            received = b""
+            while b"\ndata: " not in received:
+                data = await sock.receive_some(65536)
+                if not data:
+                    raise SystemExit(f"a stream closed before its first chunk: {received!r}")
+                received += data
+
+    before = rss_mib(target.pid)
+    try:
+        async with trio.open_nursery() as nursery:
+            for _ in range(count):
+                nursery.start_soon(open_one)
+        return before, rss_mib(target.pid)
+    finally:
+        for sock in opened:
+            await sock.aclose()
 
 
-async def measure(sizes: Sizes) -> tuple[Figures, Figures]:
+async def measure(sizes: Sizes, open_streams: int) -> tuple[list[Figures], tuple[float, float]]:
     deadline = trio.current_time() + HARD_LIMIT_S
+    cpus = pin_cores()
     upstream, upstream_url = await trio.to_thread.run_sync(start_upstream)
     try:
         with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
-            config = Path(tmp) / "gateway.toml"
-            config.write_text(config_toml(upstream_url))
-            server = await trio.to_thread.run_sync(
-                lambda: start_server(
-                    Path(tmp),
-                    ("--config", str(config)),
-                    {"BENCH_UPSTREAM_KEY": UPSTREAM_KEY},
-                )
-            )
+            target = await start_target("this", Path(tmp) / "this", upstream_url, cpus)
             try:
-                token = await live_key(server.url)
-                gateway = await rounds_of(
-                    lambda: one_round(f"{server.url}/v1", token, server.proc.pid, sizes),
-                    deadline,
-                    sizes.repeats,
-                )
-                direct = await rounds_of(
-                    lambda: one_round(upstream_url, UPSTREAM_KEY, upstream.pid, sizes),
-                    deadline,
-                    sizes.repeats,
-                )
+                rounds = []
+                for _ in range(sizes.rounds):
+                    with trio.fail_at(deadline):
+                        rounds.append(await one_round(target, upstream_url, sizes))
+                with trio.fail_at(deadline):
+                    rss = await rss_with_open_streams(target, open_streams)
             finally:
-                await trio.to_thread.run_sync(server.stop)
+                await trio.to_thread.run_sync(target.server.stop)
     finally:
         upstream.kill()
         upstream.wait(timeout=5)
-    return gateway, direct
+    return rounds, rss
+
+
+@dataclass
+class Against:
+    """``--against``: the pairs of rounds (base, this) and each side's RSS figures."""
+
+    rev: str
+    pairs: list[tuple[Figures, Figures]]
+    rss: dict[str, tuple[float, float]]
+
+
+async def measure_against(rev: str, sizes: Sizes, pairs: int, open_streams: int) -> Against:
+    tree, python = await trio.to_thread.run_sync(build_revision, rev)
+    start = trio.current_time()
+    deadline = start + HARD_LIMIT_S
+    cpus = pin_cores()
+    upstream, upstream_url = await trio.to_thread.run_sync(start_upstream)
+    targets: list[Target] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
+            base = await start_target("base", Path(tmp) / "base", upstream_url, cpus, tree, python)
+            targets.append(base)
+            this = await start_target("this", Path(tmp) / "this", upstream_url, cpus)
+            targets.append(this)
+            results = []
+            for index in range(pairs):
+                with trio.fail_at(deadline):
+                    order = (base, this) if index % 2 == 0 else (this, base)
+                    figures = {t.name: await one_round(t, upstream_url, sizes) for t in order}
+                print(
+                    f"pair {index + 1} done at {trio.current_time() - start:.1f} s", file=sys.stderr
+                )
+                results.append((figures["base"], figures["this"]))
+            rss = {}
+            for target in (base, this):
+                with trio.fail_at(deadline):
+                    started = time.perf_counter()
+                    rss[target.name] = await rss_with_open_streams(target, open_streams)
+                print(
+                    f"{target.name}: {open_streams} streams opened in "
+                    f"{time.perf_counter() - started:.1f} s",
+                    file=sys.stderr,
+                )
+            return Against(rev, results, rss)
+    finally:
+        for target in targets:
+            await trio.to_thread.run_sync(target.server.stop)
+        upstream.kill()
+        upstream.wait(timeout=5)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -361,52 +591,100 @@ def cost_report(
     )
 
 
-def report(
-    gateway: Figures, direct: Figures, runtime_s: float, load: tuple[float, float], sizes: Sizes
-) -> str:
-    rows = [
-        ("whole answer, median (ms)", gateway.whole_median_ms, direct.whole_median_ms),
-        ("whole answer, p99 (ms)", gateway.whole_p99_ms, direct.whole_p99_ms),
-        ("first chunk of a stream, median (ms)", gateway.ttfc_median_ms, direct.ttfc_median_ms),
-        ("first chunk of a stream, p99 (ms)", gateway.ttfc_p99_ms, direct.ttfc_p99_ms),
-    ]
-    table = [
-        "| measure | through the gateway | direct upstream | ratio |",
-        "|---|---|---|---|",
-        *(f"| {name} | {g:.2f} | {d:.2f} | {g / d:.1f}× |" for name, g, d in rows),
-        f"| calls/s, {CONCURRENCY} at once (not streamed) | {gateway.calls_per_s:,.0f} | "
-        f"{direct.calls_per_s:,.0f} | {direct.calls_per_s / gateway.calls_per_s:.1f}× |",
-        f"| CPU per call, {CONCURRENCY} at once (ms, serving process) | "
-        f"{gateway.cpu_ms_per_call:.2f} | {direct.cpu_ms_per_call:.2f} | "
-        f"{gateway.cpu_ms_per_call / direct.cpu_ms_per_call:.1f}× |",
-    ]
+#: (label, figure, target ratio this ÷ base, whether lower is better)
+ROWS: list[tuple[str, Callable[[Figures], float], str, bool]] = [
+    ("CPU per non-streamed call, 16 callers (ms)", lambda f: f.cpu_ms_per_call, "≤ 0.50", True),
+    (f"CPU per chunk, {CHUNKS}-chunk streams (µs)", lambda f: f.cpu_us_per_chunk, "≤ 0.35", True),
+    ("added latency p50, one caller (ms)", lambda f: f.added_median_ms, "≤ 0.40", True),
+    ("added latency p99, one caller (ms)", lambda f: f.added_p99_ms, "≤ 0.50", True),
+    ("whole answer p50, one caller (ms)", lambda f: f.whole_median_ms, "", True),
+    ("whole answer p99, one caller (ms)", lambda f: f.whole_p99_ms, "", True),
+    ("direct upstream p50, one caller (ms)", lambda f: f.direct_median_ms, "", True),
+    ("first chunk p50, one caller (ms)", lambda f: f.ttfc_median_ms, "", True),
+    ("first chunk p99, one caller (ms)", lambda f: f.ttfc_p99_ms, "", True),
+    ("calls/s, 16 callers, not streamed", lambda f: f.calls_per_s, "≥ 2", False),
+    ("calls/s, 16 callers, streamed (16 words)", lambda f: f.streams_per_s, "≥ 2", False),
+]
+
+
+def context_line(runtime_s: float, load: tuple[float, float], command: str) -> str:
     now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    added = gateway.whole_median_ms - direct.whole_median_ms
+    return (
+        f"Machine: {machine()}. Date: {now}. Load average (1 min) before / after: "
+        f"{load[0]:.2f} / {load[1]:.2f}. Benchmark runtime: {runtime_s:.0f} s. "
+        f"Command: `{command}`."
+    )
+
+
+def report(
+    rounds: list[Figures],
+    rss: tuple[float, float],
+    open_streams: int,
+    runtime_s: float,
+    load: tuple[float, float],
+    command: str,
+) -> str:
+    table = ["| measure | median of rounds | range |", "|---|---|---|"]
+    for label, figure, _, _ in ROWS:
+        values = [figure(r) for r in rounds]
+        table.append(
+            f"| {label} | {statistics.median(values):.2f} | {min(values):.2f}–{max(values):.2f} |"
+        )
+    chunks = statistics.median(r.chunks_per_stream for r in rounds)
+    table.append(
+        f"| RSS idle / with {open_streams:,} open streams (MiB) | {rss[0]:.0f} / {rss[1]:.0f} | |"
+    )
     return "\n".join(
         [
             SECTION,
             "",
             *table,
             "",
-            f"Machine: {machine()}. Date: {now}. Load average (1 min) before / after: "
-            f"{load[0]:.2f} / {load[1]:.2f}. Benchmark runtime: {runtime_s:.0f} s. "
-            "Command: `python bench/live_upstream.py`.",
+            context_line(runtime_s, load, command),
             "",
-            "Three processes on loopback: the fake OpenAI-compatible upstream of the tests "
-            "(answers at once), a `svc-gateway serve` with it as an `openai` provider, and "
-            "httpx as the client; a live key of an organisation with credits. The ratio is "
-            "how many times slower (or, for calls/s, how many fewer) through the gateway. "
-            f"Each figure is the best of {sizes.repeats} rounds of {sizes.sequential} calls one at "
-            "a time, then "
-            f"{CONCURRENCY * sizes.concurrent_each} calls {CONCURRENCY} at once.",
+            f"{len(rounds)} rounds; see the docstring of `bench/live_upstream.py` for what a "
+            "round measures. The gateway runs pinned to one core, this client and the fake "
+            f"upstream on the other; long streams are {chunks:.0f} chunks each as the client "
+            "receives them.",
             "",
-            f"- The gateway adds {added:.2f} ms to a whole non-streamed call: the whole walk "
-            "(authentication, admission, validation, policy, reservation, its own upstream "
-            "HTTP call over a pooled connection, settlement, the request record and the "
-            "credit debit committed to SQLite before the answer).",
-            "- Against a real model (hundreds of ms to seconds per call) that cost is within "
-            "the noise; with 2 cores shared by three processes, the calls/s row is bound by "
-            "CPU, not by waiting.",
+        ]
+    )
+
+
+def against_report(
+    result: Against, open_streams: int, runtime_s: float, load: tuple[float, float], command: str
+) -> str:
+    table = [
+        f"| measure | {result.rev} (median) | this tree (median) | this ÷ {result.rev}: median "
+        "of pairs (range) | target |",
+        "|---|---|---|---|---|",
+    ]
+    for label, figure, target, _ in ROWS:
+        base = [figure(b) for b, _ in result.pairs]
+        this = [figure(t) for _, t in result.pairs]
+        ratios = sorted(t / b for b, t in zip(base, this, strict=True) if b > 0)
+        table.append(
+            f"| {label} | {statistics.median(base):.3f} | {statistics.median(this):.3f} | "
+            f"{statistics.median(ratios):.2f} ({ratios[0]:.2f}–{ratios[-1]:.2f}) | {target} |"
+        )
+    base_rss, this_rss = result.rss["base"], result.rss["this"]
+    table.append(
+        f"| RSS with {open_streams:,} open streams (MiB; idle before) | {base_rss[1]:.0f} "
+        f"({base_rss[0]:.0f}) | {this_rss[1]:.0f} ({this_rss[0]:.0f}) | "
+        f"{this_rss[1] / base_rss[1]:.2f} | ≤ 150 MiB |"
+    )
+    return "\n".join(
+        [
+            AGAINST_SECTION,
+            "",
+            *table,
+            "",
+            context_line(runtime_s, load, command),
+            "",
+            f"{len(result.pairs)} pairs of rounds, the two gateways taking turns (which goes "
+            "first alternates); both pinned to one core, this client and the fake upstream on "
+            "the other. Ratios are the medians of the per-pair ratios (this tree ÷ the base); "
+            "RSS is measured once per side, after the pairs.",
             "",
         ]
     )
@@ -415,24 +693,36 @@ def report(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--short", action="store_true", help="one short round")
+    parser.add_argument("--against", metavar="REV", help="alternate with REV, print ratios")
+    parser.add_argument("--pairs", type=int, default=PAIRS, help="pairs of rounds (--against)")
     parser.add_argument(
-        "--short", action="store_true", help="one short round, to alternate with another tree"
+        "--open-streams", type=int, default=OPEN_STREAMS, help="streams open for the RSS figure"
     )
     parser.add_argument(
         "--metrics-cost", action="store_true", help="CPU per call with metrics on vs off"
     )
     args = parser.parse_args()
-    sizes = SHORT if args.short else Sizes()
+    command = "python bench/live_upstream.py " + " ".join(sys.argv[1:])
     load_before = os.getloadavg()[0]
     started = time.monotonic()
     if args.metrics_cost:
         pairs = trio.run(measure_cost)
         load = (load_before, os.getloadavg()[0])
         section = cost_report(pairs, time.monotonic() - started, load)
-    else:
-        gateway, direct = trio.run(measure, sizes)
+    elif args.against:
+        result = trio.run(measure_against, args.against, PAIRED, args.pairs, args.open_streams)
         load = (load_before, os.getloadavg()[0])
-        section = report(gateway, direct, time.monotonic() - started, load, sizes)
+        section = against_report(
+            result, args.open_streams, time.monotonic() - started, load, command.strip()
+        )
+    else:
+        sizes = SHORT if args.short else Sizes()
+        rounds, rss = trio.run(measure, sizes, args.open_streams)
+        load = (load_before, os.getloadavg()[0])
+        section = report(
+            rounds, rss, args.open_streams, time.monotonic() - started, load, command.strip()
+        )
     print(section)
     if not (args.no_write or args.short):
         write_section(ROOT / "bench" / "RESULTS.md", section)

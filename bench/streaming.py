@@ -154,14 +154,24 @@ class Server:
 
 
 def start_server(
-    workdir: Path, extra_args: tuple[str, ...] = (), extra_env: dict[str, str] | None = None
+    workdir: Path,
+    extra_args: tuple[str, ...] = (),
+    extra_env: dict[str, str] | None = None,
+    *,
+    tree: Path = ROOT,
+    python: str = sys.executable,
+    cpus: set[int] | None = None,
 ) -> Server:
-    """A ``svc-gateway serve`` process on a free loopback port, once it says it listens."""
+    """A ``svc-gateway serve`` process on a free loopback port, once it says it listens.
+
+    ``tree``: the source tree it runs (another revision's, with that ``python``);
+    ``cpus``: the cores it (and every thread it starts) may run on.
+    """
     env = {name: value for name, value in os.environ.items() if not name.startswith("SVC_")}
-    env.update(PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1", SVC_ADMIN_TOKEN=ADMIN_TOKEN)
+    env.update(PYTHONPATH=str(tree), PYTHONUNBUFFERED="1", SVC_ADMIN_TOKEN=ADMIN_TOKEN)
     env.update(extra_env or {})
     stderr_path = workdir / "server.stderr"
-    command = [sys.executable, "-m", "gateway", "serve", "--port", "0", "--db", "bench.db"]
+    command = [python, "-m", "gateway", "serve", "--port", "0", "--db", "bench.db"]
     with stderr_path.open("w") as stderr:
         proc = subprocess.Popen(
             [*command, *extra_args],
@@ -171,6 +181,7 @@ def start_server(
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
     lines: queue.Queue[str | None] = queue.Queue()
 

@@ -81,6 +81,8 @@ class FakeUpstream:
     words_sent: int = 0
     acks: int = 0
     _acked: trio.Event = field(default_factory=trio.Event)
+    #: the most words an answer has (one stream chunk each), whatever max_tokens allows
+    max_words: int = 6
 
     async def received(self, count: int) -> None:
         """Return once ``count`` requests in all have come in (counted, not answered)."""
@@ -176,7 +178,7 @@ class FakeUpstream:
             return await self._embeddings(conn, stream, body)
         if body.get("stream"):
             return await self._stream(conn, stream, body, faults)
-        content, usage = _reply(body, faults)
+        content, usage = _reply(body, faults, self.max_words)
         completion = _completion(body, content, usage, "chat.completion")
         await _send(conn, stream, 200, orjson.dumps(completion))
         return True
@@ -184,7 +186,7 @@ class FakeUpstream:
     async def _stream(
         self, conn: h11.Connection, stream: trio.SocketStream, body: dict, faults: dict[str, str]
     ) -> bool:
-        content, usage = _reply(body, faults)
+        content, usage = _reply(body, faults, self.max_words)
         head = h11.Response(
             status_code=200,
             headers=[("content-type", "text/event-stream"), ("transfer-encoding", "chunked")],
@@ -255,9 +257,11 @@ class FakeUpstream:
         return True
 
 
-def _reply(body: dict[str, Any], faults: dict[str, str]) -> tuple[str, dict[str, int] | None]:
+def _reply(
+    body: dict[str, Any], faults: dict[str, str], max_words: int
+) -> tuple[str, dict[str, int] | None]:
     limit = int(body.get("max_tokens") or 16)
-    words = [WORDS[i % len(WORDS)] for i in range(min(limit, 6))]
+    words = [WORDS[i % len(WORDS)] for i in range(min(limit, max_words))]
     content = " ".join(words)
     if "no_usage" in faults:
         return content, None
