@@ -6,6 +6,7 @@ Run it from a clone, no install needed::
     python bench/live_upstream.py --no-write      # prints only
     python bench/live_upstream.py --against REV   # this tree against REV, alternating
     python bench/live_upstream.py --metrics-cost  # CPU per call, metrics on vs off
+    python bench/live_upstream.py --profile DIR   # py-spy of the gateway under load
 
 Three processes on 127.0.0.1: the fake OpenAI-compatible upstream of the tests
 (``tests/fake_upstream.py``, trio + h11, answers at once), a ``svc-gateway serve``
@@ -44,12 +45,15 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import os
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -122,6 +126,8 @@ class Sizes:
 
 
 SHORT = Sizes(sequential=150, calls_each=15, short_streams_each=6, long_streams_each=2, rounds=1)
+#: ``--profile``: longer phases of 16 callers, sampled by py-spy
+PROFILED = Sizes(sequential=20, calls_each=60, short_streams_each=1, long_streams_each=4, rounds=1)
 #: one side's round of ``--against``: a few seconds, so that pairs stay close in time
 PAIRED = Sizes(sequential=60, calls_each=8, short_streams_each=3, long_streams_each=1, rounds=1)
 
@@ -323,25 +329,72 @@ async def chunks_of(client: httpx.AsyncClient, payload: bytes) -> int:
 
 
 async def at_once(
-    work: Callable[[], Awaitable[float | int]], each: int, pid: int
+    work: Callable[[], Awaitable[float | int]], each: int, pid: int, profile: Path | None = None
 ) -> tuple[float, float, float]:
     """``work`` ``each`` times in each of 16 callers: (seconds, CPU seconds of ``pid``,
-    the sum of what the calls returned)."""
+    the sum of what the calls returned); ``profile``: py-spy's samples of ``pid``."""
     results: list[float | int] = []
 
     async def caller() -> None:
         for _ in range(each):
             results.append(await work())
 
+    profiler = start_profiler(pid, profile) if profile is not None else None
     start, cpu_start = time.perf_counter(), cpu_seconds(pid)
-    async with trio.open_nursery() as nursery:
-        for _ in range(CONCURRENCY):
-            nursery.start_soon(caller)
+    try:
+        async with trio.open_nursery() as nursery:
+            for _ in range(CONCURRENCY):
+                nursery.start_soon(caller)
+    finally:
+        if profiler is not None:
+            await trio.to_thread.run_sync(stop_profiler, profiler)
     return time.perf_counter() - start, cpu_seconds(pid) - cpu_start, float(sum(results))
 
 
-async def one_round(target: Target, upstream_url: str, sizes: Sizes) -> Figures:
-    """Every figure of one round against ``target``."""
+def start_profiler(pid: int, output: Path) -> subprocess.Popen[bytes]:
+    """py-spy sampling ``pid`` (Python frames only, CPU only: idle stacks are left out)."""
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    command = [py_spy, "record", "--pid", str(pid), "--format", "raw", "--rate", "500"]
+    proc = subprocess.Popen(
+        [*command, "--nonblocking", "--output", str(output)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    time.sleep(0.5)  # attached
+    return proc
+
+
+def stop_profiler(proc: subprocess.Popen[bytes]) -> None:
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=30)
+
+
+def profile_summary(path: Path, top: int = 25) -> str:
+    """The functions of a py-spy raw profile (collapsed stacks) with the largest share
+    of samples: inclusive (the function anywhere on the stack) and self (the leaf)."""
+    inclusive: Counter[str] = Counter()
+    own: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = [re.sub(r":\d+\)$", ")", frame) for frame in stack.split(";")]
+        samples = int(count)
+        total += samples
+        for frame in set(frames):
+            inclusive[frame] += samples
+        own[frames[-1]] += samples
+    lines = [f"{path.name}: {total} samples", "", "inclusive:"]
+    lines += [f"  {100 * n / total:5.1f} %  {name}" for name, n in inclusive.most_common(top)]
+    lines += ["", "self:"]
+    lines += [f"  {100 * n / total:5.1f} %  {name}" for name, n in own.most_common(top)]
+    return "\n".join(lines)
+
+
+async def one_round(
+    target: Target, upstream_url: str, sizes: Sizes, profile: Path | None = None
+) -> Figures:
+    """Every figure of one round against ``target``; ``profile``: a directory where
+    py-spy's samples of the 16-caller phases are written."""
     headers = {"Authorization": f"Bearer {target.token}", "Content-Type": "application/json"}
     upstream_headers = {**headers, "Authorization": f"Bearer {UPSTREAM_KEY}"}
     limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
@@ -360,7 +413,12 @@ async def one_round(target: Target, upstream_url: str, sizes: Sizes) -> Figures:
             directs.append(await whole(direct, plain))
             wholes.append(await whole(client, plain))
         firsts = [await first_chunk(client, short) for _ in range(sizes.sequential // 2)]
-        seconds, cpu, _ = await at_once(lambda: whole(client, plain), sizes.calls_each, target.pid)
+        seconds, cpu, _ = await at_once(
+            lambda: whole(client, plain),
+            sizes.calls_each,
+            target.pid,
+            profile / "calls.txt" if profile else None,
+        )
         calls = CONCURRENCY * sizes.calls_each
         calls_per_s, cpu_ms_per_call = calls / seconds, cpu * 1000 / calls
         seconds, _, _ = await at_once(
@@ -368,7 +426,10 @@ async def one_round(target: Target, upstream_url: str, sizes: Sizes) -> Figures:
         )
         streams_per_s = CONCURRENCY * sizes.short_streams_each / seconds
         _, cpu, chunks = await at_once(
-            lambda: chunks_of(client, long), sizes.long_streams_each, target.pid
+            lambda: chunks_of(client, long),
+            sizes.long_streams_each,
+            target.pid,
+            profile / "chunks.txt" if profile else None,
         )
     return Figures(
         whole_median_ms=statistics.median(wholes),
@@ -428,7 +489,9 @@ async def rss_with_open_streams(target: Target, count: int) -> tuple[float, floa
             await sock.aclose()
 
 
-async def measure(sizes: Sizes, open_streams: int) -> tuple[list[Figures], tuple[float, float]]:
+async def measure(
+    sizes: Sizes, open_streams: int, profile: Path | None = None
+) -> tuple[list[Figures], tuple[float, float]]:
     deadline = trio.current_time() + HARD_LIMIT_S
     cpus = pin_cores()
     upstream, upstream_url = await trio.to_thread.run_sync(start_upstream)
@@ -439,7 +502,7 @@ async def measure(sizes: Sizes, open_streams: int) -> tuple[list[Figures], tuple
                 rounds = []
                 for _ in range(sizes.rounds):
                     with trio.fail_at(deadline):
-                        rounds.append(await one_round(target, upstream_url, sizes))
+                        rounds.append(await one_round(target, upstream_url, sizes, profile))
                 with trio.fail_at(deadline):
                     rss = await rss_with_open_streams(target, open_streams)
             finally:
@@ -702,6 +765,9 @@ def main() -> None:
     parser.add_argument(
         "--metrics-cost", action="store_true", help="CPU per call with metrics on vs off"
     )
+    parser.add_argument(
+        "--profile", metavar="DIR", type=Path, help="py-spy the 16-caller phases into DIR"
+    )
     args = parser.parse_args()
     command = "python bench/live_upstream.py " + " ".join(sys.argv[1:])
     load_before = os.getloadavg()[0]
@@ -716,6 +782,12 @@ def main() -> None:
         section = against_report(
             result, args.open_streams, time.monotonic() - started, load, command.strip()
         )
+    elif args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        trio.run(measure, PROFILED, 0, args.profile)
+        for name in ("calls.txt", "chunks.txt"):
+            print(profile_summary(args.profile / name), end="\n\n")
+        return
     else:
         sizes = SHORT if args.short else Sizes()
         rounds, rss = trio.run(measure, sizes, args.open_streams)
