@@ -1,13 +1,14 @@
 """Any OpenAI-compatible HTTP upstream (OpenAI, vLLM, llama.cpp, Ollama, OpenRouter, ...).
 
-One shared ``httpx.AsyncClient`` per provider keeps connections pooled. Streams are read
-line by line and passed on chunk by chunk, never buffered; the gateway always asks the
-upstream for usage on streams (``stream_options.include_usage``).
+One pooled HTTP/1.1 client per provider (:mod:`gateway.providers.http1`, lean on
+purpose: it is the hot path) keeps connections alive. Streams are read as the bytes
+arrive and passed on chunk by chunk, never buffered; the gateway always asks the upstream
+for usage on streams (``stream_options.include_usage``).
 
-httpx failures are translated at this boundary into the provider error tree of
+Failures are translated at this boundary into the provider error tree of
 :mod:`gateway.providers.base`, most specific first:
 
-    upstream answer / httpx failure              raised
+    upstream answer / client failure             raised
     -------------------------------------------  --------------------------------------
     400 401 403 404 413 422                      ProviderRefused(status, explanation)
     429                                          ProviderRateLimited
@@ -22,8 +23,9 @@ every credential this server holds has been cut out of it (:func:`redact_secrets
 upstream that echoes a rejected key must not hand it to whoever sent the call.
 
 Deadlines belong to the gateway: it cancels the call (trio cancellation closes the
-connection). httpx's own timeouts are a backstop at the provider's ``timeout_s``; a
-read timeout there ends the call like the gateway's own deadline.
+connection). The client's own timeouts are a backstop at the provider's ``timeout_s``
+(per read, and for a free connection; connecting: at most 10 s); a read timeout there
+ends the call like the gateway's own deadline.
 """
 
 from __future__ import annotations
@@ -31,7 +33,6 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
-import httpx
 import orjson
 
 from gateway.config import ProviderConfig
@@ -50,6 +51,7 @@ from gateway.providers.base import (
     ProviderUnreachable,
     Usage,
 )
+from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response, TimedOut
 from gateway.tracing import TraceContext
 
 REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
@@ -86,13 +88,11 @@ class OpenAIProvider:
         assert config.base_url is not None
         self.config = config
         self.secrets = secrets
-        self.base_url = config.base_url.rstrip("/")
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.timeout_s, connect=min(10.0, config.timeout_s)),
-            limits=httpx.Limits(
-                max_connections=config.max_connections,
-                max_keepalive_connections=config.max_connections,
-            ),
+        self.pool = HTTP1Pool(
+            config.base_url,
+            max_connections=config.max_connections,
+            timeout=config.timeout_s,
+            connect_timeout=min(10.0, config.timeout_s),
         )
 
     def _headers(self, api_key: str | None, trace: TraceContext | None) -> dict[str, str]:
@@ -108,28 +108,29 @@ class OpenAIProvider:
 
     async def _post(
         self, path: str, body: dict[str, Any], api_key: str | None, trace: TraceContext | None
-    ) -> httpx.Response:
-        """One non-streamed upstream call: a 200 answer, or the provider error it maps to."""
+    ) -> bytes:
+        """One non-streamed upstream call: the body of a 200 answer, or the provider
+        error it maps to."""
         try:
-            response = await self.client.post(
-                f"{self.base_url}{path}",
-                content=orjson.dumps(body),
-                headers=self._headers(api_key, trace),
-            )
-        except httpx.ReadTimeout:
+            response = await self.pool.post(path, self._headers(api_key, trace), orjson.dumps(body))
+            try:
+                content = await response.read()
+            finally:
+                await response.aclose()
+        except TimedOut:
             raise ProviderTimedOut("the upstream did not answer within timeout_s") from None
-        except httpx.HTTPError as exc:
-            raise ProviderUnreachable(type(exc).__name__) from None
-        if response.status_code != 200:
-            raise status_error(response.status_code, response.content, self._secrets(api_key))
-        return response
+        except HTTPFailure as exc:
+            raise ProviderUnreachable(str(exc)) from None
+        if response.status != 200:
+            raise status_error(response.status, content, self._secrets(api_key))
+        return content
 
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body = {**request.body, "stream": False}
         body.pop("stream_options", None)
-        response = await self._post("/chat/completions", body, request.api_key, request.trace)
+        content = await self._post("/chat/completions", body, request.api_key, request.trace)
         try:
-            completion = orjson.loads(response.content)
+            completion = orjson.loads(content)
         except orjson.JSONDecodeError:
             raise ProviderMalformed("the upstream answered with invalid JSON") from None
         if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
@@ -140,41 +141,49 @@ class OpenAIProvider:
         body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
         produced = False
         done = False
+        response: Response | None = None
         try:
-            async with self.client.stream(
-                "POST",
-                f"{self.base_url}/chat/completions",
-                content=orjson.dumps(body),
-                headers=self._headers(request.api_key, request.trace),
-            ) as response:
-                if response.status_code != 200:
-                    raise status_error(
-                        response.status_code,
-                        await response.aread(),
-                        self._secrets(request.api_key),
-                    )
-                async for line in response.aiter_lines():
+            response = await self.pool.post(
+                "/chat/completions",
+                self._headers(request.api_key, request.trace),
+                orjson.dumps(body),
+            )
+            if response.status != 200:
+                raise status_error(
+                    response.status, await response.read(), self._secrets(request.api_key)
+                )
+            rest = b""
+            async for piece in response.iter_body():
+                if done:
+                    continue  # read to its end, so the connection goes back to the pool
+                lines = (rest + piece).split(b"\n") if rest else piece.split(b"\n")
+                rest = lines.pop()
+                for line in lines:
                     chunk = _sse_data(line)
-                    if chunk is None or done:
+                    if chunk is None:
                         continue
-                    if chunk == "[DONE]":
-                        # read the body to its end so the pooled connection is released cleanly
+                    if chunk is DONE:
                         done = True
-                        continue
-                    if isinstance(chunk, dict) and "error" in chunk and not chunk.get("choices"):
+                        break
+                    if "error" in chunk and not chunk.get("choices"):
                         secrets = self._secrets(request.api_key)
                         message, usage = _explanation(orjson.dumps(chunk), secrets)
                         raise ProviderDropped(message, usage=usage)
                     produced = True
                     yield chunk
-        except httpx.HTTPError as exc:
+            if not done and _sse_data(rest) is DONE:
+                done = True  # the last line, without its line break
+        except HTTPFailure as exc:
             if done:
                 return
-            if isinstance(exc, httpx.ReadTimeout):
+            if isinstance(exc, TimedOut):
                 raise ProviderTimedOut("the upstream stalled past timeout_s") from None
             if produced:
-                raise ProviderDropped(type(exc).__name__) from None
-            raise ProviderUnreachable(type(exc).__name__) from None
+                raise ProviderDropped(str(exc)) from None
+            raise ProviderUnreachable(str(exc)) from None
+        finally:
+            if response is not None:
+                await response.aclose()
         if done:
             return
         if produced:
@@ -197,9 +206,9 @@ class OpenAIProvider:
         }
         if dimensions is not None:
             body["dimensions"] = dimensions
-        response = await self._post("/embeddings", body, api_key, trace)
+        content = await self._post("/embeddings", body, api_key, trace)
         try:
-            data = orjson.loads(response.content)
+            data = orjson.loads(content)
             rows = sorted(data["data"], key=lambda row: row["index"])
             vectors = [[float(x) for x in row["embedding"]] for row in rows]
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
@@ -212,17 +221,23 @@ class OpenAIProvider:
         return []
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        await self.pool.aclose()
 
 
-def _sse_data(line: str) -> Any:
-    """The JSON of one ``data:`` line (or the string ``[DONE]``); None for anything else."""
-    if not line.startswith("data:"):
+#: what :func:`_sse_data` returns for ``data: [DONE]``
+DONE: Any = object()
+
+
+def _sse_data(line: bytes) -> Any:
+    """The JSON object of one ``data:`` line, or :data:`DONE`; None for anything else
+    (another field, a comment, a payload that is not a JSON object)."""
+    if not line.startswith(b"data:"):
         return None
     payload = line[5:].strip()
-    if payload == "[DONE]":
-        return payload
+    if payload == b"[DONE]":
+        return DONE
     try:
-        return orjson.loads(payload)
+        data = orjson.loads(payload)
     except orjson.JSONDecodeError:
         return None
+    return data if isinstance(data, dict) else None

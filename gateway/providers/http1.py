@@ -1,0 +1,349 @@
+"""A lean pooled HTTP/1.1 client: the one kind of request an OpenAI-compatible upstream gets.
+
+Why not httpx: on the hot path its layers (client, transport, httpcore's pool and
+connection, h11's event machinery) were about a quarter of the gateway's CPU per call and
+a third of its cost per relayed stream chunk (bench/RESULTS.md). This client does only
+what the gateway asks of an upstream: a ``POST`` of a JSON body on a kept-alive
+connection (plain TCP or TLS), the status and headers of the answer, then its body whole
+or piece by piece as it arrives (``Content-Length``, chunked, or until the connection
+closes). No redirects, cookies, proxies or compression (the gateway asks for none).
+
+Failures are three exceptions, which the provider maps to its own error tree:
+
+    Unreachable   the connection or TLS handshake failed, or the request could not be sent
+    Lost          the connection closed, reset, or broke the protocol after the request went
+    TimedOut      no byte of the answer within the read timeout (per read, as httpx's was)
+
+Pooling: at most ``max_connections`` requests at once (a request waits for a slot up to
+the timeout, then ``Unreachable``), idle connections kept and reused last-in first-out. A
+connection goes back to the pool only once its answer was read to the end and neither
+side asked to close it; an idle one the upstream closed (its socket turned readable) is
+dropped when next taken.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
+
+import trio
+
+#: the most bytes of a status line and headers
+MAX_HEAD = 64 * 1024
+READ_SIZE = 65536
+_FORBIDDEN = frozenset("\r\n\0")
+
+
+class HTTPFailure(Exception):
+    """The request failed below HTTP; the subclass says when."""
+
+
+class Unreachable(HTTPFailure):
+    """No connection, or the request could not be sent."""
+
+
+class Lost(HTTPFailure):
+    """The connection failed after the request was sent."""
+
+
+class TimedOut(HTTPFailure):
+    """The upstream sent nothing within the read timeout."""
+
+
+class Connection:
+    """One kept-alive connection and the bytes read from it but not yet consumed."""
+
+    __slots__ = ("buffer", "reusable", "stream")
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.buffer = bytearray()
+        self.reusable = True
+
+    def idle_and_open(self) -> bool:
+        """False when the upstream closed it (or sent something) while it was idle."""
+        stream = self.stream
+        if isinstance(stream, trio.SSLStream):
+            stream = stream.transport_stream
+        assert isinstance(stream, trio.SocketStream)
+        return not stream.socket.is_readable()
+
+    async def fill(self, timeout: float) -> bool:
+        """Read more into the buffer; False at the end of the connection."""
+        with trio.move_on_after(timeout) as scope:
+            try:
+                data = await self.stream.receive_some(READ_SIZE)
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise Lost(type(exc).__name__) from None
+        if scope.cancelled_caught:
+            raise TimedOut("no data within the read timeout")
+        if not data:
+            self.reusable = False
+            return False
+        self.buffer += data
+        return True
+
+    async def aclose(self) -> None:
+        with trio.CancelScope(shield=True):
+            await trio.aclose_forcefully(self.stream)
+
+
+class Response:
+    """An answer whose status and headers were read; its body is read by :meth:`read`
+    or :meth:`iter_body`, and :meth:`aclose` returns the connection (or closes it)."""
+
+    __slots__ = ("_chunked", "_conn", "_done", "_left", "_pool", "headers", "status")
+
+    def __init__(
+        self, pool: HTTP1Pool, conn: Connection, status: int, headers: dict[bytes, bytes]
+    ) -> None:
+        self.status = status
+        self.headers = headers
+        self._pool = pool
+        self._conn: Connection | None = conn
+        self._chunked = b"chunked" in headers.get(b"transfer-encoding", b"").lower()
+        length = headers.get(b"content-length")
+        #: bytes of a Content-Length body left to read (None: chunked or until close)
+        self._left: int | None = None
+        if status in (204, 304):
+            self._left = 0
+        elif not self._chunked and length is not None:
+            try:
+                self._left = int(length)
+            except ValueError:
+                conn.reusable = False
+                raise Lost("invalid Content-Length") from None
+        elif not self._chunked:
+            conn.reusable = False  # the body ends when the connection does
+        self._done = False
+
+    async def read(self) -> bytes:
+        """The whole body."""
+        parts = [piece async for piece in self.iter_body()]
+        return b"".join(parts)
+
+    async def iter_body(self) -> AsyncIterator[bytes]:
+        """The body as it arrives: every complete piece read so far, at each read."""
+        conn = self._conn
+        assert conn is not None
+        timeout = self._pool.timeout
+        if self._chunked:
+            async for piece in self._iter_chunked(conn, timeout):
+                yield piece
+        elif self._left is not None:
+            while self._left:
+                if not conn.buffer and not await conn.fill(timeout):
+                    raise Lost("the connection closed before the body's end")
+                piece = bytes(conn.buffer[: self._left])
+                del conn.buffer[: len(piece)]
+                self._left -= len(piece)
+                yield piece
+        else:
+            while True:
+                if conn.buffer:
+                    piece = bytes(conn.buffer)
+                    conn.buffer.clear()
+                    yield piece
+                if not await conn.fill(timeout):
+                    break
+        self._done = True
+
+    async def _iter_chunked(self, conn: Connection, timeout: float) -> AsyncIterator[bytes]:
+        buffer = conn.buffer
+        while True:
+            pieces = []
+            while True:
+                line_end = buffer.find(b"\r\n")
+                if line_end < 0:
+                    break
+                try:
+                    size = int(bytes(buffer[:line_end]).split(b";", 1)[0], 16)
+                except ValueError:
+                    conn.reusable = False
+                    raise Lost("invalid chunk size") from None
+                if size == 0:
+                    # the last chunk: skip any trailers, up to the empty line
+                    end = buffer.find(b"\r\n\r\n", line_end)
+                    if end < 0:
+                        break
+                    del buffer[: end + 4]
+                    if pieces:
+                        yield b"".join(pieces)
+                    return
+                start = line_end + 2
+                if len(buffer) < start + size + 2:
+                    break
+                pieces.append(bytes(buffer[start : start + size]))
+                del buffer[: start + size + 2]
+            if pieces:
+                yield b"".join(pieces) if len(pieces) > 1 else pieces[0]
+            if len(buffer) > MAX_HEAD and buffer.find(b"\r\n") < 0:
+                conn.reusable = False
+                raise Lost("invalid chunk size line")
+            if not await conn.fill(timeout):
+                raise Lost("the connection closed before the body's end")
+
+    async def aclose(self) -> None:
+        """Give the connection back when the whole body was read, else close it."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        await self._pool.release(conn, reuse=self._done and conn.reusable and not conn.buffer)
+
+
+class HTTP1Pool:
+    """Connections to one origin (``base_url``'s scheme, host and port)."""
+
+    def __init__(
+        self, base_url: str, *, max_connections: int, timeout: float, connect_timeout: float
+    ) -> None:
+        parts = urlsplit(base_url)
+        self.tls = parts.scheme == "https"
+        self.host = parts.hostname or ""
+        self.port = parts.port or (443 if self.tls else 80)
+        default_port = (parts.port is None) or parts.port == (443 if self.tls else 80)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = host if default_port else f"{host}:{self.port}"
+        #: the path of base_url, which every request's path extends
+        self.prefix = parts.path.rstrip("/")
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self._slots = trio.Semaphore(max_connections)
+        self._idle: list[Connection] = []
+        self._ssl: ssl.SSLContext | None = None
+        self._closed = False
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        if self._ssl is None:
+            context = ssl.create_default_context()
+            context.set_alpn_protocols(["http/1.1"])
+            self._ssl = context
+        return self._ssl
+
+    async def _connect(self) -> Connection:
+        try:
+            with trio.fail_after(self.connect_timeout):
+                stream: trio.abc.Stream = await trio.open_tcp_stream(self.host, self.port)
+                if self.tls:
+                    tls = trio.SSLStream(
+                        stream,
+                        self._ssl_context(),
+                        server_hostname=self.host,
+                        https_compatible=True,
+                    )
+                    try:
+                        await tls.do_handshake()
+                    except BaseException:
+                        await trio.aclose_forcefully(stream)
+                        raise
+                    stream = tls
+        except trio.TooSlowError:
+            raise Unreachable("ConnectTimeout") from None
+        except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
+            raise Unreachable(type(exc).__name__) from None
+        return Connection(stream)
+
+    async def _take(self) -> Connection:
+        while self._idle:
+            conn = self._idle.pop()
+            if conn.idle_and_open():
+                return conn
+            await conn.aclose()
+        return await self._connect()
+
+    async def release(self, conn: Connection, *, reuse: bool) -> None:
+        self._slots.release()
+        if reuse and not self._closed:
+            self._idle.append(conn)
+        else:
+            await conn.aclose()
+
+    async def post(self, path: str, headers: dict[str, str], body: bytes) -> Response:
+        """Send ``POST prefix+path`` with ``body``; the answer once its head is read.
+
+        The caller must :meth:`Response.aclose` it (a ``finally``), whatever happens.
+        """
+        head = [
+            f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
+            f"Content-Length: {len(body)}\r\n"
+        ]
+        for name, value in headers.items():
+            if not _FORBIDDEN.isdisjoint(value):
+                raise Unreachable("a header value holds a line break")
+            head.append(f"{name}: {value}\r\n")
+        head.append("\r\n")
+        try:
+            request = "".join(head).encode("ascii")
+        except UnicodeEncodeError:
+            raise Unreachable("a header value is not ASCII") from None
+        if self._slots.value:
+            self._slots.acquire_nowait()
+        else:
+            with trio.move_on_after(self.timeout) as waited:
+                await self._slots.acquire()
+            if waited.cancelled_caught:
+                raise Unreachable("PoolTimeout")
+        conn: Connection | None = None
+        try:
+            conn = await self._take()
+            with trio.move_on_after(self.timeout) as scope:
+                try:
+                    await conn.stream.send_all(request + body)
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                    raise Unreachable(type(exc).__name__) from None
+            if scope.cancelled_caught:
+                raise Unreachable("WriteTimeout")
+            status, response_headers = await _read_head(conn, self.timeout)
+            return Response(self, conn, status, response_headers)
+        except BaseException:
+            if conn is not None:
+                conn.reusable = False
+                await self.release(conn, reuse=False)
+            else:
+                self._slots.release()
+            raise
+
+    async def aclose(self) -> None:
+        self._closed = True
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.aclose()
+
+
+async def _read_head(conn: Connection, timeout: float) -> tuple[int, dict[bytes, bytes]]:
+    """The status and headers of the next final (non-1xx) answer on ``conn``."""
+    buffer = conn.buffer
+    while True:
+        end = buffer.find(b"\r\n\r\n")
+        while end < 0:
+            if len(buffer) > MAX_HEAD:
+                raise Lost("the answer's head is too large")
+            if not await conn.fill(timeout):
+                raise Lost("the connection closed before an answer")
+            end = buffer.find(b"\r\n\r\n")
+        lines = bytes(buffer[:end]).split(b"\r\n")
+        del buffer[: end + 4]
+        version, _, rest = lines[0].partition(b" ")
+        try:
+            status = int(rest[:3])
+        except ValueError:
+            raise Lost("not an HTTP answer") from None
+        if not version.startswith(b"HTTP/1."):
+            raise Lost("not an HTTP/1 answer")
+        if 100 <= status < 200:
+            continue
+        headers: dict[bytes, bytes] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(b":")
+            if not sep:
+                raise Lost("a malformed header line")
+            name = name.strip().lower()
+            value = value.strip()
+            headers[name] = headers[name] + b", " + value if name in headers else value
+        connection = headers.get(b"connection", b"").lower()
+        if version == b"HTTP/1.0" and b"keep-alive" not in connection:
+            conn.reusable = False
+        if b"close" in connection:
+            conn.reusable = False
+        return status, headers
