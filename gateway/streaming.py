@@ -103,7 +103,12 @@ async def pump(
                             continue
                         produced = True
                         for frame in fmt.chunk(chunk):
-                            await send.send(Frame(frame))
+                            try:
+                                # no checkpoint per chunk: the chunks of one upstream read
+                                # go out together (the body sends what it finds queued)
+                                send.send_nowait(Frame(frame))
+                            except trio.WouldBlock:
+                                await send.send(Frame(frame))
                             sent = True
                 except ProviderError as exc:
                     failure, failed_as = map_provider_error(exc, byok=call.record.byok)
@@ -186,8 +191,19 @@ async def _body(
             if frame is None:
                 yield KEEPALIVE
                 continue
-            for data in _frame_bytes(frame, fmt):
-                yield data
+            # every frame already queued goes out in one write
+            out = _frame_bytes(frame, fmt)
+            while True:
+                try:
+                    out += _frame_bytes(receive.receive_nowait(), fmt)
+                except trio.WouldBlock:
+                    break
+                except trio.EndOfChannel:
+                    ended = True
+                    break
+            yield out[0] if len(out) == 1 else b"".join(out)
+            if ended:
+                return
     finally:
         if not ended:
             call.client_gone = True
@@ -196,6 +212,7 @@ async def _body(
 
 
 def _frame_bytes(frame: Frame, fmt: StreamFormat) -> list[bytes]:
+    """A new list: the caller may extend it."""
     return fmt.error(frame.error) if frame.error is not None else [frame.data]
 
 
