@@ -27,7 +27,7 @@ from typing import Any
 import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.config import Sockets
-from hypercorn.events import Event, Updated
+from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.trio.lifespan import Lifespan
 from hypercorn.trio.tcp_server import TCPServer
 from hypercorn.trio.worker_context import WorkerContext
@@ -95,8 +95,11 @@ class _CountedStream(trio.abc.HalfCloseableStream):
         self._client_closed = trio.Event()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        async with self._sending:
+        await _acquire(self._sending)
+        try:
             await self.stream.send_all(data)
+        finally:
+            self._sending.release()
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.stream.wait_send_all_might_not_block()
@@ -234,9 +237,33 @@ class _Connection(TCPServer):
         self.idle_task.end()  # type: ignore[attr-defined]
 
     async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, RawData):
+            # hypercorn's own, but an empty write (h11's end of a sized body) is no
+            # write, and a free lock is taken without a scheduler pass
+            if not event.data:
+                return
+            await _acquire(self.send_lock)
+            try:
+                try:
+                    with trio.CancelScope(shield=True):
+                        await self.stream.send_all(event.data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self.protocol.handle(Closed())
+            finally:
+                self.send_lock.release()
+            return
         if self.client_gone and isinstance(event, Updated) and event.idle:
             return  # an answer finishing after the client left: no timer to wait for
         await super().protocol_send(event)
+
+
+async def _acquire(lock: trio.Lock) -> None:
+    """Take ``lock``: at once when it is free (``async with`` always passes through the
+    scheduler), else wait for it. Any send that follows is itself a checkpoint."""
+    if lock.locked():
+        await lock.acquire()
+    else:
+        lock.acquire_nowait()
 
 
 class CappedListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
