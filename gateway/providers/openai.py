@@ -156,6 +156,9 @@ class OpenAIProvider:
             async for piece in response.iter_body():
                 if done:
                     continue  # read to its end, so the connection goes back to the pool
+                if b"\r" in piece:
+                    # CR and CRLF end lines too (SSE); a CRLF cut in two adds a blank line
+                    piece = piece.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
                 lines = (rest + piece).split(b"\n") if rest else piece.split(b"\n")
                 rest = lines.pop()
                 for line in lines:

@@ -1,0 +1,220 @@
+"""The lean upstream HTTP/1.1 client (gateway/providers/http1.py) against a real loopback
+server that answers with exact bytes: the framings an upstream may use, connection reuse,
+and the three failures."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+
+import pytest
+import trio
+
+from gateway.config import ProviderConfig
+from gateway.providers.base import ProviderRequest
+from gateway.providers.http1 import HTTP1Pool, Lost, Response, TimedOut, Unreachable
+from gateway.providers.openai import OpenAIProvider
+
+Answer = Callable[[trio.SocketStream, bytes], Awaitable[bool]]
+
+
+async def _request(stream: trio.SocketStream, buffer: bytearray) -> bytes | None:
+    """One request (head and Content-Length body) from ``stream``; None at its end."""
+    while b"\r\n\r\n" not in buffer:
+        data = await stream.receive_some(65536)
+        if not data:
+            return None
+        buffer += data
+    end = buffer.index(b"\r\n\r\n") + 4
+    head = bytes(buffer[:end])
+    length = next(
+        int(line.split(b":")[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(buffer) < end + length:
+        buffer += await stream.receive_some(65536)
+    request = bytes(buffer[: end + length])
+    del buffer[: end + length]
+    return request
+
+
+@asynccontextmanager
+async def server(answer: Answer) -> AsyncIterator[tuple[str, list[bytes], list[int]]]:
+    """A loopback server: ``answer(stream, request)`` per request, True to keep the
+    connection. Yields its URL, the requests received and each connection's request count."""
+    requests: list[bytes] = []
+    per_connection: list[int] = []
+
+    async def handle(stream: trio.SocketStream) -> None:
+        per_connection.append(0)
+        index = len(per_connection) - 1
+        buffer = bytearray()
+        async with stream:
+            try:
+                while (request := await _request(stream, buffer)) is not None:
+                    requests.append(request)
+                    per_connection[index] += 1
+                    if not await answer(stream, request):
+                        return
+            except trio.BrokenResourceError:
+                return  # the client reset it (closed with an answer unread)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+        port = listeners[0].socket.getsockname()[1]
+        yield f"http://127.0.0.1:{port}/v1", requests, per_connection
+        nursery.cancel_scope.cancel()
+
+
+def canned(*parts: bytes, keep: bool = True) -> Answer:
+    async def answer(stream: trio.SocketStream, request: bytes) -> bool:
+        for part in parts:
+            await stream.send_all(part)
+        return keep
+
+    return answer
+
+
+def pool(url: str, timeout: float = 5.0) -> HTTP1Pool:
+    return HTTP1Pool(url, max_connections=4, timeout=timeout, connect_timeout=5.0)
+
+
+async def body_of(response: Response) -> list[bytes]:
+    try:
+        return [piece async for piece in response.iter_body()]
+    finally:
+        await response.aclose()
+
+
+async def test_a_sized_answer_is_read_and_its_connection_reused() -> None:
+    answer = canned(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\n\r\nhello")
+    async with server(answer) as (url, requests, per_connection):
+        client = pool(url)
+        for _ in range(3):
+            response = await client.post("/chat/completions", {"Authorization": "Bearer k"}, b"{}")
+            assert response.status == 200 and response.headers[b"x-a"] == b"1"
+            assert b"".join(await body_of(response)) == b"hello"
+        await client.aclose()
+    assert per_connection == [3]
+    assert requests[0].startswith(b"POST /v1/chat/completions HTTP/1.1\r\n")
+    assert b"\r\nAuthorization: Bearer k\r\n" in requests[0]
+    assert requests[0].endswith(b"\r\n\r\n{}")
+
+
+async def test_a_chunked_answer_comes_piece_by_piece_past_an_interim_answer() -> None:
+    gate = trio.Event()
+
+    async def answer(stream: trio.SocketStream, request: bytes) -> bool:
+        await stream.send_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await stream.send_all(b"6;ext=1\r\ndata: \r\n3\r\n{}\n\r\n")
+        await gate.wait()
+        await stream.send_all(b"1\r\n\n\r\n0\r\nX-Trailer: t\r\n\r\n")
+        return True
+
+    async with server(answer) as (url, _, per_connection):
+        client = pool(url)
+        response = await client.post("/x", {}, b"")
+        pieces = response.iter_body()
+        assert await pieces.__anext__() == b"data: {}\n"  # two chunks of one read, joined
+        gate.set()
+        assert [piece async for piece in pieces] == [b"\n"]
+        await response.aclose()
+        again = await client.post("/x", {}, b"")
+        gate = trio.Event()
+        gate.set()
+        assert b"".join(await body_of(again)) == b"data: {}\n\n"
+        await client.aclose()
+    assert per_connection == [2]  # the trailers were read: the connection stayed usable
+
+
+async def test_an_answer_without_length_ends_with_its_connection() -> None:
+    answer = canned(b"HTTP/1.0 200 OK\r\n\r\npart one ", b"part two", keep=False)
+    async with server(answer) as (url, _, per_connection):
+        client = pool(url)
+        for _ in range(2):
+            response = await client.post("/x", {}, b"")
+            assert b"".join(await body_of(response)) == b"part one part two"
+        await client.aclose()
+    assert per_connection == [1, 1]
+
+
+async def test_an_unread_body_closes_its_connection() -> None:
+    answer = canned(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n", b"ab")
+    async with server(answer) as (url, _, per_connection):
+        client = pool(url)
+        response = await client.post("/x", {}, b"")
+        await response.aclose()  # the body was not read to its end
+        response = await client.post("/x", {}, b"")
+        await response.aclose()
+        await client.aclose()
+    assert per_connection == [1, 1]
+
+
+async def test_failures_before_and_after_the_answer() -> None:
+    async with server(canned(keep=False)) as (url, _, _):
+        with pytest.raises(Lost):  # closed before any answer
+            await pool(url).post("/x", {}, b"")
+    cut = canned(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", keep=False)
+    async with server(cut) as (url, _, _):
+        response = await pool(url).post("/x", {}, b"")
+        with pytest.raises(Lost):
+            await body_of(response)
+
+    async def silent(stream: trio.SocketStream, request: bytes) -> bool:
+        await trio.sleep_forever()
+        return False
+
+    async with server(silent) as (url, _, _):
+        with pytest.raises(TimedOut):
+            await pool(url, timeout=0.2).post("/x", {}, b"")
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.close()  # nothing listens there
+    with pytest.raises(Unreachable):
+        await pool(f"http://127.0.0.1:{port}").post("/x", {}, b"")
+    with pytest.raises(Unreachable):
+        await pool("http://127.0.0.1:1").post("/x", {"Authorization": "a\r\nX: b"}, b"")
+
+
+async def test_a_request_waits_for_a_free_connection_up_to_the_timeout() -> None:
+    answer = canned(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    async with server(answer) as (url, _, _):
+        client = HTTP1Pool(url, max_connections=1, timeout=0.2, connect_timeout=1.0)
+        held = await client.post("/x", {}, b"")
+        with pytest.raises(Unreachable):
+            await client.post("/x", {}, b"")
+        assert b"".join(await body_of(held)) == b"ok"
+        assert b"".join(await body_of(await client.post("/x", {}, b""))) == b"ok"
+        await client.aclose()
+
+
+async def test_a_stream_with_any_line_ends_cut_anywhere_is_read_whole() -> None:
+    """SSE lines may end in CR, LF or CRLF; the upstream's writes may cut a line (or a
+    CRLF) in two."""
+    ends = [b"\r\n", b"\r", b"\n"]
+    events = b"".join(
+        b'data: {"choices": [{"index": 0, "delta": {"content": "%d"}}]}%s%s' % (i, end, end)
+        for i, end in enumerate(ends)
+    )
+    events += b"data: [DONE]\r\n\r\n"
+    cuts = [7, 60, 61, 62, len(events) - 3]
+    parts = [events[a:b] for a, b in zip([0, *cuts], [*cuts, len(events)], strict=True)]
+
+    async def answer(stream: trio.SocketStream, request: bytes) -> bool:
+        await stream.send_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for part in parts:
+            await stream.send_all(b"%x\r\n%s\r\n" % (len(part), part))
+            await trio.sleep(0.01)  # one read each
+        await stream.send_all(b"0\r\n\r\n")
+        return True
+
+    async with server(answer) as (url, _, _):
+        provider = OpenAIProvider(ProviderConfig(name="up", kind="openai", base_url=url))
+        request = ProviderRequest(upstream_model="m", body={"model": "m", "messages": []})
+        chunks = [chunk async for chunk in provider.stream(request)]
+        await provider.aclose()
+    assert [c["choices"][0]["delta"]["content"] for c in chunks] == ["0", "1", "2"]
