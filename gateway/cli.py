@@ -7,13 +7,10 @@ stdout. The server URL comes from ``--url`` or ``SVC_GATEWAY_URL``
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import math
 import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import quote
@@ -26,6 +23,7 @@ import trio
 from gateway.config import Config, ConfigError, load_config
 from gateway.key_body import MAX_COUNT, MAX_USD
 from gateway.store import StoreError
+from gateway.store.lockfile import one_server_per_database
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -144,8 +142,11 @@ def serve(
         config = load_config(config_path, host=host, port=port, db=db)
     except ConfigError as exc:
         fail(str(exc), 2)
-    with _one_server_per_database(config.server.db):
-        _serve(config, as_json)
+    try:
+        with one_server_per_database(config.server.db):
+            _serve(config, as_json)
+    except StoreError as exc:  # the lock, the database unreachable or unusable
+        fail(str(exc))
 
 
 def _serve(config: Config, as_json: bool) -> None:
@@ -158,10 +159,7 @@ def _serve(config: Config, as_json: bool) -> None:
         sockets = bind_sockets(hypercorn_config(config))
     except OSError as exc:
         fail(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}")
-    try:
-        runtime = Runtime.open(config)
-    except StoreError as exc:
-        fail(str(exc))
+    runtime = Runtime.open(config)
     token = runtime.bootstrap_demo()
     settle_heap()
 
@@ -169,7 +167,7 @@ def _serve(config: Config, as_json: bool) -> None:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(run_server, runtime, sockets)
             url = binds[0]
-            database = str(Path(config.server.db).resolve())
+            database = runtime.store.name
             if as_json:
                 info = {"url": url, "database": database, "sandbox_key": token}
                 click.echo(orjson.dumps(info).decode())
@@ -186,63 +184,6 @@ def _serve(config: Config, as_json: bool) -> None:
 
     trio.run(run)
     runtime.store.close()
-
-
-@contextmanager
-def _one_server_per_database(db: str) -> Iterator[None]:
-    """Hold an exclusive lock on ``<db>.lock`` while the server runs, or refuse to run.
-
-    Each server keeps the spend windows and balances of its shards in memory, so two
-    servers on one database would each admit spend the other cannot see, and caps could
-    be overshot. The lock file sits beside the database (symlinks resolved) and names
-    the holder's pid. The kernel drops the lock when the process ends, however it ends;
-    on the way out the holder also removes the file (a start that fails leaves nothing
-    beside the database), which is why a lock is only taken on a file that is still the
-    one at that path. Nothing to lock: ``:memory:``, or a missing directory (the store
-    then says so)."""
-    database = Path(db).resolve()
-    if db == ":memory:" or not database.parent.is_dir():
-        yield
-        return
-    path = database.with_name(f"{database.name}.lock")
-    fd = _take_lock(path, database)
-    try:
-        yield
-    finally:
-        with suppress(OSError):
-            if os.path.samestat(os.stat(path), os.fstat(fd)):
-                path.unlink()
-        os.close(fd)
-
-
-def _take_lock(path: Path, database: Path) -> int:
-    while True:
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            fail(f"cannot create the lock file {path}: {exc.strerror or exc}")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 32).decode(errors="replace").strip()
-            os.close(fd)
-            pid = f" (pid {holder})" if holder.isdigit() else ""
-            fail(
-                f"another svc-gateway server{pid} is running on the database {database}"
-                f" (it holds {path}); one server per database"
-            )
-        except OSError as exc:
-            os.close(fd)
-            fail(f"cannot lock {path}: {exc.strerror or exc}")
-        try:
-            still_there = os.path.samestat(os.stat(path), os.fstat(fd))
-        except FileNotFoundError:
-            still_there = False
-        if still_there:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-            return fd
-        os.close(fd)  # its holder removed it on the way out: lock the file there now
 
 
 # -- admin client --------------------------------------------------------------------------

@@ -118,6 +118,7 @@ async def serve(
                 await shutdown_trigger()
                 log.info("stopping: calls in progress have %s s to finish", grace)
                 root.start_soon(_cut_after, runtime, grace)
+
             await root.start(runtime.store.run)
             await root.start(runtime.pool.run)
             await root.start(runtime.alerts.run)

@@ -1,4 +1,8 @@
-"""The store: one SQLite file in WAL mode behind one async interface.
+"""The store: one database behind one async interface (SQLite by default, or PostgreSQL).
+
+``Store(db)`` opens PostgreSQL when ``db`` is a ``postgresql://`` URL
+(:mod:`gateway.store.postgres`) and an SQLite file otherwise (:mod:`gateway.store.sqlite`);
+nothing outside this package knows which.
 
 Writes go through a single writer task that batches them: it takes every operation
 waiting in its channel (up to ``BATCH``), runs them on a worker thread in one
@@ -6,55 +10,108 @@ transaction with a savepoint each (one failing operation does not undo the other
 and commits once. A caller's ``await store.write(...)`` returns only after that
 commit, so a settled amount is durable before the answer that reports it completes.
 
-Reads run on a second connection on their own worker thread (WAL lets them proceed
-while the writer commits). Before the writer runs (start-up, CLI bootstrap) the
-same operations can be called synchronously with :meth:`Store.call`.
+Reads run on a second connection on their own worker thread. Before the writer runs
+(start-up, CLI bootstrap) the same operations can be called synchronously with
+:meth:`Store.call`.
 
-Operations are plain functions ``op(conn, *args)`` in :mod:`gateway.store.records`.
+A database server can go away while serving. Then the store is *unavailable*: a write
+that is not ``must_land`` is refused at once (:class:`StoreError`: the caller answers
+503 instead of serving unrecorded), and so is a read; a ``must_land`` write (a
+settlement) waits, and the writer reconnects (with back-off) and commits it once the
+database is back. A batch cut by the loss is rolled back, or found committed when the
+loss came during COMMIT, and its operations are told which.
+
+Operations are plain functions ``op(conn, *args)`` over :class:`gateway.store.sql.Conn`
+in :mod:`gateway.store.records`, ``idempotency`` and ``webhooks``.
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
-from gateway.store.sqlite import StoreError, connect
+from gateway.store.errors import StoreError
+from gateway.store.sql import Conn
 
-__all__ = ["Store", "StoreError"]
+__all__ = ["Store", "StoreError", "is_postgres"]
 
 T = TypeVar("T")
 BATCH = 256
+#: how long a read waits after a failed reconnect before it tries again
+READ_RETRY_S = 0.5
+RECONNECT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0)
+UNAVAILABLE = "the database is unavailable; retry shortly"
 log = logging.getLogger("gateway.store")
+
+
+class Backend(Protocol):
+    name: str
+    errors: tuple[type[BaseException], ...]
+
+    def open_writer(self) -> Conn: ...
+    def reconnect_writer(self) -> Conn: ...
+    def open_reader(self) -> Conn: ...
+    def begin(self, conn: Conn) -> object: ...
+    def in_transaction(self, conn: Conn) -> bool: ...
+    def lost(self, conn: Conn, exc: BaseException) -> bool: ...
+    def committed(self, conn: Conn, token: object) -> bool: ...
+    def close(self, conn: Conn) -> None: ...
+
+
+def is_postgres(db: str) -> bool:
+    """A ``postgresql://`` URL names a PostgreSQL database; anything else an SQLite file."""
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def open_backend(db: str) -> Backend:
+    """The backend of ``db``; its driver is imported only when it is used."""
+    if is_postgres(db):
+        from gateway.store.postgres import PostgresBackend
+
+        return PostgresBackend(db)
+    from gateway.store.sqlite import SqliteBackend
+
+    return SqliteBackend(db)
 
 
 @dataclass(slots=True)
 class _Pending:
     op: Callable[..., Any]
     args: tuple[Any, ...]
+    must_land: bool = False
     done: trio.Event = field(default_factory=trio.Event)
     result: Any = None
     error: BaseException | None = None
 
 
+class _Lost(Exception):
+    """The connection went away during a batch; ``token`` names its transaction and
+    ``committing`` says whether COMMIT had been sent (then its outcome is unknown)."""
+
+    def __init__(self, token: object, committing: bool) -> None:
+        self.token = token
+        self.committing = committing
+
+
 class Store:
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._write_conn = connect(path)
-        self._read_conn = sqlite3.connect(
-            path if path != ":memory:" else "file::memory:",
-            check_same_thread=False,
-            isolation_level=None,
-        )
-        self._read_conn.row_factory = sqlite3.Row
+    def __init__(self, db: str) -> None:
+        self.backend = open_backend(db)
+        #: what to call the database in messages (a URL without its password)
+        self.name = self.backend.name
+        self._write_conn: Conn | None = self.backend.open_writer()
+        self._read_conn: Conn | None = None
+        self._read_retry_at = 0.0
         self._read_limiter = trio.CapacityLimiter(1)
         self._write_limiter = trio.CapacityLimiter(1)
         self._send, self._receive = trio.open_memory_channel[_Pending](BATCH * 4)
         self._running = False
+        #: False while the database cannot be reached (reads and writes refused)
+        self.available = True
 
     # -- synchronous use, before serving -------------------------------------------------
 
@@ -62,26 +119,37 @@ class Store:
         """Run one operation now on the writer connection (start-up and CLI only)."""
         if self._running:
             raise RuntimeError("Store.call is for start-up; use await store.write()")
-        self._write_conn.execute("BEGIN IMMEDIATE")
+        conn = self._writer()
+        self.backend.begin(conn)
         try:
-            result = op(self._write_conn, *args)
+            result = op(conn, *args)
         except BaseException:
-            self._write_conn.execute("ROLLBACK")
+            conn.execute("ROLLBACK", ())
             raise
-        self._write_conn.execute("COMMIT")
+        conn.execute("COMMIT", ())
         return result
+
+    def _writer(self) -> Conn:
+        if self._write_conn is None:
+            self._write_conn = self.backend.reconnect_writer()
+            self.available = True
+        return self._write_conn
 
     # -- async use while serving ---------------------------------------------------------
 
-    async def write(self, op: Callable[..., T], *args: Any) -> T:
+    async def write(self, op: Callable[..., T], *args: Any, must_land: bool = False) -> T:
         """Queue a write; return its result once the batch holding it is committed.
 
         Shielded: a caller cancelled mid-way (a client that disconnects) must not lose a
-        settlement that is already on its way to disk.
+        settlement that is already on its way to disk. While the database is unavailable
+        a write is refused (:class:`StoreError`) unless it ``must_land``: then it waits
+        until the database is back and it is committed.
         """
         if not self._running:
             return self.call(op, *args)
-        pending = _Pending(op, args)
+        if not self.available and not must_land:
+            raise StoreError(UNAVAILABLE)
+        pending = _Pending(op, args, must_land)
         with trio.CancelScope(shield=True):
             await self._send.send(pending)
             await pending.done.wait()
@@ -90,67 +158,166 @@ class Store:
         return pending.result
 
     async def read(self, op: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(op, self._read_conn, *args, limiter=self._read_limiter)
+        return await trio.to_thread.run_sync(self._read, op, args, limiter=self._read_limiter)
+
+    def _read(self, op: Callable[..., T], args: tuple[Any, ...]) -> T:
+        conn = self._read_conn
+        if conn is None:
+            if time.monotonic() < self._read_retry_at:
+                raise StoreError(UNAVAILABLE)
+            try:
+                conn = self._read_conn = self.backend.open_reader()
+            except StoreError:
+                self._read_retry_at = time.monotonic() + READ_RETRY_S
+                raise StoreError(UNAVAILABLE) from None
+        try:
+            return op(conn, *args)
+        except self.backend.errors as exc:
+            if not self.backend.lost(conn, exc):
+                raise
+            self._read_conn = None
+            self.backend.close(conn)
+            raise StoreError(UNAVAILABLE) from None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The writer task: batch, commit, wake the callers. Runs until cancelled."""
         self._running = True
         task_status.started()
+        carried: list[_Pending] = []
         try:
             while True:
-                batch = [await self._receive.receive()]
+                batch = carried or [await self._receive.receive()]
+                carried = []
                 while len(batch) < BATCH:
                     try:
                         batch.append(self._receive.receive_nowait())
                     except trio.WouldBlock:
                         break
                 with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(self._commit, batch, limiter=self._write_limiter)
+                    lost = await trio.to_thread.run_sync(
+                        self._commit, batch, limiter=self._write_limiter
+                    )
+                if lost is not None:
+                    carried = await self._recover(batch, lost)
+                    continue
                 for pending in batch:
                     pending.done.set()
         finally:
             self._running = False
-            self._drain()
+            self._drain(carried)
 
-    def _drain(self) -> None:
+    async def _recover(self, batch: list[_Pending], lost: _Lost) -> list[_Pending]:
+        """After a lost connection: refuse what may be refused, reconnect, and return the
+        operations to commit again (the ``must_land`` ones of a batch that did not commit)."""
+        self.available = False
+        log.error("store: the database connection was lost; reconnecting")
+        if not lost.committing:
+            batch = self._refuse(batch)
+        attempt = 0
+        while True:
+            await trio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
+            attempt += 1
+            try:
+                committed = await trio.to_thread.run_sync(
+                    self._reconnect, lost, limiter=self._write_limiter
+                )
+            except StoreError as exc:
+                if attempt % 20 == 1:
+                    log.error("store: %s", exc)
+                continue
+            log.info("store: the database is back")
+            if committed:
+                for pending in batch:
+                    pending.done.set()
+                return []
+            return self._refuse(batch)
+
+    def _reconnect(self, lost: _Lost) -> bool:
+        """A new writer connection; True when the lost batch turns out to be committed."""
+        conn = self._writer()
+        if not lost.committing:
+            return False
+        try:
+            return self.backend.committed(conn, lost.token)
+        except self.backend.errors as exc:
+            self._write_conn = None
+            self.backend.close(conn)
+            raise StoreError(f"the database went away again: {exc}") from None
+
+    def _refuse(self, batch: list[_Pending]) -> list[_Pending]:
+        """Refuse the operations of a rolled-back batch that need not land; keep the rest."""
+        kept = []
+        for pending in batch:
+            pending.result, pending.error = None, None
+            if pending.must_land:
+                kept.append(pending)
+            else:
+                pending.error = StoreError(UNAVAILABLE)
+                pending.done.set()
+        return kept
+
+    def _drain(self, carried: list[_Pending]) -> None:
         """Once the writer is gone, commit what is still queued, right here.
 
         A writer's caller waits shielded: without this, a write queued while the writer
         is being cancelled (a background task when the server stops) would wait forever.
         Later writes see ``_running`` false and commit synchronously.
         """
-        batch: list[_Pending] = []
+        batch = list(carried)
         while True:
             try:
                 batch.append(self._receive.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
         if batch:
-            self._commit(batch)
+            try:
+                lost = self._commit(batch)
+            except StoreError as exc:
+                lost = None
+                for pending in batch:
+                    pending.error = exc
+            if lost is not None:
+                for pending in batch:
+                    pending.error = StoreError(UNAVAILABLE)
         for pending in batch:
             pending.done.set()
 
-    def _commit(self, batch: list[_Pending]) -> None:
-        conn = self._write_conn
+    def _commit(self, batch: list[_Pending]) -> _Lost | None:
+        """Commit ``batch`` in one transaction (on the writer's thread); a lost
+        connection is returned, for :meth:`_recover`."""
+        conn = self._writer()
+        backend = self.backend
+        token: object = None
+        committing = False
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            token = backend.begin(conn)
             for index, pending in enumerate(batch):
-                conn.execute(f"SAVEPOINT op{index}")
+                conn.execute(f"SAVEPOINT op{index}", ())
                 try:
                     pending.result = pending.op(conn, *pending.args)
-                    conn.execute(f"RELEASE op{index}")
+                    conn.execute(f"RELEASE op{index}", ())
                 except Exception as exc:  # one bad op must not undo the batch
-                    conn.execute(f"ROLLBACK TO op{index}")
-                    conn.execute(f"RELEASE op{index}")
+                    if isinstance(exc, backend.errors) and backend.lost(conn, exc):
+                        raise
+                    conn.execute(f"ROLLBACK TO op{index}", ())
+                    conn.execute(f"RELEASE op{index}", ())
                     pending.error = exc
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
+            committing = True
+            conn.execute("COMMIT", ())
+        except backend.errors as exc:
+            if backend.lost(conn, exc):
+                self._write_conn = None
+                backend.close(conn)
+                return _Lost(token, committing)
             log.error("store commit failed: %s", exc)
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            if backend.in_transaction(conn):
+                conn.execute("ROLLBACK", ())
             for pending in batch:
                 pending.error = StoreError(f"store write failed: {exc}")
+        return None
 
     def close(self) -> None:
-        self._read_conn.close()
-        self._write_conn.close()
+        for conn in (self._read_conn, self._write_conn):
+            if conn is not None:
+                self.backend.close(conn)
+        self._read_conn = self._write_conn = None
