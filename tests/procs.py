@@ -149,7 +149,7 @@ def _pump(stream: Any, lines: queue.Queue[str | None]) -> None:
 def start_server(
     tmp_path: Path,
     *args: str,
-    db: Path | None = None,
+    db: Path | str | None = None,
     env: dict[str, str] | None = None,
     timeout: float = START_TIMEOUT_S,
 ) -> Server:

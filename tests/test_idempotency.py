@@ -23,6 +23,8 @@ from tests.conftest import Gateway, start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 
+pytestmark = pytest.mark.both_stores
+
 CHAT, RESP = "/v1/chat/completions", "/v1/responses"
 REUSED = ("idempotency_key_reused", "Idempotency-Key")
 
@@ -245,8 +247,7 @@ async def test_a_retry_after_a_restart_still_replays(
     token = await live_key(gw)
     first = await post(gw, token, body_for("durable"), "restart-1")
     assert first.status_code == 200
-    gw.stop.set()
-    await trio.sleep(0.2)
+    await gw.stop_and_wait()
     again = await start_gateway(nursery, config, clock=clock)
     try:
         retry = await post(again, token, body_for("durable"), "restart-1")

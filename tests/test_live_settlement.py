@@ -26,6 +26,8 @@ from gateway.provider_errors import REFUSED_PHRASE
 from tests.conftest import Gateway, make_config, start_gateway
 from tests.fake_upstream import FakeUpstream
 
+pytestmark = pytest.mark.both_stores
+
 IN_PRICE, OUT_PRICE = 3.0, 15.0  # USD per million tokens: 3000 and 15000 nano-USD a token
 MAX_TOKENS = 50
 UPSTREAM_KEY = "sk-upstream-test-0123456789"
@@ -411,8 +413,7 @@ async def test_spend_survives_a_restart(
     key = await gw.create_key(name="durable", mode="live", caps={"usd_day": 10})
     response = await call(gw, key["token"], body_for("remember me"))
     before = await state(gw, key["token"], response.headers["X-Request-Id"])
-    gw.stop.set()
-    await trio.sleep(0.2)
+    await gw.stop_and_wait()
     again = await start_gateway(nursery, config)
     after = await state(again, key["token"], response.headers["X-Request-Id"])
     assert before["spent"] > 0
