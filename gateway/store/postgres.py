@@ -161,5 +161,27 @@ class PostgresBackend:
         row = conn.execute("SELECT pg_xact_status(?::xid8) AS status", (token,)).fetchall()[0]
         return row["status"] == "committed"
 
+    def tables(self, conn: Conn) -> list[str]:
+        rows = conn.execute(
+            "SELECT table_name AS name FROM information_schema.tables"
+            " WHERE table_schema = current_schema() AND table_type = 'BASE TABLE'",
+            (),
+        )
+        return [row["name"] for row in rows.fetchall()]
+
+    def after_copy(self, conn: Conn, table: str) -> None:
+        """Rows copied with their ids: an identity column must go on after the largest."""
+        identities = conn.execute(
+            "SELECT column_name AS name FROM information_schema.columns"
+            " WHERE table_schema = current_schema() AND table_name = ? AND is_identity = 'YES'",
+            (table,),
+        ).fetchall()
+        for column in (row["name"] for row in identities):
+            conn.execute(
+                f"SELECT setval(pg_get_serial_sequence(?, ?), COALESCE(MAX({column}), 0) + 1,"
+                f" false) FROM {table}",
+                (table, column),
+            )
+
     def close(self, conn: Conn) -> None:
         conn.raw.close()

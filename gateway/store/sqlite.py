@@ -90,5 +90,14 @@ class SqliteBackend:
     def committed(self, conn: Conn, token: object) -> bool:
         return False
 
+    def tables(self, conn: Conn) -> list[str]:
+        rows = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'", ()
+        )
+        return [row["name"] for row in rows.fetchall()]
+
+    def after_copy(self, conn: Conn, table: str) -> None:
+        """Rows copied with their ids: SQLite's next rowid follows the largest by itself."""
+
     def close(self, conn: Conn) -> None:
         conn.raw.close()
