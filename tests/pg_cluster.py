@@ -45,6 +45,8 @@ class Cluster:
     root: Path
     port: int
     run_as: str | None
+    #: the server's default durability (fsync); tests run without it (a test is no crash)
+    durable: bool = False
 
     @property
     def data(self) -> Path:
@@ -65,8 +67,9 @@ class Cluster:
         options = (
             f"-c listen_addresses=127.0.0.1 -c port={self.port}"
             f" -c unix_socket_directories={self.root} -c max_connections=200"
-            " -c fsync=off -c full_page_writes=off"
         )
+        if not self.durable:
+            options += " -c fsync=off -c full_page_writes=off"
         self._run(
             "pg_ctl",
             "start",
@@ -102,7 +105,7 @@ class Cluster:
         ).stdout
 
 
-def start_cluster(bin_dir: Path) -> Cluster:
+def start_cluster(bin_dir: Path, *, durable: bool = False) -> Cluster:
     """initdb a new cluster in a temp dir and start it; the caller must ``destroy`` it."""
     run_as = "postgres" if os.geteuid() == 0 else None
     root = Path(tempfile.mkdtemp(prefix="svc-pg-"))
@@ -110,7 +113,7 @@ def start_cluster(bin_dir: Path) -> Cluster:
     if run_as is not None:
         user = pwd.getpwnam(run_as)
         os.chown(root, user.pw_uid, user.pw_gid)
-    cluster = Cluster(bin_dir=bin_dir, root=root, port=free_port(), run_as=run_as)
+    cluster = Cluster(bin_dir=bin_dir, root=root, port=free_port(), run_as=run_as, durable=durable)
     try:
         cluster._run(
             "initdb",
