@@ -14,6 +14,7 @@ from quart import Response, g, request
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException
 
+from gateway import dashboard
 from gateway.errors import GatewayError, render
 from gateway.http import new_request_id
 from gateway.routes import admin, chat, embeddings, key, models, openapi, subkeys, usage
@@ -117,6 +118,6 @@ def create_app(runtime: Runtime) -> QuartTrio:
         log.exception("unhandled error in a handler", exc_info=error)
         return await _gateway_error(GatewayError("internal_error"))
 
-    for module in (models, key, chat, embeddings, usage, subkeys, admin, openapi):
+    for module in (models, key, chat, embeddings, usage, subkeys, admin, openapi, dashboard):
         module.register(app)
     return app

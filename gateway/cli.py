@@ -426,19 +426,23 @@ def key_create(**opts: Any) -> None:
     emit(call_admin(opts["url"], "POST", "/admin/keys", body), opts["as_json"])
 
 
-def _key_action(action: str, help_text: str) -> None:
-    @key.command(action, help=help_text)
-    @click.argument("key_id")
+def _id_action(group: click.Group, kind: str, action: str, help_text: str) -> None:
+    """The verb ``KIND ACTION ID``: ``POST /admin/<kind>s/<id>/<action>``."""
+
+    @group.command(action, help=help_text)
+    @click.argument("item_id", metavar=f"{kind.upper()}_ID")
     @url_option
     @json_option
-    def command(key_id: str, url: str | None, as_json: bool) -> None:
-        emit(call_admin(url, "POST", f"/admin/keys/{_seg(key_id)}/{action}"), as_json)
+    def command(item_id: str, url: str | None, as_json: bool) -> None:
+        emit(call_admin(url, "POST", f"/admin/{kind}s/{_seg(item_id)}/{action}"), as_json)
 
 
-_key_action("rotate", "Issue a new key with the same settings; the old one expires later.")
-_key_action("revoke", "Revoke a key and its sub-keys, definitively.")
-_key_action("disable", "Disable a key (reversible with enable).")
-_key_action("enable", "Re-enable a disabled key.")
+_id_action(
+    key, "key", "rotate", "Issue a new key with the same settings; the old one expires later."
+)
+_id_action(key, "key", "revoke", "Revoke a key and its sub-keys, definitively.")
+_id_action(key, "key", "disable", "Disable a key (reversible with enable).")
+_id_action(key, "key", "enable", "Re-enable a disabled key.")
 
 
 @key.command("list")
@@ -482,17 +486,8 @@ def model() -> None:
     """Switch models of the catalog off and on (until the server restarts)."""
 
 
-def _model_action(action: str, help_text: str) -> None:
-    @model.command(action, help=help_text)
-    @click.argument("model_id")
-    @url_option
-    @json_option
-    def command(model_id: str, url: str | None, as_json: bool) -> None:
-        emit(call_admin(url, "POST", f"/admin/models/{_seg(model_id)}/{action}"), as_json)
-
-
-_model_action("disable", "Switch a model off: its calls answer 503 model_unavailable.")
-_model_action("enable", "Switch a disabled model back on.")
+_id_action(model, "model", "disable", "Switch a model off: its calls answer 503 model_unavailable.")
+_id_action(model, "model", "enable", "Switch a disabled model back on.")
 
 
 @model.command("list")
@@ -502,6 +497,69 @@ def model_list(url: str | None, as_json: bool) -> None:
     """List every configured model and whether it is enabled."""
     data = call_admin(url, "GET", "/admin/models")
     emit(data, as_json, ("id", "kind", "owned_by", "enabled"))
+
+
+@main.group()
+def user() -> None:
+    """Manage dashboard users (owner, admin, viewer) of organisations."""
+
+
+def _password_body(password_env: str | None) -> dict[str, str]:
+    """``{"password": ...}`` from the named variable; empty: the server makes one up."""
+    if password_env is None:
+        return {}
+    password = os.environ.get(password_env)
+    if not password:
+        fail(f"--password-env {password_env}: that environment variable is not set", 2)
+    return {"password": password}
+
+
+PASSWORD_ENV_HELP = (
+    "Environment variable holding the password (default: the server makes one, shown once)."
+)
+
+
+@user.command("create")
+@click.option("--org", "org_id", required=True, help="Organisation id.")
+@click.option("--email", required=True, help="The email the user signs in with.")
+@click.option("--role", type=click.Choice(["owner", "admin", "viewer"]), required=True)
+@click.option("--password-env", help=PASSWORD_ENV_HELP)
+@url_option
+@json_option
+def user_create(
+    org_id: str, email: str, role: str, password_env: str | None, url: str | None, as_json: bool
+) -> None:
+    """Create a dashboard user; prints its id (and its password, once, if generated)."""
+    body = {"org_id": org_id, "email": email, "role": role, **_password_body(password_env)}
+    emit(call_admin(url, "POST", "/admin/users", body), as_json)
+
+
+@user.command("list")
+@click.option("--org", "org_id", help="Organisation id (default: every organisation).")
+@url_option
+@json_option
+def user_list(org_id: str | None, url: str | None, as_json: bool) -> None:
+    """List dashboard users."""
+    params = {"org_id": org_id} if org_id is not None else None
+    data = call_admin(url, "GET", "/admin/users", params=params)
+    emit(data, as_json, ("id", "email", "role", "status", "org_id"))
+
+
+_id_action(user, "user", "disable", "Disable a user and end its sessions (reversible with enable).")
+_id_action(user, "user", "enable", "Re-enable a disabled user.")
+
+
+@user.command("reset-password")
+@click.argument("user_id")
+@click.option("--password-env", help=PASSWORD_ENV_HELP)
+@url_option
+@json_option
+def user_reset_password(
+    user_id: str, password_env: str | None, url: str | None, as_json: bool
+) -> None:
+    """Give a user a new password (ends its sessions, lifts a lock-out)."""
+    body = _password_body(password_env)
+    emit(call_admin(url, "POST", f"/admin/users/{_seg(user_id)}/reset-password", body), as_json)
 
 
 if __name__ == "__main__":

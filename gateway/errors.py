@@ -4,6 +4,13 @@ Each row says the HTTP status, whether a client may retry, and the fixed Retry-A
 where the spec gives one. The error ``type`` is derived from the status exactly as the
 spec's "Errors / Shape" table says, so no row can disagree with it.
 
+Whether to retry is said on every error answer in ``x-should-retry`` (``true`` or
+``false``), which the official SDKs obey before their own rule (retry every 408, 409,
+429 and 5xx). The row decides it; a raise overrides it only where the spec makes one
+code retryable in one case and not in another (``GatewayError.retryable``): the 409
+``idempotency_conflict`` is retryable only while the original is in progress, and the
+503 ``admission_unavailable`` of an incomplete BYOK setup is not.
+
 Handlers raise :class:`GatewayError`; the app's error handler turns it into the
 wire shape with :func:`render`. Nothing else builds error bodies.
 """
@@ -32,7 +39,7 @@ def _spec(status: int, retryable: bool, message: str, retry_after: int | None = 
 CATALOG: dict[str, ErrorSpec] = {
     # 400
     "invalid_request": _spec(400, False, "The request is invalid."),
-    "unsupported_parameter": _spec(400, False, "This parameter is not supported."),
+    "unsupported_parameter": _spec(400, False, "This parameter is not supported by this gateway."),
     "validation_failed": _spec(400, False, "The request is missing a required field."),
     "invalid_messages": _spec(
         400, False, "messages must be a non-empty array of objects with role and content."
@@ -84,8 +91,8 @@ CATALOG: dict[str, ErrorSpec] = {
     "not_found": _spec(404, False, "Not found."),
     # 405
     "method_not_allowed": _spec(405, False, "Method not allowed on this path."),
-    # 409
-    "idempotency_conflict": _spec(409, True, "The Idempotency-Key is in conflict."),
+    # 409 (idempotency_conflict: retryable when raised for an original still in progress)
+    "idempotency_conflict": _spec(409, False, "The Idempotency-Key is in conflict."),
     "provider_credential_missing": _spec(
         409, False, "No provider key is set up for this model's provider."
     ),
@@ -101,7 +108,9 @@ CATALOG: dict[str, ErrorSpec] = {
     "too_many_in_flight": _spec(429, True, "Too many calls in flight for this key.", 5),
     # 5xx
     "not_implemented": _spec(501, False, "Confidential data mode is not available."),
-    "admission_unavailable": _spec(503, True, "An admission check could not complete."),
+    "admission_unavailable": _spec(  # not retryable when raised for an incomplete BYOK setup
+        503, True, "An admission check could not complete."
+    ),
     "pricing_unavailable": _spec(503, False, "No price is configured for the organization."),
     "model_unavailable": _spec(503, True, "The model is temporarily unavailable."),
     "service_unavailable": _spec(503, True, "The model is unreachable."),
@@ -111,6 +120,13 @@ CATALOG: dict[str, ErrorSpec] = {
 
 # Default Retry-After for retryable 5xx codes (the spec says "after Retry-After").
 DEFAULT_5XX_RETRY_AFTER = 1
+# The answer header of the official SDKs' retry rule ("true" or "false").
+SHOULD_RETRY = "x-should-retry"
+
+
+def retry_hint(retryable: bool) -> dict[str, str]:
+    """The ``x-should-retry`` header saying whether a retry can succeed."""
+    return {SHOULD_RETRY: "true" if retryable else "false"}
 
 
 def error_type(status: int) -> str:
@@ -134,7 +150,10 @@ def error_type(status: int) -> str:
 
 @dataclass
 class GatewayError(Exception):
-    """A refusal with a catalog code; ``svc`` holds the extension block where the spec wants it."""
+    """A refusal with a catalog code; ``svc`` holds the extension block where the spec wants it.
+
+    ``retryable`` overrides the catalog row for this one answer (None: the row decides).
+    """
 
     code: str
     message: str | None = None
@@ -142,6 +161,7 @@ class GatewayError(Exception):
     retry_after: int | None = None
     svc: dict[str, Any] | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    retryable: bool | None = None
 
     def __post_init__(self) -> None:
         if self.code not in CATALOG:
@@ -155,6 +175,10 @@ class GatewayError(Exception):
     @property
     def status(self) -> int:
         return self.spec.status
+
+    @property
+    def should_retry(self) -> bool:
+        return self.spec.retryable if self.retryable is None else self.retryable
 
     def body(self) -> dict[str, Any]:
         spec = self.spec
@@ -173,12 +197,11 @@ class GatewayError(Exception):
     def response_headers(self) -> dict[str, str]:
         headers = dict(self.headers)
         retry_after = self.retry_after if self.retry_after is not None else self.spec.retry_after
-        if retry_after is None and self.status >= 500 and self.spec.retryable:
+        if retry_after is None and self.status >= 500 and self.should_retry:
             retry_after = DEFAULT_5XX_RETRY_AFTER
         if retry_after is not None:
             headers["Retry-After"] = str(retry_after)
-        if self.code == "request_timeout":
-            headers["x-should-retry"] = "false"
+        headers.update(retry_hint(self.should_retry))
         return headers
 
 

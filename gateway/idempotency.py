@@ -165,6 +165,7 @@ def _refuse_repeat(stored_hash: str, digest: str, original: str, *, in_progress:
             f"The request {original} with this {HEADER} is still in progress.",
             param=HEADER,
             retry_after=IN_PROGRESS_RETRY_AFTER,
+            retryable=True,  # the original's answer will be there (or it failed: a new try)
         )
 
 

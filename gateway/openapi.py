@@ -14,7 +14,7 @@ from functools import cache
 from typing import Any
 
 from gateway import __version__
-from gateway.errors import CATALOG, error_type
+from gateway.errors import CATALOG, SHOULD_RETRY, error_type, retry_hint
 
 JSON = "application/json"
 
@@ -430,6 +430,10 @@ def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
 OPERATIONS: tuple[tuple[Any, ...], ...] = (
     ("get", "/v1/models", "inference (none without a key)", "The model catalog", None, 200,
      "ModelList", ("invalid_api_key", "scope_denied", "rate_limited", "internal_error"), ()),
+    ("get", "/v1/models/{model_id}", "inference (none without a key)",
+     "One model of the catalog, by its id (which may hold a /) or an alias", None, 200,
+     "Model", ("invalid_api_key", "scope_denied", "rate_limited", "model_not_found",
+     "internal_error"), (_path_param("model_id"),)),
     ("post", "/v1/chat/completions", "inference", "Chat completion, streamed or not",
      "ChatCompletionRequest", 200, "ChatCompletion", (*_MODEL_CALL, "validation_failed",
      "invalid_messages"), (_IDEMPOTENCY, _TAGS)),
@@ -477,22 +481,25 @@ ALSO_AT: dict[str, tuple[tuple[str, int], ...]] = {
 }
 
 
-# without a key GET /v1/models is limited per IP address: these two headers, and a 429
-# whose body is plain text (the spec puts it outside the error shape)
+# without a key GET /v1/models (and /v1/models/{id}) is limited per IP address: these
+# two headers (on its 404 too), and a 429 whose body is plain text (the spec puts it
+# outside the error shape)
 _PUBLIC_HEADERS = {
     "X-RateLimit-Limit": {"schema": {"type": "string"}, "description": "Per IP, without a key"},
     "X-RateLimit-Remaining": {"schema": {"type": "string"}, "description": "Per IP, without a key"},
 }
 
 
-def _error_headers(status: int) -> dict[str, Any]:
-    headers: dict[str, Any] = {
+def _error_headers(codes: list[str]) -> dict[str, Any]:
+    """Headers of an error answer; ``x-should-retry`` is a constant where the catalog
+    gives every code of the status the same answer (409 and 503 hold both kinds)."""
+    hints = sorted({retry_hint(CATALOG[code].retryable)[SHOULD_RETRY] for code in codes})
+    hint = {"const": hints[0]} if len(hints) == 1 else {"type": "string", "enum": hints}
+    return {
         "X-Request-Id": _ANSWER_HEADERS["X-Request-Id"],
         "Retry-After": {"schema": {"type": "string"}},
+        SHOULD_RETRY: {"schema": hint, "description": "Whether a retry can succeed"},
     }
-    if status == 504:
-        headers["x-should-retry"] = {"schema": {"const": "false"}}
-    return headers
 
 
 def _error_responses(path: str, codes: tuple[str, ...]) -> dict[str, Any]:
@@ -504,7 +511,7 @@ def _error_responses(path: str, codes: tuple[str, ...]) -> dict[str, Any]:
     return {
         str(status): {
             "description": f"{error_type(status)}: {', '.join(sorted(names))}",
-            "headers": _error_headers(status),
+            "headers": _error_headers(names),
             "content": {
                 JSON: {
                     "schema": _ref("Error"),
@@ -533,10 +540,12 @@ def _operation(row: tuple[Any, ...]) -> dict[str, Any]:
     }
     if body is not None:
         op["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
-    if path == "/v1/models":
+    if path.startswith("/v1/models"):
         op["security"] = [{}, {"bearer": []}]
-        for answer in (op["responses"]["200"], op["responses"]["429"]):
-            answer["headers"] = {**answer["headers"], **_PUBLIC_HEADERS}
+        for status in ("200", "404", "429"):
+            answer = op["responses"].get(status)
+            if answer is not None:
+                answer["headers"] = {**answer["headers"], **_PUBLIC_HEADERS}
         op["responses"]["429"]["content"]["text/plain"] = {"schema": {"type": "string"}}
     return op
 

@@ -150,7 +150,9 @@ RESPONSES = Endpoint(
     check=_check_chat,
     answer=lambda call, chat, completion: chat_to_response(completion, chat, response_id(call)),
     stream_format=lambda call, chat, svc: ResponsesFormat(
-        ResponseStreamTranslator(chat, response_id(call), svc=svc)
+        ResponseStreamTranslator(
+            chat, response_id(call), created_at=int(call.runtime.clock.now()), svc=svc
+        )
     ),
 )
 EMBEDDINGS = Endpoint(
@@ -257,6 +259,7 @@ def _provider_request(call: Call, chat: ChatCall) -> tuple[ProviderRequest, list
         upstream_model=upstream_id,
         body=body,
         api_key=call.runtime.provider_key(call.record, hold.model),
+        request_id=call.request_id,
     )
     return request, hold.provider.ignored_parameters(body)
 

@@ -143,13 +143,18 @@ def _find(runtime: Runtime, name: str) -> Model:
         )
     model = runtime.catalog.get(candidates[0]) if candidates else None
     if model is None:
-        raise GatewayError(
-            "model_not_found",
-            f"The model {name!r} does not exist or is not available to your organization.",
-            param="model",
-            svc={"policy": {"decisions": [_deny("unknown_model")]}},
-        )
+        raise model_not_found(name)
     return model
+
+
+def model_not_found(name: str) -> GatewayError:
+    """The 404 of a model the caller cannot see, with the decision the spec gives it."""
+    return GatewayError(
+        "model_not_found",
+        f"The model {name!r} does not exist or is not available to your organization.",
+        param="model",
+        svc={"policy": {"decisions": [_deny("unknown_model")]}},
+    )
 
 
 def _check_byok(runtime: Runtime, org: Org | None, model: Model) -> Model:
@@ -173,6 +178,7 @@ def _check_byok(runtime: Runtime, org: Org | None, model: Model) -> Model:
             "admission_unavailable",
             "BYOK pricing is not set up for this organization.",
             retry_after=BYOK_SETUP_RETRY_AFTER,
+            retryable=False,  # the spec: Retry-After 60, though retrying cannot succeed
         )
     price = pricing.get(model.id, pricing.get("*"))
     if price is None:

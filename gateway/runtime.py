@@ -61,7 +61,7 @@ class Runtime:
         self.inflight = InFlight()
         self.alerts = Alerts(self)
         self.byok: dict[tuple[str, str], str] = {}
-        self.mock = MockProvider.for_models(self.config.models)
+        self.mock = MockProvider.for_models(self.config.models, clock=self.clock.now)
         self.providers: dict[str, Provider] = build_providers(self.config, self.mock)
         #: the root nursery of the server, where stream pumps run (set by serve())
         self.nursery: trio.Nursery | None = None

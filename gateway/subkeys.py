@@ -77,7 +77,7 @@ def child_settings(
         "environment": parent.environment,
         "byok": parent.byok,
         "scopes": _scopes(parent, body),
-        "caps": _caps(parent.caps, body.get("caps")),
+        "caps": child_caps(parent.caps, body.get("caps")),
         "data_mode": _data_mode(parent.data_mode, body),
         "allowed_models": _allowed_models(parent.allowed_models, body, catalog),
         "required_tags": _required_tags(parent.required_tags, body),
@@ -104,7 +104,8 @@ def _scopes(parent: KeyRecord, body: dict[str, Any]) -> tuple[str, ...]:
     return scopes
 
 
-def _caps(parent: Caps, raw: Any) -> Caps:
+def child_caps(parent: Caps, raw: Any) -> Caps:
+    """Caps from ``raw`` over the parent's, each at most the parent's (rule 5)."""
     caps = parse_caps(raw, parent)
     for field in CAP_FIELDS:
         limit, value = getattr(parent, field), getattr(caps, field)

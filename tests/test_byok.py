@@ -144,6 +144,7 @@ async def test_byok_pricing_not_set_up_is_503_with_retry_after_60(gw: Gateway) -
     response = await post(gw, token, chat())
     assert_error(response, 503, "admission_unavailable", None)
     assert response.headers["Retry-After"] == "60"
+    assert response.headers["x-should-retry"] == "false"  # the spec: retrying cannot succeed
 
 
 async def test_no_byok_price_for_the_model_is_pricing_unavailable(gw: Gateway) -> None:
@@ -151,6 +152,7 @@ async def test_no_byok_price_for_the_model_is_pricing_unavailable(gw: Gateway) -
     response = await post(gw, token, chat())
     assert_error(response, 503, "pricing_unavailable", "model")
     assert "Retry-After" not in response.headers  # not retryable
+    assert response.headers["x-should-retry"] == "false"
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from typing import Any, Literal
 import pytest
 
 from gateway.calls import ChatCall
-from gateway.calls.chat import check_capabilities, parse_chat
+from gateway.calls.chat import CHAT_FIELDS, check_capabilities, parse_chat
 from gateway.catalog import Model
 from gateway.config import ModelConfig
 from gateway.errors import GatewayError
@@ -116,7 +116,6 @@ REFUSALS: list[tuple[str, Any, str, str | None]] = [
     ("logprobs true", body(logprobs=True), "unsupported_parameter", "logprobs"),
     ("logprobs a string", body(logprobs="true"), "invalid_request", "logprobs"),
     ("top_logprobs", body(top_logprobs=2), "unsupported_parameter", "top_logprobs"),
-    ("top_logprobs null", body(top_logprobs=None), "unsupported_parameter", "top_logprobs"),
     ("top_logprobs zero", body(top_logprobs=0), "unsupported_parameter", "top_logprobs"),
     ("non-empty logit_bias", body(logit_bias={"50256": -100}),
      "unsupported_parameter", "logit_bias"),
@@ -186,6 +185,27 @@ def test_minimal_body() -> None:
         model="m", messages=USER, max_tokens=LIMIT, stream=False, include_usage=False,
         params={}, needs=frozenset(), endpoint="chat",
     )  # fmt: skip
+
+
+def test_every_top_level_null_is_a_field_not_sent() -> None:
+    """Wrappers that send null for every argument left out (refused-on-presence fields and
+    real OpenAI fields this gateway does not serve included) get the minimal call."""
+    nulls = dict.fromkeys(CHAT_FIELDS - {"model", "messages"})
+    nulls |= dict.fromkeys(("presence_penalty", "frequency_penalty", "a_typo"))
+    assert parse_chat(body(**nulls), LIMIT) == parse_chat(body(), LIMIT)
+
+
+def test_a_forcing_tool_choice_names_what_works_instead() -> None:
+    error = refused(body(tools=[TOOL], tool_choice="required"))
+    assert error.code == "unsupported_parameter" and error.message is not None
+    assert "response_format with type json_schema" in error.message
+    assert "tool_choice auto" in error.message
+
+
+def test_an_unknown_parameter_is_not_supported_by_this_gateway() -> None:
+    error = refused(body(presence_penalty=0.5))
+    assert error.param == "presence_penalty"
+    assert error.message == "The parameter presence_penalty is not supported by this gateway."
 
 
 # Fields accepted with no effect: each is accepted and forwards nothing.

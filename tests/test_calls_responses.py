@@ -16,7 +16,12 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from gateway.calls import ChatCall
-from gateway.calls.responses import ResponseStreamTranslator, chat_to_response, parse_responses
+from gateway.calls.responses import (
+    RESPONSES_FIELDS,
+    ResponseStreamTranslator,
+    chat_to_response,
+    parse_responses,
+)
 from gateway.errors import GatewayError
 
 LIMIT = 4096
@@ -151,6 +156,20 @@ def test_minimal_body() -> None:
         model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=LIMIT,
         endpoint="responses",
     )  # fmt: skip
+
+
+def test_every_top_level_null_is_a_field_not_sent() -> None:
+    nulls = dict.fromkeys(RESPONSES_FIELDS - {"model", "input"})
+    nulls |= dict.fromkeys(("presence_penalty", "a_typo"))
+    assert "previous_response_id" in nulls and "stream_options" in nulls
+    assert parse_responses(body(**nulls), LIMIT) == parse_responses(body(), LIMIT)
+
+
+def test_a_forcing_tool_choice_names_what_works_instead() -> None:
+    error = refused(body(tools=[FN], tool_choice="required"))
+    assert error.code == "unsupported_parameter" and error.message is not None
+    assert "text.format with type json_schema" in error.message
+    assert "tool_choice auto" in error.message
 
 
 NO_EFFECT: list[tuple[str, Any]] = [

@@ -191,7 +191,9 @@ async def test_kill_9_under_load_five_times_keeps_the_books(
                 # kill mid-way: calls have reached the upstream and some are in flight,
                 # or the cap refuses every new call
                 await first_of(
-                    partial(upstream.wait_until, lambda: upstream.calls >= seen + CLIENTS),
+                    partial(
+                        upstream.wait_until, lambda seen=seen: upstream.calls >= seen + CLIENTS
+                    ),
                     refused.wait,
                 )
                 await kill(server)

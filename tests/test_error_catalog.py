@@ -73,8 +73,30 @@ def test_not_retryable_codes_carry_no_retry_after(code: str) -> None:
     assert "Retry-After" not in render(GatewayError(code))[2]
 
 
-def test_timeout_says_do_not_retry() -> None:
-    assert render(GatewayError("request_timeout"))[2]["x-should-retry"] == "false"
+# The spec's Retry columns (401, 402, 403, 404, 405 and 422 refusals: not retryable).
+RETRYABLE = {"idempotency_conflict": False, "duplicate_request": True, "rate_limited": True,
+             "too_many_in_flight": True, "admission_unavailable": True,
+             "model_unavailable": True, "service_unavailable": True}  # fmt: skip
+
+
+@pytest.mark.parametrize("code", sorted(SPEC_CODES))
+def test_every_answer_says_whether_to_retry(code: str) -> None:
+    """x-should-retry on every error answer; the official SDKs obey it before their own
+    rule (which retries every 409, 429 and 5xx)."""
+    expected = "true" if RETRYABLE.get(code, False) else "false"
+    assert render(GatewayError(code))[2]["x-should-retry"] == expected
+
+
+@pytest.mark.parametrize(
+    ("code", "retryable", "header"),
+    [("idempotency_conflict", True, "true"), ("admission_unavailable", False, "false")],
+)
+def test_one_raise_overrides_its_row(code: str, retryable: bool, header: str) -> None:
+    """The in-progress 409 is retryable; the 503 of an incomplete BYOK setup is not, and
+    keeps the Retry-After it is raised with."""
+    headers = render(GatewayError(code, retry_after=60, retryable=retryable))[2]
+    assert (headers["x-should-retry"], headers["Retry-After"]) == (header, "60")
+    assert "Retry-After" not in render(GatewayError("admission_unavailable", retryable=False))[2]
 
 
 def test_unknown_code_is_a_programming_error() -> None:

@@ -108,10 +108,10 @@ async def test_the_openai_client_replays_with_extra_headers(
     token = await live_key(gw)
 
     def twice() -> tuple[Any, Any]:
-        client = openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0)
-        headers = {"Idempotency-Key": "sdk-1"}
-        first = client.chat.completions.create(**body_for("sdk"), extra_headers=headers)
-        second = client.chat.completions.create(**body_for("sdk"), extra_headers=headers)
+        with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0) as client:
+            headers = {"Idempotency-Key": "sdk-1"}
+            first = client.chat.completions.create(**body_for("sdk"), extra_headers=headers)
+            second = client.chat.completions.create(**body_for("sdk"), extra_headers=headers)
         return first, second
 
     with trio.fail_after(20):
@@ -147,6 +147,7 @@ async def test_a_repeat_while_in_progress_is_409(gw: Gateway, upstream: FakeUpst
     repeat = answers["repeat"]
     assert_error(repeat, 409, "idempotency_conflict", "Idempotency-Key")
     assert repeat.headers["Retry-After"] == "1"
+    assert repeat.headers["x-should-retry"] == "true"  # the original's answer is coming
     assert answers["first"].headers["X-Request-Id"] in repeat.json()["error"]["message"]
     assert upstream.calls == 1
     # once it is done, the repeat replays
@@ -204,6 +205,7 @@ async def test_an_answer_that_was_not_stored_is_409_naming_the_original(
     original = first.headers["X-Request-Id"]
     again = await post(gw, token, body, "once")
     assert_error(again, 409, "idempotency_conflict", "Idempotency-Key")
+    assert again.headers["x-should-retry"] == "false"  # a retry gets the same answer
     assert original in again.json()["error"]["message"]
     assert upstream.calls == 1
     async with gw.client(token) as client:  # the original's record is where it says

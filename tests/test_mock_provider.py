@@ -43,8 +43,13 @@ from gateway.providers.mock import count_tokens, prompt_tokens
 HELLO = {"messages": [{"role": "user", "content": "Say hello."}]}
 
 
-async def complete(body: dict[str, Any], model: str = "gpt-4o-mini") -> ChatCompletion:
-    result = await MockProvider().complete(ProviderRequest(model, body))
+REQUEST_ID = "req_" + "5eed" * 6
+
+
+async def complete(
+    body: dict[str, Any], model: str = "gpt-4o-mini", request_id: str = ""
+) -> ChatCompletion:
+    result = await MockProvider().complete(ProviderRequest(model, body, request_id=request_id))
     completion = ChatCompletion.model_validate(result.completion)
     assert result.usage is not None
     assert completion.usage is not None
@@ -52,8 +57,11 @@ async def complete(body: dict[str, Any], model: str = "gpt-4o-mini") -> ChatComp
     return completion
 
 
-async def chunks(body: dict[str, Any], provider: MockProvider | None = None) -> list[Any]:
-    stream = (provider or MockProvider()).stream(ProviderRequest("gpt-4o-mini", body))
+async def chunks(
+    body: dict[str, Any], provider: MockProvider | None = None, request_id: str = ""
+) -> list[Any]:
+    request = ProviderRequest("gpt-4o-mini", body, request_id=request_id)
+    stream = (provider or MockProvider()).stream(request)
     return [ChatCompletionChunk.model_validate(chunk) async for chunk in stream]
 
 
@@ -89,17 +97,30 @@ async def test_completion_is_an_openai_chat_completion() -> None:
 
 async def test_same_body_same_answer_and_different_body_different_answer() -> None:
     first, again = await complete(HELLO), await complete(json.loads(json.dumps(HELLO)))
-    assert first.model_dump() == again.model_dump()
+    assert first.model_dump(exclude={"id"}) == again.model_dump(exclude={"id"})
+    assert first.id != again.id  # two calls: ids are per call, content is not
     other = await complete({"messages": [{"role": "user", "content": "Say goodbye."}]})
-    assert other.id != first.id
+    assert other.choices != first.choices
     seeded = await complete({**HELLO, "seed": 7})
-    assert seeded.id != first.id
-    assert (await complete(HELLO, model="gpt-4o")).id != first.id
+    assert seeded.choices != first.choices
+    assert (await complete(HELLO, model="gpt-4o")).choices != first.choices
+
+
+async def test_ids_and_created_come_from_the_request_id_and_the_clock() -> None:
+    mock = MockProvider(clock=lambda: 1_800_000_000.75)
+    request = ProviderRequest("gpt-4o-mini", TOOLS, request_id=REQUEST_ID)
+    completion = ChatCompletion.model_validate((await mock.complete(request)).completion)
+    hex_id = REQUEST_ID.removeprefix("req_")
+    assert (completion.id, completion.created) == (f"chatcmpl-{hex_id}", 1_800_000_000)
+    (call,) = completion.choices[0].message.tool_calls or []
+    assert call.id == f"call_{hex_id}"
+    parts = await chunks(TOOLS, mock, request_id=REQUEST_ID)
+    assert {(c.id, c.created) for c in parts} == {(completion.id, completion.created)}
 
 
 async def test_stream_carries_the_same_answer_in_several_chunks() -> None:
-    completion = await complete(HELLO)
-    parts = await chunks(HELLO)
+    completion = await complete(HELLO, request_id=REQUEST_ID)
+    parts = await chunks(HELLO, request_id=REQUEST_ID)
     assert all(c.object == "chat.completion.chunk" and c.id == completion.id for c in parts)
     assert parts[0].choices[0].delta.role == "assistant"
     content_chunks = [c for c in parts if c.choices and c.choices[0].delta.content]
@@ -200,8 +221,8 @@ async def test_tools_get_a_call_to_the_first_function_with_valid_arguments() -> 
 
 
 async def test_streamed_tool_call_is_the_same_call_in_deltas() -> None:
-    call = ((await complete(TOOLS)).choices[0].message.tool_calls or [])[0]
-    parts = await chunks(TOOLS)
+    call = ((await complete(TOOLS, request_id=REQUEST_ID)).choices[0].message.tool_calls or [])[0]
+    parts = await chunks(TOOLS, request_id=REQUEST_ID)
     (opening,) = parts[0].choices[0].delta.tool_calls or []
     assert (opening.id, opening.function and opening.function.name) == (call.id, "get_weather")
     assert len([c for c in parts if c.choices and c.choices[0].delta.tool_calls]) >= 5

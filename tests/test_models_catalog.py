@@ -68,8 +68,8 @@ async def test_keyed_catalog_counts_against_the_key(gateway: Gateway) -> None:
 
 async def test_openai_client_lists_models(gateway: Gateway) -> None:
     def list_ids() -> list[str]:
-        client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=gateway.token)
-        return [model.id for model in client.models.list()]
+        with openai.OpenAI(base_url=f"{gateway.url}/v1", api_key=gateway.token) as client:
+            return [model.id for model in client.models.list()]
 
     ids = await trio.to_thread.run_sync(list_ids)
     assert "gpt-4o-mini" in ids and "text-embedding-3-small" in ids
@@ -77,13 +77,13 @@ async def test_openai_client_lists_models(gateway: Gateway) -> None:
 
 async def test_openai_client_reads_401_as_authentication_error(gateway: Gateway) -> None:
     def call() -> openai.AuthenticationError:
-        client = openai.OpenAI(
+        with openai.OpenAI(
             base_url=f"{gateway.url}/v1", api_key="svc_test_zzzzzzzzzzzz_" + "Z" * 32
-        )
-        try:
-            client.models.list()
-        except openai.AuthenticationError as exc:
-            return exc
+        ) as client:
+            try:
+                client.models.list()
+            except openai.AuthenticationError as exc:
+                return exc
         raise AssertionError("expected a 401")
 
     error = await trio.to_thread.run_sync(call)

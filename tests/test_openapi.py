@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import httpx
 from openapi_spec_validator import validate
 
@@ -20,7 +22,7 @@ def app_routes(gw: Gateway) -> set[tuple[str, str]]:
     for rule in app.url_map.iter_rules():
         if not rule.rule.startswith("/v1/"):
             continue
-        path = rule.rule.replace("<", "{").replace(">", "}")
+        path = re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule)  # <path:model_id>
         for method in (rule.methods or set()) - HIDDEN_METHODS:
             routes.add((method.lower(), path))
     return routes
@@ -85,3 +87,26 @@ async def test_the_public_catalog_limit_is_described_as_served(gateway: Gateway)
     assert refused.headers["content-type"].startswith("text/plain")
     assert "text/plain" in documented["429"]["content"]
     assert "Retry-After" in documented["429"]["headers"] and "retry-after" in refused.headers
+
+
+def test_the_retry_hint_is_described_per_status() -> None:
+    """x-should-retry is a constant where every code of a status agrees, else both."""
+    chat = document()["paths"]["/v1/chat/completions"]["post"]["responses"]
+    hint = {s: chat[s]["headers"]["x-should-retry"]["schema"] for s in chat if s != "200"}
+    assert hint["400"] == hint["501"] == hint["504"] == {"const": "false"}
+    assert hint["429"] == {"const": "true"}
+    assert hint["409"] == hint["503"] == {"type": "string", "enum": ["false", "true"]}
+    assert "x-should-retry" not in chat["200"]["headers"]
+
+
+def test_one_model_is_described_like_the_list() -> None:
+    paths = document()["paths"]
+    one, every = paths["/v1/models/{model_id}"]["get"], paths["/v1/models"]["get"]
+    assert one["security"] == every["security"] == [{}, {"bearer": []}]
+    assert one["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/Model"
+    }
+    assert one["responses"]["404"]["content"]["application/json"]["x-error-codes"] == [
+        "model_not_found"
+    ]
+    assert {"X-RateLimit-Limit", "X-RateLimit-Remaining"} <= set(one["responses"]["404"]["headers"])

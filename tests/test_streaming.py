@@ -338,8 +338,21 @@ async def test_an_omitted_budget_reserves_the_key_maximum_while_streaming(gw: Ga
 # -- determinism -----------------------------------------------------------------------------
 
 
-def without_request_id(answer: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in answer.items() if k != "svc"}
+def content_of(answer: dict[str, Any]) -> dict[str, Any]:
+    """An answer without what is per call (the svc block, ids, created): its content."""
+    content = orjson.loads(orjson.dumps(answer))  # a deep copy
+    for key in ("svc", "id", "created"):
+        content.pop(key, None)
+    for choice in content.get("choices", ()):
+        for part in (choice.get("message"), choice.get("delta")):
+            for call in (part or {}).get("tool_calls") or ():
+                call.pop("id", None)
+    return content
+
+
+def call_id(answer: dict[str, Any]) -> str:
+    """The completion id the sandbox gives a call: its request id's hex."""
+    return "chatcmpl-" + answer["svc"]["request_id"].removeprefix("req_")
 
 
 async def chat_stream(gw: Gateway, body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -379,11 +392,12 @@ TOOL = {
 async def test_chat_is_deterministic_streamed_or_not(gw: Gateway, extra: dict[str, Any]) -> None:
     body = chat_body(**extra)
     first, second = await post(gw, CHAT, body), await post(gw, CHAT, body)
-    assert without_request_id(first) == without_request_id(second)
+    assert content_of(first) == content_of(second)
     assert first["svc"]["request_id"] != second["svc"]["request_id"]
+    assert (first["id"], second["id"]) == (call_id(first), call_id(second))
     usage_body = {**body, "stream_options": {"include_usage": True}}
     streamed, again = await chat_stream(gw, usage_body), await chat_stream(gw, usage_body)
-    assert [without_request_id(c) for c in streamed] == [without_request_id(c) for c in again]
+    assert [content_of(c) for c in streamed] == [content_of(c) for c in again]
     message = first["choices"][0]["message"]
     deltas = [chunk["choices"][0]["delta"] for chunk in streamed if chunk["choices"]]
     content = "".join(delta.get("content") or "" for delta in deltas)
@@ -400,7 +414,8 @@ async def test_chat_is_deterministic_streamed_or_not(gw: Gateway, extra: dict[st
     assert streamed[-1]["usage"] == first["usage"]
     finish = [chunk["choices"][0]["finish_reason"] for chunk in streamed if chunk["choices"]]
     assert finish[-1] == first["choices"][0]["finish_reason"]
-    assert {chunk["id"] for chunk in streamed} == {first["id"]}
+    assert {chunk["id"] for chunk in streamed} == {call_id(streamed[0])}
+    assert streamed[0]["id"] != first["id"]
 
 
 async def test_responses_is_deterministic_streamed_or_not(gw: Gateway) -> None:

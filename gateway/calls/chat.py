@@ -1,5 +1,6 @@
 """POST /v1/chat/completions: the body rules of the spec, turned into a :class:`ChatCall`.
 
+A top-level ``null`` is a field not sent (:func:`~gateway.calls.fields.without_nulls`).
 Precedence: the first failing check answers, in this order.
 
 1. The body is a JSON object (invalid_request, param null).
@@ -41,6 +42,7 @@ from gateway.calls.fields import (
     tool_choice,
     tool_params,
     unsupported,
+    without_nulls,
 )
 from gateway.catalog import Model
 from gateway.errors import GatewayError
@@ -48,7 +50,9 @@ from gateway.errors import GatewayError
 ROLES = ("system", "user", "assistant", "tool")
 MAX_STOP = 4
 STRUCTURED_FORMATS = ("json_object", "json_schema")
-# Refused whatever their value (null included): sending the name is the mistake.
+# What works instead of a forcing tool_choice (named in its refusal).
+STRUCTURED_OUTPUT = "response_format with type json_schema"
+# Refused whatever their value (a null is not sent): sending the field is the mistake.
 REFUSED = ("top_logprobs", "prediction", "audio", "functions", "function_call")
 #: the refusal of each capability a model lacks, in the order they are checked
 CAPABILITY_CODES = {
@@ -83,7 +87,7 @@ CHAT_FIELDS = COMMON_FIELDS | {
 
 def parse_chat(body: Any, max_output_tokens: int) -> ChatCall:
     """Validate a chat-completions body; ``max_output_tokens`` is the key's cap."""
-    body = require_object(body)
+    body = without_nulls(require_object(body))
     refuse_unknown(body, CHAT_FIELDS)
     model = require_model(body)
     messages = check_messages(body.get("messages"))
@@ -95,7 +99,7 @@ def parse_chat(body: Any, max_output_tokens: int) -> ChatCall:
     stream_options = obj(body, "stream_options") or {}
     response_format = _response_format(body)
     tools = _tools(body)
-    params.update(tool_params(body, tools, tool_choice(body)))
+    params.update(tool_params(body, tools, tool_choice(body, STRUCTURED_OUTPUT)))
     web_search = obj(body, "web_search_options")
     needs: set[str] = set()
     if response_format is not None:
@@ -201,7 +205,7 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
     refuse_present(body, ("prediction", "audio"))
     if body.get("modalities") not in (None, ["text"]):
         raise unsupported("modalities", "Only text output is supported.")
-    tool_choice(body)
+    tool_choice(body, STRUCTURED_OUTPUT)
     refuse_present(body, ("functions", "function_call"))
 
 

@@ -2,8 +2,9 @@
 
 Conventions, the same for every field:
 
-- A JSON ``null`` is the same as an absent field, except for the fields refused on
-  presence alone (``refuse_present``), where sending the name is the mistake.
+- A top-level JSON ``null`` is a field not sent (:func:`without_nulls`), on every field,
+  known or not, refused on presence or not: some wrappers send ``null`` for every
+  argument left out, and a null asks for nothing. Nested nulls keep their meaning.
 - Booleans are not numbers: ``true`` is neither an integer nor a temperature.
 - Wrong type or out-of-range value: 400 ``invalid_request`` with ``param`` naming the field.
   A known value the service does not serve: 400 ``unsupported_parameter``.
@@ -55,7 +56,9 @@ def invalid(param: str, message: str) -> GatewayError:
 
 def unsupported(param: str, message: str | None = None) -> GatewayError:
     return GatewayError(
-        "unsupported_parameter", message or f"The parameter {param} is not supported.", param=param
+        "unsupported_parameter",
+        message or f"The parameter {param} is not supported by this gateway.",
+        param=param,
     )
 
 
@@ -65,11 +68,17 @@ def require_object(body: Any) -> dict[str, Any]:
     return body
 
 
+def without_nulls(body: dict[str, Any]) -> dict[str, Any]:
+    """The body without its top-level nulls: a null field is a field not sent."""
+    return {name: value for name, value in body.items() if value is not None}
+
+
 def refuse_unknown(body: dict[str, Any], known: frozenset[str]) -> None:
-    """Any top-level field the endpoint does not know, the first in body order."""
+    """Any top-level field the endpoint does not know, the first in body order (many are
+    real OpenAI fields, such as presence_penalty: the message says not supported here)."""
     for name in body:
         if name not in known:
-            raise unsupported(name, f"Unknown parameter: {name}.")
+            raise unsupported(name)
 
 
 def require_model(body: dict[str, Any], missing: str = "validation_failed") -> str:
@@ -96,7 +105,7 @@ def refuse_session_fields(body: dict[str, Any]) -> None:
 
 
 def refuse_present(body: dict[str, Any], names: Iterable[str]) -> None:
-    """Fields refused whatever their value, null included."""
+    """Fields refused whatever their (non-null) value."""
     for name in names:
         if name in body:
             raise unsupported(name)
@@ -147,12 +156,21 @@ def obj(body: dict[str, Any], name: str) -> dict[str, Any] | None:
     return value
 
 
-def tool_choice(body: dict[str, Any]) -> str | None:
-    """Only auto and none: anything else (required, a named tool) forces a tool."""
+def tool_choice(body: dict[str, Any], structured: str) -> str | None:
+    """Only auto and none: anything else (required, a named tool) forces a tool.
+
+    Structured-output libraries force a tool by default; the refusal names what works
+    instead: ``structured`` (the endpoint's json_schema output) or tool_choice auto.
+    """
     value = body.get("tool_choice")
     if value is None or value in ("auto", "none"):
         return value
-    raise unsupported("tool_choice", "Only tool_choice auto or none is supported.")
+    raise unsupported(
+        "tool_choice",
+        "This gateway cannot force a tool call: only tool_choice auto or none is "
+        f"supported. For structured output use {structured}; to let the model call a "
+        "tool, send tool_choice auto.",
+    )
 
 
 def common_params(body: dict[str, Any]) -> dict[str, Any]:

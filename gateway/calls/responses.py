@@ -6,6 +6,7 @@ ceiling, ``text.format`` the ``response_format``, function tools chat tools and 
 ``web_search`` tool ``web_search_options``. The answer is translated back by
 :mod:`gateway.calls.translate` (re-exported here).
 
+A top-level ``null`` is a field not sent (:func:`~gateway.calls.fields.without_nulls`).
 Precedence: the first failing check answers, in this order.
 
 1. The body is a JSON object (invalid_request, param null).
@@ -49,13 +50,14 @@ from gateway.calls.fields import (
     tool_choice,
     tool_params,
     unsupported,
+    without_nulls,
 )
 from gateway.calls.translate import ResponseStreamTranslator, chat_to_response
 from gateway.errors import GatewayError
 
 __all__ = ["ResponseStreamTranslator", "chat_to_response", "parse_responses"]
 
-# Refused whatever their value (null included).
+# Refused whatever their value (a null is not sent).
 REFUSED = ("previous_response_id", "top_logprobs", "stream_options")
 RESPONSES_FIELDS = COMMON_FIELDS | {
     "input",
@@ -72,11 +74,13 @@ RESPONSES_FIELDS = COMMON_FIELDS | {
 INPUT_ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 TEXT_PARTS = ("input_text", "output_text")
 UNSUPPORTED_INPUTS = ("item_reference", "input_file")
+# What works instead of a forcing tool_choice (named in its refusal).
+STRUCTURED_OUTPUT = "text.format with type json_schema"
 
 
 def parse_responses(body: Any, max_output_tokens: int) -> ChatCall:
     """Validate a responses body; ``max_output_tokens`` is the key's cap."""
-    body = require_object(body)
+    body = without_nulls(require_object(body))
     refuse_unknown(body, RESPONSES_FIELDS)
     model = require_model(body, missing="invalid_request")
     messages = input_messages(body.get("input"))
@@ -90,7 +94,7 @@ def parse_responses(body: Any, max_output_tokens: int) -> ChatCall:
     if truncation not in (None, "disabled"):
         raise invalid("truncation", "truncation must be auto or disabled.")
     _include(body.get("include"))
-    choice = tool_choice(body)
+    choice = tool_choice(body, STRUCTURED_OUTPUT)
     params = common_params(body)
     instructions = string(body, "instructions")
     if instructions is not None:

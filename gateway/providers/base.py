@@ -54,11 +54,16 @@ class Usage:
 
 @dataclass(frozen=True, slots=True)
 class ProviderRequest:
-    """One chat call: the OpenAI body, sent upstream with ``model`` = ``upstream_model``."""
+    """One chat call: the OpenAI body, sent upstream with ``model`` = ``upstream_model``.
+
+    ``request_id`` is the gateway's id of the call (``req_<hex>``), from which the mock
+    derives its per-call answer ids.
+    """
 
     upstream_model: str
     body: dict[str, Any]
     api_key: str | None = None
+    request_id: str = ""
 
 
 @dataclass(frozen=True, slots=True)

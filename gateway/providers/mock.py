@@ -1,9 +1,13 @@
 """The deterministic mock provider that serves every sandbox key.
 
-Everything derives from a SHA-256 digest of the canonical JSON (sorted keys) of the
+The content derives from a SHA-256 digest of the canonical JSON (sorted keys) of the
 upstream model and the parameters that shape an answer (:data:`_ANSWER_KEYS`), so the same
-body gives the same answer, streamed or not: same id, same text, same usage. ``max_tokens``
-and ``stop`` are left out of the digest: they only cut the same answer shorter.
+body gives the same answer, streamed or not: same text, same tool call, same usage.
+``max_tokens`` and ``stop`` are left out of the digest: they only cut the same answer
+shorter. Ids and timestamps are per call, as a real provider's are (tracing and dedupe
+tools key on them): ``chatcmpl-<hex>`` and the tool call's ``call_<hex>`` carry the hex of
+the gateway's request id (a fresh random one without it), ``created`` is the clock's
+second.
 
 The answer, in order of precedence:
 
@@ -35,9 +39,11 @@ import hashlib
 import math
 import random
 import re
+import secrets
 import struct
 import sys
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+import time
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +55,6 @@ from gateway.estimate import IMAGE_PART_TYPES
 from gateway.providers.base import EmbeddingResult, ProviderRequest, ProviderResult, Usage
 
 DEFAULT_DIMENSIONS = 1536
-CREATED = 1_767_225_600  # 2026-01-01T00:00:00Z: fixed, so that answers are reproducible
 SYSTEM_FINGERPRINT = "fp_mock"
 MESSAGE_TOKENS = 3
 IMAGE_TOKENS = 85  # OpenAI's price of a "low" detail image
@@ -123,6 +128,7 @@ def prompt_tokens(body: dict[str, Any]) -> int:
 @dataclass(frozen=True, slots=True)
 class _Answer:
     id: str
+    created: int
     model: str
     pieces: list[str]  # content, or the tool call's arguments
     finish_reason: str
@@ -134,23 +140,34 @@ class MockProvider:
     """The deterministic provider of sandbox keys.
 
     ``chunk_delay`` slows each stream chunk, and a whole answer by as long as its stream
-    would take (one delay per chunk), so a slow model is slow streamed or not.
+    would take (one delay per chunk), so a slow model is slow streamed or not. ``clock``
+    (epoch seconds) dates the answers.
     """
 
     def __init__(
-        self, *, embedding_dimensions: Mapping[str, int] | None = None, chunk_delay: float = 0.0
+        self,
+        *,
+        embedding_dimensions: Mapping[str, int] | None = None,
+        chunk_delay: float = 0.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._dimensions = dict(embedding_dimensions or {})
         self._chunk_delay = chunk_delay
+        self._clock = clock
 
     @classmethod
-    def for_models(cls, models: Iterable[ModelConfig], chunk_delay: float = 0.0) -> MockProvider:
+    def for_models(
+        cls,
+        models: Iterable[ModelConfig],
+        chunk_delay: float = 0.0,
+        clock: Callable[[], float] = time.time,
+    ) -> MockProvider:
         """A mock that knows the configured dimensions of the embedding models."""
         dimensions = {m.upstream_id: m.dimensions for m in models if m.kind == "embedding"}
-        return cls(embedding_dimensions=dimensions, chunk_delay=chunk_delay)
+        return cls(embedding_dimensions=dimensions, chunk_delay=chunk_delay, clock=clock)
 
     async def complete(self, request: ProviderRequest) -> ProviderResult:
-        answer = _answer(request)
+        answer = _answer(request, int(self._clock()))
         # the chunks of the stream of the same answer: role, one per piece, finish, usage
         await self._pause(len(answer.pieces) + 3)
         message: dict[str, Any] = {"role": "assistant", "content": "".join(answer.pieces)}
@@ -168,7 +185,7 @@ class MockProvider:
         return ProviderResult(completion=completion, usage=answer.usage)
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
-        answer = _answer(request)
+        answer = _answer(request, int(self._clock()))
         header = _header(answer, "chat.completion.chunk")
         first: dict[str, Any] = {"role": "assistant", "content": ""}
         if answer.tool_call:
@@ -216,8 +233,9 @@ class MockProvider:
 # ---------------------------------------------------------------- answers
 
 
-def _answer(request: ProviderRequest) -> _Answer:
+def _answer(request: ProviderRequest, created: int) -> _Answer:
     body = request.body
+    call = request.request_id.removeprefix("req_") or secrets.token_hex(12)
     shaping = {key: body[key] for key in _ANSWER_KEYS if key in body}
     canonical = orjson.dumps([request.upstream_model, shaping], option=orjson.OPT_SORT_KEYS)
     digest = hashlib.sha256(canonical).hexdigest()
@@ -228,7 +246,7 @@ def _answer(request: ProviderRequest) -> _Answer:
         schema = tool.get("parameters")
         schema = schema if isinstance(schema, dict) and schema else {"type": "object"}
         text = _json(_from_schema(schema, rng, schema, 0))
-        tool_call: tuple[str, str] | None = (f"call_{digest[24:48]}", tool["name"])
+        tool_call: tuple[str, str] | None = (f"call_{call}", tool["name"])
         reason = "tool_calls"
     else:
         text, tool_call, reason = _content(body, messages, rng), None, "stop"
@@ -238,15 +256,15 @@ def _answer(request: ProviderRequest) -> _Answer:
     if isinstance(limit, int) and len(pieces) > limit:
         pieces, reason = pieces[:limit], "length"
     usage = Usage(prompt_tokens=prompt_tokens(body), completion_tokens=len(pieces))
-    answer_id = f"chatcmpl-{digest[:24]}"
-    return _Answer(answer_id, request.upstream_model, pieces, reason, usage, tool_call)
+    answer_id = f"chatcmpl-{call}"
+    return _Answer(answer_id, created, request.upstream_model, pieces, reason, usage, tool_call)
 
 
 def _header(answer: _Answer, obj: str) -> dict[str, Any]:
     return {
         "id": answer.id,
         "object": obj,
-        "created": CREATED,
+        "created": answer.created,
         "model": answer.model,
         "system_fingerprint": SYSTEM_FINGERPRINT,
     }

@@ -21,13 +21,11 @@ from gateway.auth import bearer_token
 from gateway.catalog import nanos_to_usd, usd_to_nanos
 from gateway.errors import GatewayError
 from gateway.http import json_response, read_json_object, runtime
-from gateway.key_body import number, parse_caps, parse_expiry, parse_name, string_list
-from gateway.keys import DATA_MODES, ENVIRONMENTS, MODES, SCOPES, Caps, KeyRecord
+from gateway.key_actions import create_root_key, key_action, set_caps
+from gateway.key_body import number
+from gateway.keys import KeyRecord
 from gateway.orgs import Org, validate_policy
 from gateway.store import records
-from gateway.tags import check_tag_map
-
-ROOT_SCOPES = ("inference", "embeddings", "usage:read")
 
 
 def _authorize() -> None:
@@ -162,69 +160,6 @@ async def set_webhook(org_id: str) -> Response:
 # -- keys ------------------------------------------------------------------------------------
 
 
-#: the body of POST /admin/keys (DECISIONS.md, admin API table)
-KEY_FIELDS = frozenset(
-    {
-        "org_id", "name", "mode", "environment", "scopes", "keys_manage", "caps",
-        "data_mode", "byok", "allowed_models", "required_tags", "default_tags", "expires_at",
-    }
-)  # fmt: skip
-
-
-def _key_settings(body: dict[str, Any]) -> dict[str, Any]:
-    # refused, not ignored: a typo ("allowed_model") or a field of sub-keys ("parent_id")
-    # must not silently give a key without what was asked
-    if unknown := sorted(set(body) - KEY_FIELDS):
-        raise GatewayError(
-            "invalid_request", f"Unknown field {unknown[0]!r} in a key body.", unknown[0]
-        )
-    mode = body.get("mode", "sandbox")
-    if mode not in MODES:
-        raise GatewayError("invalid_request", "mode must be live or sandbox.", param="mode")
-    environment = body.get("environment", "development")
-    if environment not in ENVIRONMENTS:
-        raise GatewayError("invalid_request", "Unknown environment.", param="environment")
-    scopes = string_list(body, "scopes") or ROOT_SCOPES
-    if any(scope not in SCOPES for scope in scopes):
-        raise GatewayError("invalid_request", "Unknown scope.", param="scopes")
-    if _flag(body, "keys_manage") and "keys:manage" not in scopes:
-        scopes = (*scopes, "keys:manage")
-    data_mode = body.get("data_mode", "standard")
-    if data_mode not in DATA_MODES:
-        raise GatewayError("invalid_request", "Unknown data mode.", param="data_mode")
-    allowed = string_list(body, "allowed_models")
-    if allowed is not None:
-        unknown = [m for m in allowed if runtime().catalog.get(m) is None]
-        if unknown:
-            raise GatewayError(
-                "model_not_in_catalog",
-                f"Not in the catalog: {', '.join(unknown)}.",
-                "allowed_models",
-            )
-    return {
-        "mode": mode,
-        "environment": environment,
-        "scopes": tuple(dict.fromkeys(scopes)),
-        "caps": parse_caps(body.get("caps"), Caps()),
-        "data_mode": data_mode,
-        "byok": _flag(body, "byok"),
-        "allowed_models": allowed,
-        "required_tags": check_tag_map(body.get("required_tags"), "required_tags"),
-        "default_tags": check_tag_map(body.get("default_tags"), "default_tags"),
-        "expires_at": parse_expiry(body.get("expires_at")),
-    }
-
-
-def _flag(body: dict[str, Any], name: str) -> bool:
-    """A boolean field: absent or null is false; "no" or 1 is a 400, not its truthiness."""
-    value = body.get(name)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise GatewayError("invalid_request", f"{name} must be a boolean.", param=name)
-    return value
-
-
 def _with_token(record: KeyRecord, token: str) -> dict[str, Any]:
     view = record.public(runtime().clock.now())
     view["token"] = token
@@ -235,11 +170,7 @@ async def create_key() -> Response:
     _authorize()
     body = await read_json_object()
     org = _org(str(body.get("org_id", "")))
-    name = parse_name(body)
-    settings = _key_settings(body)
-    rt = runtime()
-    record, token = rt.keyring.build(org_id=org.id, name=name, **settings)
-    await rt.keyring.insert(record)
+    record, token = await create_root_key(runtime(), org.id, body)
     return json_response(_with_token(record, token), 201)
 
 
@@ -254,27 +185,21 @@ async def list_keys() -> Response:
     return json_response({"object": "list", "data": keys})
 
 
-async def key_action(key_id: str, action: str) -> Response:
+async def change_key(key_id: str, action: str) -> Response:
     _authorize()
     rt = runtime()
+    record, token = await key_action(rt, _key(key_id), action)
+    if token is not None:
+        return json_response(_with_token(record, token), 201)
+    return json_response(record.public(rt.clock.now()))
+
+
+async def change_caps(key_id: str) -> Response:
+    """PATCH /admin/keys/{id}/caps: the caps fields given replace the key's."""
+    _authorize()
     record = _key(key_id)
-    if action == "rotate":
-        if record.parent_id is not None:
-            raise GatewayError(
-                "invalid_request", "A sub-key is not rotated: revoke and recreate it."
-            )
-        if record.effective_status(rt.clock.now()) in ("revoked", "expired"):
-            raise GatewayError("key_revoked", "A revoked or expired key cannot be rotated.")
-        new, token = await rt.keyring.rotate(record, rt.config.server.rotation_grace_s)
-        return json_response(_with_token(new, token), 201)
-    if action == "revoke":
-        record = await rt.keyring.revoke(record)
-    elif record.status == "revoked":
-        raise GatewayError("key_revoked", "The key is revoked; it cannot be changed.")
-    else:
-        record = await rt.keyring.change(
-            record, status="disabled" if action == "disable" else "active"
-        )
+    rt = runtime()
+    record = await set_caps(rt, record, await read_json_object("caps"))
     return json_response(record.public(rt.clock.now()))
 
 
@@ -321,6 +246,9 @@ def register(app: Quart) -> None:
     app.add_url_rule(
         "/admin/keys/<path:key_id>/<any(rotate, revoke, disable, enable):action>",
         "admin_key_action",
-        key_action,
+        change_key,
         methods=["POST"],
+    )
+    app.add_url_rule(
+        "/admin/keys/<path:key_id>/caps", "admin_key_caps", change_caps, methods=["PATCH"]
     )

@@ -9,7 +9,7 @@ which are never billed).
 from __future__ import annotations
 
 from datetime import UTC, date, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from quart import Quart, Response, request
 
@@ -21,6 +21,9 @@ from gateway.http import json_response, runtime
 from gateway.keys import KeyRecord, iso
 from gateway.store import records
 from gateway.tags import TAG_KEY
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
 
 GROUPS = {"day": "day", "model": "model", "key": "key_id"}
 EMPTY = {"requests": 0, "input_tokens": 0, "output_tokens": 0, "billed": 0, "settled": 0}
@@ -67,22 +70,24 @@ async def get_request(request_id: str) -> Response:
     return json_response(request_view(row))
 
 
+async def credits_view(rt: Runtime, org_id: str) -> dict[str, Any]:
+    """The organisation's credits: its account in the shards, its ledger's totals."""
+    account = rt.pool.org_snapshot(org_id)
+    ledger = (await rt.store.read(records.org_balances)).get(org_id, {})
+    return {
+        "object": "credits",
+        "org_id": org_id,
+        "balance_usd": nanos_to_usd(account.balance),
+        "reserved_usd": nanos_to_usd(account.reserved),
+        "available_usd": nanos_to_usd(account.available),
+        "purchased_usd": nanos_to_usd(ledger.get("purchased", 0)),
+        "used_usd": nanos_to_usd(ledger.get("used", 0)),
+    }
+
+
 async def get_credits() -> Response:
     record = await _reader()
-    rt = runtime()
-    account = rt.pool.org_snapshot(record.org_id)
-    ledger = (await rt.store.read(records.org_balances)).get(record.org_id, {})
-    return json_response(
-        {
-            "object": "credits",
-            "org_id": record.org_id,
-            "balance_usd": nanos_to_usd(account.balance),
-            "reserved_usd": nanos_to_usd(account.reserved),
-            "available_usd": nanos_to_usd(account.available),
-            "purchased_usd": nanos_to_usd(ledger.get("purchased", 0)),
-            "used_usd": nanos_to_usd(ledger.get("used", 0)),
-        }
-    )
+    return json_response(await credits_view(runtime(), record.org_id))
 
 
 def _day(name: str, default: date) -> date:
@@ -119,7 +124,7 @@ def _month_end(day: date) -> date:
     return day.replace(month=day.month + 1, day=1) - timedelta(days=1)
 
 
-def _totals(row: dict[str, Any]) -> dict[str, Any]:
+def usage_totals(row: dict[str, Any]) -> dict[str, Any]:
     return {
         "requests": row["requests"],
         "input_tokens": row["input_tokens"] or 0,
@@ -143,7 +148,7 @@ async def get_usage() -> Response:
     key_ids = [record.id, *(child.id for child in rt.keyring.children(record.id))]
     args = (key_ids, start.isoformat(), end.isoformat())
     total_rows = await rt.store.read(records.usage_rows, *args, None)
-    total = _totals(total_rows[0] if total_rows else EMPTY)
+    total = usage_totals(total_rows[0] if total_rows else EMPTY)
     body: dict[str, Any] = {
         "object": "usage",
         "start": start.isoformat(),
@@ -154,7 +159,7 @@ async def get_usage() -> Response:
     }
     if group is not None:
         rows = await rt.store.read(records.usage_rows, *args, group)
-        body["data"] = [{"group": row["grp"], **_totals(row)} for row in rows]
+        body["data"] = [{"group": row["grp"], **usage_totals(row)} for row in rows]
     return json_response(body)
 
 

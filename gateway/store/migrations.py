@@ -157,7 +157,39 @@ def _m003_request_parent(db: Database) -> None:
     )
 
 
-def _m004_pending_requests(db: Database) -> None:
+def _m004_dashboard(db: Database) -> None:
+    """The organisation dashboard: its users, their sessions, and the signing secret.
+
+    Passwords are stored only as argon2id hashes and sessions only as the SHA-256 of
+    their token (as API keys are)."""
+    db["dashboard_users"].create(
+        {
+            "id": str,
+            "org_id": str,
+            "email": str,
+            "role": str,
+            "password_hash": str,
+            "status": str,
+            "created_at": float,
+            "password_changed_at": float,
+            "last_login_at": float,
+        },
+        pk="id",
+        foreign_keys=[("org_id", "orgs", "id")],
+    )
+    db["dashboard_users"].create_index(["email"], unique=True)
+    db["dashboard_users"].create_index(["org_id"])
+    db["dashboard_sessions"].create(
+        {"id": str, "user_id": str, "created_at": float, "expires_at": float},
+        pk="id",
+        foreign_keys=[("user_id", "dashboard_users", "id")],
+    )
+    db["dashboard_sessions"].create_index(["user_id"])
+    db["dashboard_secrets"].create({"name": str, "value": str, "created_at": float}, pk="name")
+    db["requests"].create_index(["org_id", "created"])
+
+
+def _m005_pending_requests(db: Database) -> None:
     """Start-up recovery finds the ``pending`` rows a crash left without a table scan."""
     db.execute("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'")
 
@@ -213,7 +245,23 @@ _PG_003 = (
     "UPDATE requests SET parent_id = (SELECT parent_id FROM keys WHERE keys.id = requests.key_id)",
 )
 
-_PG_004 = ("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'",)
+_PG_004 = (
+    """CREATE TABLE dashboard_users (
+        id TEXT COLLATE "C" PRIMARY KEY, org_id TEXT REFERENCES orgs (id), email TEXT,
+        role TEXT, password_hash TEXT, status TEXT, created_at DOUBLE PRECISION,
+        password_changed_at DOUBLE PRECISION, last_login_at DOUBLE PRECISION)""",
+    "CREATE UNIQUE INDEX idx_dashboard_users_email ON dashboard_users (email)",
+    "CREATE INDEX idx_dashboard_users_org_id ON dashboard_users (org_id)",
+    """CREATE TABLE dashboard_sessions (
+        id TEXT PRIMARY KEY, user_id TEXT REFERENCES dashboard_users (id),
+        created_at DOUBLE PRECISION, expires_at DOUBLE PRECISION)""",
+    "CREATE INDEX idx_dashboard_sessions_user_id ON dashboard_sessions (user_id)",
+    """CREATE TABLE dashboard_secrets (
+        name TEXT PRIMARY KEY, value TEXT, created_at DOUBLE PRECISION)""",
+    "CREATE INDEX idx_requests_org_id_created ON requests (org_id, created)",
+)
+
+_PG_005 = ("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +276,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m001_initial, _PG_001),
     Migration(_m002_webhooks, _PG_002),
     Migration(_m003_request_parent, _PG_003),
-    Migration(_m004_pending_requests, _PG_004),
+    Migration(_m004_dashboard, _PG_004),
+    Migration(_m005_pending_requests, _PG_005),
 )
 
 

@@ -171,12 +171,18 @@ def org_billed(conn: Conn, month: str) -> dict[str, int]:
 
 
 def usage_rows(
-    conn: Conn, key_ids: list[str], start: str, end: str, group: str | None
+    conn: Conn,
+    key_ids: list[str],
+    start: str,
+    end: str,
+    group: str | None,
+    by_day: bool = False,
 ) -> list[dict[str, Any]]:
     """Totals of the settled requests of ``key_ids`` between two days (inclusive), grouped
     (a call in flight counts once it is settled).
 
     ``group`` is a column name (day, model, key_id) or ``tag:<name>``; None for one total.
+    ``by_day`` also splits each group by day (a ``day`` column): the dashboard's chart.
     """
     dialect = conn.dialect
     params: list[Any] = []
@@ -189,14 +195,15 @@ def usage_rows(
         select = f"{group} AS grp"
     marks = ", ".join("?" for _ in key_ids)
     params += [*key_ids, start, end]
+    days = "day, " if by_day else ""
     return sq.query(
         conn,
-        f"SELECT {select}, COUNT(*) AS requests,"
+        f"SELECT {days}{select}, COUNT(*) AS requests,"
         f" SUM(COALESCE({dialect.json_int('usage', 'prompt_tokens')}, 0)) AS input_tokens,"
         f" SUM(COALESCE({dialect.json_int('usage', 'completion_tokens')}, 0)) AS output_tokens,"
         " SUM(billed_usd_nanos) AS billed, SUM(settled_usd_nanos) AS settled"
         f" FROM requests WHERE key_id IN ({marks}) AND day BETWEEN ? AND ?"
         f" AND status != '{PENDING}'"
-        " GROUP BY grp ORDER BY grp NULLS FIRST",
+        f" GROUP BY {days}grp ORDER BY {days}grp NULLS FIRST",
         params,
     )

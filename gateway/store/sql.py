@@ -33,6 +33,9 @@ PRIMARY_KEYS = {
     "credit_ledger": ("id",),
     "webhooks": ("org_id",),
     "webhook_events": ("id",),
+    "dashboard_users": ("id",),
+    "dashboard_sessions": ("id",),
+    "dashboard_secrets": ("name",),
 }
 
 

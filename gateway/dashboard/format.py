@@ -1,0 +1,68 @@
+"""How the dashboard shows amounts and times: USD with the currency, UTC with a hint."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from markupsafe import Markup
+
+_UNITS = (
+    (86400 * 365, "year"),
+    (86400 * 30, "month"),
+    (86400, "day"),
+    (3600, "hour"),
+    (60, "minute"),
+)
+
+
+def usd(value: float | None) -> str:
+    """``$12.50``, ``$0.000123`` (small amounts keep their significant digits), ``—``."""
+    if value is None:
+        return "—"
+    if value == 0:
+        return "$0.00"
+    sign, value = ("-" if value < 0 else ""), abs(value)
+    if value >= 0.01:
+        text = f"{value:,.2f}" if value == round(value, 2) else f"{value:,.4f}".rstrip("0")
+    else:
+        text = decimal(value)
+    return f"{sign}${text}"
+
+
+def decimal(value: float) -> str:
+    """Up to 9 decimals (nano-USD), no exponent, no trailing zeros: ``0.0000228``."""
+    return f"{value:.9f}".rstrip("0").rstrip(".")
+
+
+def relative(ts: float, now: float) -> str:
+    """``3 minutes ago``, ``in 23 hours``, ``just now``."""
+    delta = ts - now
+    seconds = abs(delta)
+    if seconds < 60:
+        return "just now"
+    for size, unit in _UNITS:
+        if seconds >= size:
+            count = round(seconds / size)
+            text = f"{count} {unit}{'s' if count != 1 else ''}"
+            return f"in {text}" if delta > 0 else f"{text} ago"
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def utc(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def when(ts: float | str | None, now: float) -> Markup:
+    """A moment as a ``<time>`` element: the UTC time and a relative hint."""
+    if ts is None:
+        return Markup('<span class="muted">never</span>')
+    if isinstance(ts, str):
+        ts = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
+    iso = datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
+    return Markup('<time datetime="{}">{}</time> <span class="hint">({})</span>').format(
+        iso, utc(ts), relative(ts, now)
+    )
+
+
+def number(value: int | float | None) -> str:
+    return "—" if value is None else f"{value:,}"
