@@ -250,6 +250,17 @@ def report(results: dict[str, Figures], runtime_s: float, load: tuple[float, flo
             f"measured over those); the store alone: {WRITERS} writers making "
             f"{WRITES_EACH} calls' two writes each.",
             "",
+            "- One driver measured: psycopg 3 (synchronous, on the store's worker threads). "
+            "asyncpg through trio-asyncio, the alternative, was not measured.",
+            "- A call waits for two commits (its pending row before the provider is asked, its "
+            "settlement before the answer): on PostgreSQL each is a round trip and a WAL flush "
+            "of the database server, on SQLite an fsync from the gateway's own process. The "
+            "gateway's CPU per call is about the same on both; the database server adds its "
+            "own. With 2 cores shared by the client, the upstream, the gateway and the "
+            "database, the calls/s row is bound by CPU.",
+            "- The store alone batches: many writers share one transaction, so its writes/s "
+            "is far above one commit per call.",
+            "",
         ]
     )
 

@@ -6,7 +6,7 @@ nothing outside this package knows which.
 
 Writes go through a single writer task that batches them: it takes every operation
 waiting in its channel (up to ``BATCH``), runs them on a worker thread in one
-transaction with a savepoint each (one failing operation does not undo the others)
+transaction (one failing operation does not undo the others: see :meth:`Store._commit`)
 and commits once. A caller's ``await store.write(...)`` returns only after that
 commit, so a settled amount is durable before the answer that reports it completes.
 
@@ -284,36 +284,45 @@ class Store:
 
     def _commit(self, batch: list[_Pending]) -> _Lost | None:
         """Commit ``batch`` in one transaction (on the writer's thread); a lost
-        connection is returned, for :meth:`_recover`."""
+        connection is returned, for :meth:`_recover`.
+
+        Optimistic: the operations run one after the other with no savepoint (a savepoint
+        costs two round trips an operation on a database server); one that fails gets its
+        error, the transaction is rolled back and the others run again without it.
+        """
         conn = self._writer()
         backend = self.backend
-        token: object = None
-        committing = False
-        try:
-            token = backend.begin(conn)
-            for index, pending in enumerate(batch):
-                conn.execute(f"SAVEPOINT op{index}", ())
-                try:
-                    pending.result = pending.op(conn, *pending.args)
-                    conn.execute(f"RELEASE op{index}", ())
-                except Exception as exc:  # one bad op must not undo the batch
-                    if isinstance(exc, backend.errors) and backend.lost(conn, exc):
-                        raise
-                    conn.execute(f"ROLLBACK TO op{index}", ())
-                    conn.execute(f"RELEASE op{index}", ())
-                    pending.error = exc
-            committing = True
-            conn.execute("COMMIT", ())
-        except backend.errors as exc:
-            if backend.lost(conn, exc):
-                self._write_conn = None
-                backend.close(conn)
-                return _Lost(token, committing)
-            log.error("store commit failed: %s", exc)
-            if backend.in_transaction(conn):
-                conn.execute("ROLLBACK", ())
-            for pending in batch:
-                pending.error = StoreError(f"store write failed: {exc}")
+        todo = list(batch)
+        while todo:
+            token: object = None
+            committing = False
+            try:
+                token = backend.begin(conn)
+                for pending in todo:
+                    try:
+                        pending.result = pending.op(conn, *pending.args)
+                    except Exception as exc:
+                        if isinstance(exc, backend.errors) and backend.lost(conn, exc):
+                            raise
+                        pending.error = exc
+                        break
+                else:
+                    committing = True
+                    conn.execute("COMMIT", ())
+                    return None
+                conn.execute("ROLLBACK", ())  # one bad op must not undo the others
+                todo = [pending for pending in todo if pending.error is None]
+            except backend.errors as exc:
+                if backend.lost(conn, exc):
+                    self._write_conn = None
+                    backend.close(conn)
+                    return _Lost(token, committing)
+                log.error("store commit failed: %s", exc)
+                if backend.in_transaction(conn):
+                    conn.execute("ROLLBACK", ())
+                for pending in todo:
+                    pending.error = StoreError(f"store write failed: {exc}")
+                return None
         return None
 
     def close(self) -> None:
