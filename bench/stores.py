@@ -254,10 +254,10 @@ def report(results: dict[str, Figures], runtime_s: float, load: tuple[float, flo
             "asyncpg through trio-asyncio, the alternative, was not measured.",
             "- A call waits for two commits (its pending row before the provider is asked, its "
             "settlement before the answer): on PostgreSQL each is a round trip and a WAL flush "
-            "of the database server, on SQLite an fsync from the gateway's own process. The "
-            "gateway's CPU per call is about the same on both; the database server adds its "
-            "own. With 2 cores shared by the client, the upstream, the gateway and the "
-            "database, the calls/s row is bound by CPU.",
+            "of the database server, on SQLite an fsync from the gateway's own process. "
+            "On PostgreSQL the database server's CPU comes on top of the gateway's. With 2 "
+            "cores shared by the client, the upstream, the gateway and the database, the "
+            "calls/s row is bound by CPU, and CPU per call varies by a third between runs.",
             "- The store alone batches: many writers share one transaction, so its writes/s "
             "is far above one commit per call.",
             "",
