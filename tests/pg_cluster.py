@@ -25,7 +25,7 @@ TIMEOUT_S = 60.0
 def find_bin_dir() -> Path | None:
     """The directory of ``initdb`` and ``pg_ctl``, or None when PostgreSQL is absent."""
     for name in (os.environ.get("SVC_TEST_PG_BIN"), *BIN_DIRS):
-        if name and (Path(name) / "initdb").exists() and (Path(name) / "pg_ctl").exists():
+        if name and all((Path(name) / tool).exists() for tool in ("initdb", "pg_ctl", "psql")):
             return Path(name)
     found = shutil.which("initdb")
     return Path(found).parent if found and shutil.which("pg_ctl") else None
@@ -59,8 +59,9 @@ class Cluster:
         command = [str(self.bin_dir / args[0]), *args[1:]]
         if self.run_as is not None:
             command = ["runuser", "-u", self.run_as, "--", *command]
+        # cwd: the cluster's own dir, which the postgres user can enter (the caller's may not)
         return subprocess.run(
-            command, capture_output=True, text=True, timeout=TIMEOUT_S, check=check
+            command, capture_output=True, text=True, timeout=TIMEOUT_S, check=check, cwd=self.root
         )
 
     def start(self) -> None:
