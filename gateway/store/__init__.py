@@ -101,6 +101,8 @@ class _Lost(Exception):
 class Store:
     def __init__(self, db: str) -> None:
         self.backend = open_backend(db)
+        #: the database as configured (an SQLite path, or a URL that may hold a password)
+        self.path = db
         #: what to call the database in messages (a URL without its password)
         self.name = self.backend.name
         self._write_conn: Conn | None = self.backend.open_writer()
@@ -109,6 +111,8 @@ class Store:
         self._read_limiter = trio.CapacityLimiter(1)
         self._write_limiter = trio.CapacityLimiter(1)
         self._send, self._receive = trio.open_memory_channel[_Pending](BATCH * 4)
+        #: writes to commit again after a lost connection, before any new one
+        self._carried: list[_Pending] = []
         self._running = False
         #: False while the database cannot be reached (reads and writes refused)
         self.available = True
@@ -183,11 +187,10 @@ class Store:
         """The writer task: batch, commit, wake the callers. Runs until cancelled."""
         self._running = True
         task_status.started()
-        carried: list[_Pending] = []
         try:
             while True:
-                batch = carried or [await self._receive.receive()]
-                carried = []
+                batch = self._carried or [await self._receive.receive()]
+                self._carried = []
                 while len(batch) < BATCH:
                     try:
                         batch.append(self._receive.receive_nowait())
@@ -198,21 +201,23 @@ class Store:
                         self._commit, batch, limiter=self._write_limiter
                     )
                 if lost is not None:
-                    carried = await self._recover(batch, lost)
+                    self._carried = batch
+                    await self._recover(lost)
                     continue
                 for pending in batch:
                     pending.done.set()
         finally:
             self._running = False
-            self._drain(carried)
+            self._drain(self._carried)
 
-    async def _recover(self, batch: list[_Pending], lost: _Lost) -> list[_Pending]:
-        """After a lost connection: refuse what may be refused, reconnect, and return the
-        operations to commit again (the ``must_land`` ones of a batch that did not commit)."""
+    async def _recover(self, lost: _Lost) -> None:
+        """After a lost connection: refuse what may be refused, reconnect, and leave in
+        ``_carried`` the operations to commit again (the ``must_land`` ones of a batch that
+        did not commit; a writer stopped meanwhile drains them)."""
         self.available = False
         log.error("store: the database connection was lost; reconnecting")
         if not lost.committing:
-            batch = self._refuse(batch)
+            self._carried = self._refuse(self._carried)
         attempt = 0
         while True:
             await trio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
@@ -227,10 +232,12 @@ class Store:
                 continue
             log.info("store: the database is back")
             if committed:
-                for pending in batch:
+                for pending in self._carried:
                     pending.done.set()
-                return []
-            return self._refuse(batch)
+                self._carried = []
+            else:
+                self._carried = self._refuse(self._carried)
+            return
 
     def _reconnect(self, lost: _Lost) -> bool:
         """A new writer connection; True when the lost batch turns out to be committed."""
