@@ -17,8 +17,6 @@ cores, and a hard stop at 90 s.
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import os
 import statistics
 import subprocess
@@ -38,10 +36,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.streaming import (  # noqa: E402
     ADMIN_TOKEN,
-    machine,
     percentile,
+    publish,
+    run_line,
     start_server,
-    write_section,
+    wants_write,
 )
 
 SECTION = "## Live calls (HTTP upstream)"
@@ -239,7 +238,6 @@ def report(gateway: Figures, direct: Figures, runtime_s: float, load: tuple[floa
         f"| calls/s, {CONCURRENCY} at once (not streamed) | {gateway.calls_per_s:,.0f} | "
         f"{direct.calls_per_s:,.0f} | {direct.calls_per_s / gateway.calls_per_s:.1f}× |",
     ]
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     added = gateway.whole_median_ms - direct.whole_median_ms
     return "\n".join(
         [
@@ -247,9 +245,7 @@ def report(gateway: Figures, direct: Figures, runtime_s: float, load: tuple[floa
             "",
             *table,
             "",
-            f"Machine: {machine()}. Date: {now}. Load average (1 min) before / after: "
-            f"{load[0]:.2f} / {load[1]:.2f}. Benchmark runtime: {runtime_s:.0f} s. "
-            "Command: `python bench/live_upstream.py`.",
+            run_line("python bench/live_upstream.py", runtime_s, load),
             "",
             "Three processes on loopback: the fake OpenAI-compatible upstream of the tests "
             "(answers at once), a `svc-gateway serve` with it as an `openai` provider, and "
@@ -272,17 +268,12 @@ def report(gateway: Figures, direct: Figures, runtime_s: float, load: tuple[floa
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-write", action="store_true", help="print only")
-    args = parser.parse_args()
+    write = wants_write(__doc__)
     load_before = os.getloadavg()[0]
     started = time.monotonic()
     gateway, direct = trio.run(measure)
-    section = report(gateway, direct, time.monotonic() - started, (load_before, os.getloadavg()[0]))
-    print(section)
-    if not args.no_write:
-        write_section(ROOT / "bench" / "RESULTS.md", section)
-        print(f"updated {ROOT / 'bench' / 'RESULTS.md'}")
+    load = (load_before, os.getloadavg()[0])
+    publish(report(gateway, direct, time.monotonic() - started, load), write)
 
 
 if __name__ == "__main__":

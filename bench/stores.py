@@ -18,8 +18,6 @@ about a minute on 2 cores.
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import os
 import statistics
 import sys
@@ -36,7 +34,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.live_upstream import BODY, UPSTREAM_KEY, config_toml, live_key, start_upstream  # noqa: E402
-from bench.streaming import machine, percentile, start_server, write_section  # noqa: E402
+from bench.streaming import (  # noqa: E402
+    percentile,
+    publish,
+    run_line,
+    start_server,
+    wants_write,
+)
 from gateway.store import Store, records  # noqa: E402
 from tests.pg_cluster import Cluster, destroy, find_bin_dir, start_cluster  # noqa: E402
 
@@ -228,16 +232,13 @@ def report(results: dict[str, Figures], runtime_s: float, load: tuple[float, flo
         f"| store alone: a write's wait, median (ms) | {sq.write_median_ms:.2f} | "
         f"{pg.write_median_ms:.2f} |",
     ]
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join(
         [
             SECTION,
             "",
             *table,
             "",
-            f"Machine: {machine()}. Date: {now}. Load average (1 min) before / after: "
-            f"{load[0]:.2f} / {load[1]:.2f}. Benchmark runtime: {runtime_s:.0f} s. "
-            "Command: `python bench/stores.py`.",
+            run_line("python bench/stores.py", runtime_s, load),
             "",
             "One run for both stores: the fake upstream (answers at once), a `svc-gateway "
             "serve` on each store in turn, and httpx as the client with a live key (each call "
@@ -266,9 +267,7 @@ def report(results: dict[str, Figures], runtime_s: float, load: tuple[float, flo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--no-write", action="store_true", help="print only")
-    args = parser.parse_args()
+    write = wants_write(__doc__)
     bin_dir = find_bin_dir()
     if bin_dir is None:
         raise SystemExit("PostgreSQL binaries (initdb, pg_ctl) not found")
@@ -279,11 +278,8 @@ def main() -> None:
         results = trio.run(measure, cluster)
     finally:
         destroy(cluster)
-    section = report(results, time.monotonic() - started, (load_before, os.getloadavg()[0]))
-    print(section)
-    if not args.no_write:
-        write_section(ROOT / "bench" / "RESULTS.md", section)
-        print(f"updated {ROOT / 'bench' / 'RESULTS.md'}")
+    load = (load_before, os.getloadavg()[0])
+    publish(report(results, time.monotonic() - started, load), write)
 
 
 if __name__ == "__main__":

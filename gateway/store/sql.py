@@ -146,7 +146,3 @@ def select_one(
 def query(conn: Conn, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
     return [dict(row) for row in conn.execute(sql, tuple(params)).fetchall()]
 
-
-def execute(conn: Conn, sql: str, params: Iterable[Any] = ()) -> int:
-    """A statement without rows; returns how many rows it changed."""
-    return conn.execute(sql, tuple(params)).rowcount
