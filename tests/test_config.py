@@ -328,7 +328,11 @@ INVALID: list[tuple[str, str, str]] = [
     ("platform-rpm-zero", "[server]\nplatform_rpm = 0\n", "server.platform_rpm"),
     ("max-body-zero", "[server]\nmax_body_bytes = 0\n", "server.max_body_bytes"),
     ("grace-negative", "[server]\nshutdown_grace_s = -1\n", "server.shutdown_grace_s"),
-    ("graceful-renamed", "[server]\ngraceful_timeout_s = 3\n", "server.shutdown_grace_s"),
+    (
+        "graceful-renamed",
+        "[server]\ngraceful_timeout_s = 3\n",
+        "server.graceful_timeout_s: renamed server.shutdown_grace_s",
+    ),
     ("rotation-grace-negative", "[server]\nrotation_grace_s = -1\n", "server.rotation_grace_s"),
     ("catalog-rpm-negative", "[server]\npublic_catalog_rpm = -1\n", "server.public_catalog_rpm"),
     ("providers-without-models", PROVIDERS, "models"),
