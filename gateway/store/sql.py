@@ -145,4 +145,3 @@ def select_one(
 
 def query(conn: Conn, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
     return [dict(row) for row in conn.execute(sql, tuple(params)).fetchall()]
-
