@@ -28,6 +28,7 @@ in :mod:`gateway.store.records`, ``idempotency`` and ``webhooks``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,6 +47,9 @@ BATCH = 256
 READ_RETRY_S = 0.5
 RECONNECT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0)
 UNAVAILABLE = "the database is unavailable; retry shortly"
+#: how long a ``must_land`` write waits for a database that went away before its caller
+#: is told (StoreError); the write stays queued and lands if the database comes back
+MUST_LAND_WAIT_S = 15.0
 log = logging.getLogger("gateway.store")
 
 
@@ -146,8 +150,11 @@ class Store:
 
         Shielded: a caller cancelled mid-way (a client that disconnects) must not lose a
         settlement that is already on its way to disk. While the database is unavailable
-        a write is refused (:class:`StoreError`) unless it ``must_land``: then it waits
-        until the database is back and it is committed.
+        a write is refused (:class:`StoreError`) unless it ``must_land``: then it stays
+        queued until the database is back and it is committed, and its caller waits for
+        that up to ``MUST_LAND_WAIT_S`` (a server stopping must not wait forever; a
+        pending row that never gets its settlement is settled by the next start's
+        recovery).
         """
         if not self._running:
             return self.call(op, *args)
@@ -156,7 +163,10 @@ class Store:
         pending = _Pending(op, args, must_land)
         with trio.CancelScope(shield=True):
             await self._send.send(pending)
-            await pending.done.wait()
+            with trio.move_on_after(MUST_LAND_WAIT_S if must_land else math.inf):
+                await pending.done.wait()
+        if not pending.done.is_set():
+            raise StoreError(UNAVAILABLE)
         if pending.error is not None:
             raise pending.error
         return pending.result
