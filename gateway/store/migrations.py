@@ -189,7 +189,13 @@ def _m004_dashboard(db: Database) -> None:
     db["requests"].create_index(["org_id", "created"])
 
 
-def _m005_pending_requests(db: Database) -> None:
+def _m005_request_trace(db: Database) -> None:
+    """Each request names the W3C trace it belongs to (the ``traceparent`` trace id),
+    so that a call can be followed from the client to the provider. Earlier rows: none."""
+    db["requests"].add_column("trace_id", str)
+
+
+def _m006_pending_requests(db: Database) -> None:
     """Start-up recovery finds the ``pending`` rows a crash left without a table scan."""
     db.execute("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'")
 
@@ -261,7 +267,9 @@ _PG_004 = (
     "CREATE INDEX idx_requests_org_id_created ON requests (org_id, created)",
 )
 
-_PG_005 = ("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'",)
+_PG_005 = ("ALTER TABLE requests ADD COLUMN trace_id TEXT",)
+
+_PG_006 = ("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +285,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m002_webhooks, _PG_002),
     Migration(_m003_request_parent, _PG_003),
     Migration(_m004_dashboard, _PG_004),
-    Migration(_m005_pending_requests, _PG_005),
+    Migration(_m005_request_trace, _PG_005),
+    Migration(_m006_pending_requests, _PG_006),
 )
 
 
