@@ -1,11 +1,12 @@
 """``svc-gateway db copy``: an embedded deployment moved to PostgreSQL serves the same books.
 
 A gateway on SQLite gets organisations, keys (a sub-key, a rotation), credits, live calls
-with tags and an Idempotency-Key, a webhook, a dashboard user signed in; it stops; the CLI copies its file into an
-empty PostgreSQL database; a gateway on that database answers the same ``/v1/key``,
-``/v1/usage``, ``/v1/credits`` and request records, and the dashboard session made
-before the copy still holds (users, sessions and the signing secret are copied). A second copy into the now filled
-database is refused, and so is a source that does not exist.
+with tags and an Idempotency-Key, a webhook, a dashboard user signed in; it stops; the CLI
+copies its file into an empty PostgreSQL database; a gateway on that database answers the
+same ``/v1/key``, ``/v1/usage``, ``/v1/credits`` and request records, and the dashboard
+session made before the copy still holds (users, sessions and the signing secret are
+copied). A second copy into the now filled database is refused, and so is a source that
+does not exist.
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ import trio
 
 from gateway.config import Config
 from tests.conftest import Gateway, start_gateway
-from tests.test_dashboard_auth import PASSWORD, admin_user, signed_in
 from tests.fake_upstream import FakeUpstream
 from tests.pg_cluster import Cluster
 from tests.procs import assert_one_line_error, run_cli
+from tests.test_dashboard_auth import PASSWORD, admin_user, signed_in
 from tests.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 
 

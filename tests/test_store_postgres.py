@@ -20,7 +20,8 @@ import pytest
 import trio
 
 from gateway.config import Config
-from gateway.store import READ_RETRY_S
+from gateway.store import READ_RETRY_S, Store
+from gateway.store.sql import Conn
 from tests.conftest import start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.pg_cluster import Cluster, free_port
@@ -203,3 +204,25 @@ async def test_the_database_stopped_and_started_under_load(
     assert view["usage"]["day"]["reserved_usd"] == 0
     assert credits["used_usd"] == pytest.approx(usage["totals"]["cost_usd"])
     gw.stop.set()
+
+
+def column_names(conn: Conn, table: str) -> set[str]:
+    return {column[0] for column in conn.execute(f"SELECT * FROM {table}", ()).description}
+
+
+def columns(db: str) -> dict[str, set[str]]:
+    """Each table of the database at ``db`` and its column names."""
+    store = Store(db)
+    try:
+        tables = store.call(store.backend.tables)
+        return {table: store.call(column_names, table) for table in tables}
+    finally:
+        store.close()
+
+
+def test_both_stores_have_the_same_tables_and_columns(tmp_path: Path, pg_db: str) -> None:
+    """One migration, one version on both: after the last one, every table has the same
+    columns on SQLite and on PostgreSQL."""
+    on_sqlite = columns(str(tmp_path / "g.db"))
+    assert on_sqlite == columns(pg_db)
+    assert "trace_id" in on_sqlite["requests"] and "dashboard_secrets" in on_sqlite
