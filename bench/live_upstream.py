@@ -44,7 +44,6 @@ counting on and off, and their ratio per pair of adjacent rounds.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import os
 import re
 import shutil
@@ -70,10 +69,10 @@ sys.path.insert(0, str(ROOT))
 from bench.streaming import (  # noqa: E402
     ADMIN_TOKEN,
     Server,
-    machine,
     percentile,
+    publish,
+    run_line,
     start_server,
-    write_section,
 )
 
 SECTION = "## Live calls (HTTP upstream)"
@@ -637,7 +636,6 @@ def cost_report(
     off = statistics.median(p[1] for p in pairs) * 1000
     ratios = sorted(p[0] / p[1] for p in pairs)
     ratio = statistics.median(ratios)
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return "\n".join(
         [
             METRICS_SECTION,
@@ -647,9 +645,7 @@ def cost_report(
             f"| server CPU per call, median of {len(pairs)} rounds (ms) | {on:.3f} | {off:.3f} "
             f"| {ratio:.3f} (pairs from {ratios[0]:.3f} to {ratios[-1]:.3f}) |",
             "",
-            f"Machine: {machine()}. Date: {now}. Load average (1 min) before / after: "
-            f"{load[0]:.2f} / {load[1]:.2f}. Benchmark runtime: {runtime_s:.0f} s. "
-            "Command: `python bench/live_upstream.py --metrics-cost`.",
+            run_line("python bench/live_upstream.py --metrics-cost", runtime_s, load),
             "",
             "Two gateways on the same fake upstream, one with `[server] metrics = false`; "
             f"each round is {COST_CALLS} non-streamed live calls then {COST_STREAMS} streams, "
@@ -680,15 +676,6 @@ ROWS: list[tuple[str, Callable[[Figures], float], str, bool]] = [
 ]
 
 
-def context_line(runtime_s: float, load: tuple[float, float], command: str) -> str:
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
-    return (
-        f"Machine: {machine()}. Date: {now}. Load average (1 min) before / after: "
-        f"{load[0]:.2f} / {load[1]:.2f}. Benchmark runtime: {runtime_s:.0f} s. "
-        f"Command: `{command}`."
-    )
-
-
 def report(
     rounds: list[Figures],
     rss: tuple[float, float],
@@ -713,7 +700,7 @@ def report(
             "",
             *table,
             "",
-            context_line(runtime_s, load, command),
+            run_line(command, runtime_s, load),
             "",
             f"{len(rounds)} rounds; see the docstring of `bench/live_upstream.py` for what a "
             "round measures. The gateway runs pinned to one core, this client and the fake "
@@ -752,7 +739,7 @@ def against_report(
             "",
             *table,
             "",
-            context_line(runtime_s, load, command),
+            run_line(command, runtime_s, load),
             "",
             f"{len(result.pairs)} pairs of rounds, the two gateways taking turns (which goes "
             "first alternates); both pinned to one core, this client and the fake upstream on "
@@ -805,10 +792,7 @@ def main() -> None:
         section = report(
             rounds, rss, args.open_streams, time.monotonic() - started, load, command.strip()
         )
-    print(section)
-    if not (args.no_write or args.short):
-        write_section(ROOT / "bench" / "RESULTS.md", section)
-        print(f"updated {ROOT / 'bench' / 'RESULTS.md'}")
+    publish(section, write=not (args.no_write or args.short))
 
 
 if __name__ == "__main__":
