@@ -17,7 +17,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ from gateway.server import serve
 from shards import FakeClock
 from shards.clock import Clock
 from tests.fake_upstream import FakeUpstream
+from tests.procs import ADMIN_TOKEN as PROCS_ADMIN_TOKEN
+from tests.procs import Server, start_server
 
 ADMIN_TOKEN = "test-admin-token"
 
@@ -128,6 +130,37 @@ async def clocked_gateway(
     gw = await start_gateway(nursery, make_config(tmp_path), clock=clock)
     yield gw
     gw.stop.set()
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A ``serve`` process of the embedded default (the mock provider), for a module of
+    fuzzing tests: generated requests from another process, as a client would send."""
+    proc = start_server(tmp_path_factory.mktemp("fuzz"))
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def fuzz_token(fuzz_server: Server) -> str:
+    """A sandbox key of the demo organisation with every scope, and limits a fuzzing run
+    cannot reach (no 429 noise); its output budget stays small (64) so that generated
+    budgets meet the limit too."""
+    admin = {"Authorization": f"Bearer {PROCS_ADMIN_TOKEN}"}
+    with httpx.Client(base_url=fuzz_server.url, headers=admin) as client:
+        org_id = client.get("/admin/orgs").json()["data"][0]["id"]
+        body = {
+            "org_id": org_id,
+            "name": "fuzz",
+            "mode": "sandbox",
+            "keys_manage": True,
+            "caps": {"rpm": 1_000_000, "max_in_flight": 100, "max_output_tokens": 64},
+        }
+        response = client.post("/admin/keys", json=body)
+        assert response.status_code == 201, response.text
+        return response.json()["token"]
 
 
 __all__ = ["ADMIN_TOKEN", "Gateway", "default_config", "make_config", "start_gateway"]
