@@ -376,6 +376,16 @@ SCHEMAS: dict[str, Any] = {
     ),
 }
 
+#: one server-sent event of a streamed call (``stream: true``): its data a JSON object, or
+#: ``[DONE]`` closing a chat completions stream; keep-alive comments are no events
+SSE_EVENT = obj(
+    {
+        "event": STRING,
+        "data": {"anyOf": [{"const": "[DONE]"}, {"type": "string", "pattern": "^\\{"}]},
+    },
+    ("data",),
+)
+
 # -- operations --------------------------------------------------------------------------
 
 _ANY_KEY = ("invalid_api_key", "rate_limited", "admission_unavailable", "internal_error")
@@ -526,7 +536,7 @@ def _operation(row: tuple[Any, ...]) -> dict[str, Any]:
     method, path, scope, summary, body, status, answer, codes, params = row
     content: dict[str, Any] = {JSON: {"schema": _ref(answer)}}
     if path in ("/v1/chat/completions", "/v1/responses"):
-        content["text/event-stream"] = {"schema": {"type": "string"}}
+        content["text/event-stream"] = {"schema": SSE_EVENT}
     op: dict[str, Any] = {
         "operationId": method + "_" + re.sub(r"[^a-z0-9]+", "_", path[len("/v1/") :]).strip("_"),
         "summary": summary,

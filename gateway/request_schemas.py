@@ -36,8 +36,10 @@ from gateway.subkeys import SUB_KEY_SCOPES
 from gateway.tags import CONTROL, MAX_TAGS, MAX_VALUE, TAG_KEY
 
 INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1
+#: JSON Schema's integer admits 10.0; the parsers read an integer only as written
+AS_WRITTEN = "An integer written without a fraction: 10.0 is refused."
 #: the largest integer orjson reads as an integer (a larger one is a float)
-WHOLE = {"type": "integer", "maximum": UINT64_MAX}
+WHOLE = {"type": "integer", "maximum": UINT64_MAX, "description": AS_WRITTEN}
 POSITIVE = {**WHOLE, "minimum": 1}
 NON_NEGATIVE = {**WHOLE, "minimum": 0}
 #: a field the server knows and refuses whatever its value; null is a field not sent
@@ -141,6 +143,9 @@ def _typed(kind: str, **props: Any) -> dict[str, Any]:
 
 
 TEXT = {"type": "string"}
+#: what str.strip() leaves something of: a character Python does not call a space (the
+#: regex classes \s of JSON Schema's dialect and of Python differ, e.g. on U+001C)
+NOT_BLANK = "[^{}]".format("".join(f"\\u{i:04x}" for i in range(0x3001) if chr(i).isspace()))
 MODEL = {"type": "string", "minLength": 1}
 SAMPLING_FIELDS = {
     name: {"type": "number", "minimum": 0, "maximum": high} for name, high in SAMPLING.items()
@@ -205,7 +210,7 @@ CHAT_REQUEST = closed_body(
         "max_tokens": POSITIVE,
         "max_completion_tokens": POSITIVE,
         "stop": {"oneOf": [TEXT, {"type": "array", "maxItems": MAX_STOP, "items": TEXT}]},
-        "seed": {"type": "integer", "minimum": INT64_MIN, "maximum": UINT64_MAX},
+        "seed": {**WHOLE, "minimum": INT64_MIN},
         "stream_options": obj({"include_usage": {"description": "true: a final usage chunk"}}),
         "response_format": RESPONSE_FORMAT,
         "tools": {"type": "array", "items": {"type": "object"}},
@@ -300,7 +305,7 @@ EMBEDDINGS_REQUEST = obj(
 def _cap(field: str) -> dict[str, Any]:
     if field in USD_CAPS:
         return {"type": ["number", "null"], "minimum": 0, "maximum": MAX_USD}
-    count = {"type": "integer", "minimum": 1, "maximum": MAX_COUNT}
+    count = {"type": "integer", "minimum": 1, "maximum": MAX_COUNT, "description": AS_WRITTEN}
     if field in ALWAYS_LIMITED:
         return count
     return {**count, "type": ["integer", "null"], "minimum": 0}
@@ -311,7 +316,7 @@ SUB_KEY_REQUEST = closed_body(
     SUB_KEY_FIELDS,
     {
         # surrounding spaces are dropped; what is left is 1 to MAX_NAME characters
-        "name": {"type": "string", "minLength": 1, "maxLength": MAX_NAME, "pattern": r"\S"},
+        "name": {"type": "string", "minLength": 1, "maxLength": MAX_NAME, "pattern": NOT_BLANK},
         "scopes": nullable({"type": "array", "items": {"enum": list(SUB_KEY_SCOPES)}}),
         "caps": nullable(CAPS_REQUEST),
         "allowed_models": nullable({"type": "array", "minItems": 1, "items": MODEL}),
