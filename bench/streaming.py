@@ -463,19 +463,38 @@ def write_section(path: Path, section: str) -> None:
     path.write_text(text.rstrip("\n") + "\n")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_line(command: str, runtime_s: float, load: tuple[float, float]) -> str:
+    """The line under a bench's table: where, when, how loaded, how long, how to re-run."""
+    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        f"Machine: {machine()}. Date: {now}. Load average (1 min) before / after: "
+        f"{load[0]:.2f} / {load[1]:.2f}. Benchmark runtime: {runtime_s:.0f} s. "
+        f"Command: `{command}`."
+    )
+
+
+def wants_write(doc: str) -> bool:
+    """A bench's command line: ``--no-write`` prints the section without writing it."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--no-write", action="store_true", help="print only")
-    args = parser.parse_args()
+    return not parser.parse_args().no_write
+
+
+def publish(section: str, write: bool) -> None:
+    """Print a bench's section and, unless told not to, put it in bench/RESULTS.md."""
+    print(section)
+    if write:
+        write_section(ROOT / "bench" / "RESULTS.md", section)
+        print(f"updated {ROOT / 'bench' / 'RESULTS.md'}")
+
+
+def main() -> None:
+    write = wants_write(__doc__)
     load_before = os.getloadavg()[0]
     started = time.monotonic()
     gateway, direct = trio.run(measure)
     runtime_s = time.monotonic() - started
-    section = report(gateway, direct, runtime_s, (load_before, os.getloadavg()[0]))
-    print(section)
-    if not args.no_write:
-        write_section(ROOT / "bench" / "RESULTS.md", section)
-        print(f"updated {ROOT / 'bench' / 'RESULTS.md'}")
+    publish(report(gateway, direct, runtime_s, (load_before, os.getloadavg()[0])), write)
 
 
 if __name__ == "__main__":

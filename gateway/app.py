@@ -32,6 +32,7 @@ from gateway.routes import (
     usage,
 )
 from gateway.runtime import Runtime
+from gateway.store import StoreError
 
 log = logging.getLogger("gateway.app")
 
@@ -127,6 +128,14 @@ def create_app(runtime: Runtime) -> QuartTrio:
             code = "invalid_request" if (error.code or 500) < 500 else "internal_error"
         message = _MESSAGES.get(code)
         return await _gateway_error(GatewayError(code, message))
+
+    @app.errorhandler(StoreError)
+    async def _store_unavailable(error: StoreError) -> Response:
+        """The database cannot answer (a server that went away): refuse, never serve
+        unrecorded, and say when to retry."""
+        log.warning("store unavailable: %s", error)
+        message = "The store is unavailable; retry shortly."
+        return await _gateway_error(GatewayError("admission_unavailable", message))
 
     @app.errorhandler(Exception)
     async def _unexpected(error: Exception) -> Response:

@@ -121,7 +121,9 @@ def main() -> None:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), help="TOML config file.")
 @click.option("--host", help="Address to listen on (default 127.0.0.1).")
 @click.option("--port", type=int, help="Port to listen on (default 8080; 0 picks a free one).")
-@click.option("--db", help="SQLite database file (default svc-gateway.db here).")
+@click.option(
+    "--db", help="SQLite database file (default svc-gateway.db here) or a postgresql:// URL."
+)
 @click.option(
     "--json",
     "as_json",
@@ -187,7 +189,7 @@ def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
             settle_heap()  # start-up has loaded everything
             token = runtime.demo_token
             url = binds[0]
-            database = str(Path(config.server.db).resolve())
+            database = runtime.store.name
             if as_json:
                 info = {"url": url, "database": database, "sandbox_key": token}
                 click.echo(orjson.dumps(info).decode())
@@ -483,6 +485,32 @@ def key_list(org_id: str, url: str | None, as_json: bool) -> None:
     """List the keys of an organisation."""
     data = call_admin(url, "GET", "/admin/keys", params={"org_id": org_id})
     emit(data, as_json, ("id", "prefix", "name", "mode", "status", "parent_id"))
+
+
+@main.group()
+def db() -> None:
+    """Operate on databases directly (no server involved)."""
+
+
+@db.command("copy")
+@click.option("--from", "source", required=True, help="The database to copy (an SQLite file).")
+@click.option("--to", "target", required=True, help="An empty database (a postgresql:// URL).")
+@json_option
+def db_copy(source: str, target: str, as_json: bool) -> None:
+    """Copy every row of a database into an empty one: an embedded deployment moves to
+    PostgreSQL. Refused when the target has any row; whole or nothing."""
+    from gateway.store.copy import copy_database
+
+    try:
+        copied = copy_database(source, target)
+    except StoreError as exc:
+        fail(str(exc))
+    if as_json:
+        emit(copied, as_json)
+        return
+    click.echo(f"copied {copied['from']} to {copied['to']}")
+    for table, count in copied["tables"].items():
+        click.echo(f"  {table}: {count} rows")
 
 
 @main.group()

@@ -44,6 +44,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
+    #: an SQLite file, or a ``postgresql://`` URL (the store decides which: gateway.store)
     db: str = "svc-gateway.db"
     request_timeout_s: float = 300.0
     keepalive_s: float = 15.0

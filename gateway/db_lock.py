@@ -6,7 +6,9 @@ The lock file sits beside the database (symlinks resolved) and names the holder'
 The kernel drops the lock when the process ends, however it ends; on the way out the
 holder also removes the file (a start that fails leaves nothing beside the database),
 which is why a lock is only taken on a file that is still the one at that path. Nothing
-to lock: ``:memory:``, or a missing directory (the store then says so).
+to lock: ``:memory:``, a missing directory (the store then says so), or a PostgreSQL URL
+(there the store's writer holds an advisory lock for the server's life:
+:mod:`gateway.store.postgres`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import fcntl
 import os
 from contextlib import suppress
 from pathlib import Path
+
+from gateway.store import is_postgres
 
 
 class DatabaseLockError(Exception):
@@ -26,7 +30,7 @@ class DatabaseLock:
 
     def __init__(self, db: str) -> None:
         self.database = Path(db).resolve()
-        needed = db != ":memory:" and self.database.parent.is_dir()
+        needed = not is_postgres(db) and db != ":memory:" and self.database.parent.is_dir()
         self.path = self.database.with_name(f"{self.database.name}.lock") if needed else None
         self._fd: int | None = None
 

@@ -20,7 +20,7 @@ import trio
 from gateway import keys as k
 from gateway.errors import GatewayError
 from gateway.keys import KeyRecord
-from gateway.store import Store, records
+from gateway.store import Store, StoreError, records
 from shards import KeyRef
 
 #: the settings a rotated key takes over from the key it replaces
@@ -102,13 +102,18 @@ class Keyring:
         return touched
 
     async def flush_last_used(self) -> None:
+        """Write the noted uses; a store that is unavailable keeps them for the next flush."""
         dirty, self._dirty_last_used = self._dirty_last_used, set()
         for key_id in dirty:
             record = self._by_id.get(key_id)
-            if record is not None:
+            if record is None:
+                continue
+            try:
                 await self.store.write(
                     records.update_key, key_id, {"last_used_at": record.last_used_at}
                 )
+            except StoreError:
+                self._dirty_last_used.add(key_id)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

@@ -131,7 +131,7 @@ class Call:
 
         First the pending row (and the Idempotency-Key claim) is committed: only a call
         that reaches this point waits for a write. A store that cannot take it refuses
-        the call (503 service_unavailable) before the provider is asked.
+        the call (503 admission_unavailable, Retry-After) before the provider is asked.
         """
         if self.cut_short:
             raise GatewayError("service_unavailable", STOPPING_MESSAGE)
@@ -146,7 +146,7 @@ class Call:
             await self.runtime.store.write(records.open_call, self._pending_row(hold), claim_row)
         except StoreError:
             raise GatewayError(
-                "service_unavailable", "The call could not be recorded; retry shortly."
+                "admission_unavailable", "The call could not be recorded; retry shortly."
             ) from None
         self._move(CallState.RESERVED, CallState.CALLED)
         self.called_at = time.perf_counter()
@@ -249,6 +249,7 @@ class Call:
                     self._ledger_row(settlement),
                     (self.record.id, claim.idem_key) if claim is not None else None,
                     self._claim_outcome(http_status, error_code, answer),
+                    must_land=True,  # a database that went away: wait for it, never drop
                 )
             await admission.settle(
                 self.runtime,

@@ -2,6 +2,10 @@
 
 - Real parts: a real gateway server on a loopback port chosen by the OS (port 0), a real
   SQLite file in a temp dir, real HTTP (httpx, and the official ``openai`` client).
+- Both stores: a module marked ``both_stores`` runs each test twice, on SQLite and on
+  PostgreSQL (a throwaway cluster started once per session by ``pg_cluster``, stopped at
+  its end; a database per test). ``db_for(tmp_path)`` names the test's database on the
+  test's backend; ``make_config`` uses it.
 - Loopback only (127.0.0.1); nothing else is ever a target.
 - Time: the shards and key expiry read an injectable clock; tests that depend on the
   minute, the day or the month use ``FakeClock`` instead of sleeping.
@@ -17,6 +21,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,13 +36,92 @@ from gateway.config import Config, default_config, load_config
 from gateway.db_lock import DatabaseLock
 from gateway.runtime import Runtime
 from gateway.server import serve
+from gateway.store import Store
+from gateway.store import sql as store_sql
 from shards import FakeClock
 from shards.clock import Clock
 from tests.fake_upstream import FakeUpstream
+from tests.pg_cluster import Cluster, destroy, find_bin_dir, start_cluster
 from tests.procs import ADMIN_TOKEN as PROCS_ADMIN_TOKEN
 from tests.procs import Server, start_server
 
 ADMIN_TOKEN = "test-admin-token"
+BACKENDS = ("sqlite", "postgres")
+
+
+@dataclass
+class StoreBackend:
+    """The store of the running test: its backend and, on PostgreSQL, the cluster."""
+
+    name: str = "sqlite"
+    cluster: Cluster | None = None
+    created: set[str] | None = None
+
+
+#: the current test's backend (tests run one at a time): set by the ``backend`` fixture
+STORE = StoreBackend()
+
+
+def db_for(tmp_path: Path, name: str = "gateway.db") -> str:
+    """The test's database called ``name``: a file in ``tmp_path`` on SQLite, a database
+    of the session's cluster on PostgreSQL (the same one for the same path)."""
+    if STORE.name == "sqlite" or STORE.cluster is None or STORE.created is None:
+        return str(tmp_path / name)
+    dbname = "t_" + hashlib.sha256(str(tmp_path / name).encode()).hexdigest()[:16]
+    if dbname not in STORE.created:
+        STORE.cluster.psql(f"CREATE DATABASE {dbname}")
+        STORE.created.add(dbname)
+    return STORE.cluster.url(dbname)
+
+
+def query_db(db: str, sql: str) -> list[dict[str, Any]]:
+    """Rows of a query on a database no server holds (after it stopped), either backend."""
+    store = Store(db)
+    try:
+        return store.call(store_sql.query, sql)
+    finally:
+        store.close()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "both_stores: run each test of the module on SQLite and on PostgreSQL"
+    )
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "backend" in metafunc.fixturenames and metafunc.definition.get_closest_marker("both_stores"):
+        metafunc.parametrize("backend", BACKENDS, indirect=True)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[Cluster]:
+    """A throwaway PostgreSQL cluster for the session: started on first use, stopped at
+    the session's end however it ends."""
+    bin_dir = find_bin_dir()
+    if bin_dir is None:
+        missing = "PostgreSQL binaries (initdb, pg_ctl, psql) not found"
+        if os.environ.get("CI"):  # CI installs them: their absence is a failure there
+            pytest.fail(missing)
+        pytest.skip(f"{missing}: PostgreSQL store not tested")
+    cluster = start_cluster(bin_dir)
+    try:
+        yield cluster
+    finally:
+        destroy(cluster)
+
+
+@pytest.fixture(autouse=True)
+def backend(request: pytest.FixtureRequest) -> Iterator[str]:
+    """The store backend of this test (``sqlite`` unless the module is ``both_stores``)."""
+    name = getattr(request, "param", "sqlite")
+    cluster = request.getfixturevalue("pg_cluster") if name == "postgres" else None
+    created = STORE.created if STORE.cluster is cluster and STORE.created else set()
+    STORE.name, STORE.cluster, STORE.created = name, cluster, created
+    try:
+        yield name
+    finally:
+        STORE.name = "sqlite"
 
 
 @dataclass
@@ -50,7 +135,8 @@ class Gateway:
     stopped: trio.Event
 
     async def aclose(self) -> None:
-        """Stop the server and return once it has stopped (and released its lock)."""
+        """Stop the server and return once it has stopped (its store closed, its lock
+        released: a next server may open the database)."""
         self.stop.set()
         await self.stopped.wait()
 
@@ -76,7 +162,7 @@ class Gateway:
 
 
 def make_config(tmp_path: Path, **server: Any) -> Config:
-    return load_config(None, environ={}, db=str(tmp_path / "gateway.db"), port=0, **server)
+    return load_config(None, environ={}, db=db_for(tmp_path), port=0, **server)
 
 
 async def start_gateway(
@@ -96,6 +182,7 @@ async def start_gateway(
         try:
             await serve(runtime, shutdown_trigger=stop.wait, task_status=task_status)
         finally:
+            runtime.store.close()
             lock.release()
             stopped.set()
 
@@ -163,4 +250,13 @@ def fuzz_token(fuzz_server: Server) -> str:
         return response.json()["token"]
 
 
-__all__ = ["ADMIN_TOKEN", "Gateway", "default_config", "make_config", "start_gateway"]
+__all__ = [
+    "ADMIN_TOKEN",
+    "STORE",
+    "Gateway",
+    "db_for",
+    "default_config",
+    "make_config",
+    "query_db",
+    "start_gateway",
+]

@@ -22,6 +22,8 @@ from gateway.estimate import estimate_prompt_tokens
 from gateway.providers.mock import MockProvider
 from tests.conftest import Gateway
 
+pytestmark = pytest.mark.both_stores
+
 CALLS = 200
 K = 7
 MAX_TOKENS = 16

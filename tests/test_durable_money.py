@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import signal
-import sqlite3
 from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
@@ -22,7 +21,7 @@ import orjson
 import pytest
 import trio
 
-from tests.conftest import start_gateway
+from tests.conftest import db_for, query_db, start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.procs import ADMIN_TOKEN, Server, base_env, start_server
 from tests.test_live_settlement import UPSTREAM_KEY, body_for, live_config
@@ -53,7 +52,7 @@ output_usd_per_mtok = {price}
 """
 MARKER = re.compile(r"\bcall (c\d{4})\b")
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.both_stores, pytest.mark.timeout(120)]
 
 
 def nanos(usd: float) -> int:
@@ -68,7 +67,7 @@ async def start(tmp_path: Path, upstream: FakeUpstream, **env: str) -> Server:
         tmp_path,
         "--config",
         str(config),
-        db=tmp_path / "g.db",
+        db=db_for(tmp_path, "g.db"),
         env=base_env(FAKE_UPSTREAM_KEY="sk-upstream", **env),
     )
     return await trio.to_thread.run_sync(run)
@@ -310,15 +309,17 @@ async def test_sigterm_ends_open_streams_in_band_and_leaves_nothing_pending(
     code, raw = answers["held"]
     assert code == 503 and orjson.loads(raw)["error"]["code"] == "service_unavailable"
 
-    with sqlite3.connect(tmp_path / "g.db") as db:
-        rows = dict(db.execute("SELECT status, COUNT(*) FROM requests GROUP BY status").fetchall())
-        cut = db.execute(
-            "SELECT status, error_code, http_status FROM requests WHERE stream = 1"
-            " AND error_code IS NOT NULL"
-        ).fetchall()
+    db = db_for(tmp_path, "g.db")
+    counts = query_db(db, "SELECT status, COUNT(*) AS n FROM requests GROUP BY status")
+    rows = {row["status"]: row["n"] for row in counts}
+    cut = query_db(
+        db,
+        "SELECT status, error_code, http_status FROM requests WHERE stream = 1"
+        " AND error_code IS NOT NULL",
+    )
     assert "pending" not in rows, rows
     assert rows == {"succeeded": 1, "failed": 3}, rows
-    assert sorted(cut) == [("failed", "service_unavailable", 200)] * 2
+    assert [tuple(row.values()) for row in cut] == [("failed", "service_unavailable", 200)] * 2
 
 
 async def test_a_call_in_flight_reads_as_pending_until_settled(

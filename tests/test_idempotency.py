@@ -23,6 +23,8 @@ from tests.conftest import Gateway, start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 
+pytestmark = pytest.mark.both_stores
+
 CHAT, RESP = "/v1/chat/completions", "/v1/responses"
 REUSED = ("idempotency_key_reused", "Idempotency-Key")
 

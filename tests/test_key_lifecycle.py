@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import orjson
+import psycopg
 import pytest
 import trio
 
@@ -29,6 +30,8 @@ from tests.test_subkeys import (
     key_read,
     make_parent,
 )
+
+pytestmark = pytest.mark.both_stores
 
 DAY = 24 * 3600
 
@@ -273,7 +276,7 @@ async def test_a_rotation_is_written_all_or_nothing(gateway: Gateway) -> None:
     store = gateway.runtime.store
     before = {row["id"]: row for row in await store.read(records.all_keys)}
     clash = {**before[child["id"]], "id": "key_clash", "parent_id": None}  # same prefix
-    with pytest.raises(sqlite3.IntegrityError):
+    with pytest.raises((sqlite3.IntegrityError, psycopg.errors.UniqueViolation)):
         await store.write(
             records.rotate_key, clash, old["id"], {"rotated_to": "key_clash"}, [child["id"]]
         )

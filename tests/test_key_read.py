@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from shards import FakeClock
 from tests.conftest import Gateway
+
+pytestmark = pytest.mark.both_stores
 
 PUBLIC_FIELDS = {
     "id",

@@ -1,7 +1,8 @@
 """The layering rules of docs/ARCHITECTURE.md, read from the source's import statements.
 
 - ``shards/`` imports nothing from ``gateway/`` (it decides admissions for any front end);
-- only ``gateway/store/`` imports sqlite (a PostgreSQL store must touch nothing else);
+- only ``gateway/store/`` imports a database driver (sqlite, psycopg): nothing above the
+  store knows which backend it runs on;
 - no import cycle inside ``gateway/`` (imports under ``if TYPE_CHECKING:`` excepted);
 - only the HTTP handlers (``gateway/routes/``, ``gateway/dashboard/``) read the runtime
   from the request's app (``http.runtime()``); below them it is passed as an argument.
@@ -39,20 +40,23 @@ def test_shards_import_nothing_from_gateway(path: Path) -> None:
     assert not bad, f"{path.name} imports {bad}"
 
 
-def test_only_the_store_imports_sqlite() -> None:
+DRIVERS = {"sqlite3", "sqlite_utils", "psycopg", "psycopg_binary", "asyncpg"}
+
+
+def test_only_the_store_imports_a_database_driver() -> None:
     offenders = [
         str(path.relative_to(ROOT))
         for package in ("gateway", "shards")
         for path in sources(package)
         if "store" not in path.relative_to(ROOT).parts
-        and {m.split(".")[0] for m in imported_modules(path)} & {"sqlite3", "sqlite_utils"}
+        and {m.split(".")[0] for m in imported_modules(path)} & DRIVERS
     ]
     assert offenders == []
 
 
 def test_the_rules_see_real_imports() -> None:
     """The scanner itself: it finds the imports it is meant to police."""
-    assert "sqlite_utils" in {
+    assert {"sqlite_utils", "psycopg"} <= {
         m.split(".")[0] for p in sources("gateway/store") for m in imported_modules(p)
     }
     assert "shards" in imported_modules(ROOT / "gateway" / "runtime.py")

@@ -25,6 +25,8 @@ from gateway.provider_errors import REFUSED_PHRASE
 from tests.conftest import Gateway, make_config, start_gateway
 from tests.fake_upstream import FakeUpstream
 
+pytestmark = pytest.mark.both_stores
+
 IN_PRICE, OUT_PRICE = 3.0, 15.0  # USD per million tokens: 3000 and 15000 nano-USD a token
 MAX_TOKENS = 50
 UPSTREAM_KEY = "sk-upstream-test-0123456789"

@@ -13,7 +13,7 @@ def test_an_old_database_gets_the_later_migrations_and_keeps_its_rows(tmp_path: 
     db = Database(tmp_path / "old.db")
     db["schema_migrations"].create({"version": int, "applied_at": float}, pk="version")
     with db.conn:
-        MIGRATIONS[0](db)
+        MIGRATIONS[0].sqlite(db)
         db["schema_migrations"].insert({"version": 1, "applied_at": 0.0})
     db["orgs"].insert({"id": "org_1", "name": "acme"})
     for key_id, parent in (("key_parent", None), ("key_child", "key_parent")):

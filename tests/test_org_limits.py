@@ -19,6 +19,8 @@ import trio
 from shards import FakeClock
 from tests.conftest import Gateway, make_config, start_gateway
 
+pytestmark = pytest.mark.both_stores
+
 ORG_RPM = 12
 KEYS = 5
 CALLS = 40

@@ -15,6 +15,8 @@ import pytest
 from shards import FakeClock
 from tests.conftest import Gateway
 
+pytestmark = pytest.mark.both_stores
+
 # A parent with a limit on every setting a sub-key can narrow.
 PARENT_CAPS = {
     "usd_day": 5,

@@ -6,6 +6,8 @@ import pytest
 
 from tests.conftest import Gateway
 
+pytestmark = pytest.mark.both_stores
+
 
 @pytest.mark.parametrize("group_by", ['tag:a"b', "tag:", "tag:" + "x" * 65, "week", "tag:a\n"])
 async def test_a_malformed_group_by_is_400(gateway: Gateway, group_by: str) -> None:

@@ -1,62 +1,126 @@
-"""The store: one SQLite file in WAL mode behind one async interface.
+"""The store: one database behind one async interface (SQLite by default, or PostgreSQL).
+
+``Store(db)`` opens PostgreSQL when ``db`` is a ``postgresql://`` URL
+(:mod:`gateway.store.postgres`) and an SQLite file otherwise (:mod:`gateway.store.sqlite`);
+nothing outside this package knows which.
 
 Writes go through a single writer task that batches them: it takes every operation
 waiting in its channel (up to ``BATCH``), runs them on a worker thread in one
-transaction with a savepoint each (one failing operation does not undo the others)
+transaction (one failing operation does not undo the others: see :meth:`Store._commit`)
 and commits once. A caller's ``await store.write(...)`` returns only after that
 commit, so a settled amount is durable before the answer that reports it completes.
 
-Reads run on a second connection on their own worker thread (WAL lets them proceed
-while the writer commits). Before the writer runs (start-up, CLI bootstrap) the
-same operations can be called synchronously with :meth:`Store.call`.
+Reads run on a second connection on their own worker thread. Before the writer runs
+(start-up, CLI bootstrap) the same operations can be called synchronously with
+:meth:`Store.call`.
 
-Operations are plain functions ``op(conn, *args)`` in :mod:`gateway.store.records`.
+A database server can go away while serving. Then the store is *unavailable*: a write
+that is not ``must_land`` is refused at once (:class:`StoreError`: the caller answers
+503 instead of serving unrecorded), and so is a read; a ``must_land`` write (a
+settlement) waits, and the writer reconnects (with back-off) and commits it once the
+database is back. A batch cut by the loss is rolled back, or found committed when the
+loss came during COMMIT, and its operations are told which.
+
+Operations are plain functions ``op(conn, *args)`` over :class:`gateway.store.sql.Conn`
+in :mod:`gateway.store.records`, ``idempotency`` and ``webhooks``.
 """
 
 from __future__ import annotations
 
 import logging
-import sqlite3
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
 
 from gateway.logs import event
-from gateway.store.sqlite import StoreError, connect
+from gateway.store.errors import StoreError
+from gateway.store.sql import Conn
 
-__all__ = ["Store", "StoreError"]
+__all__ = ["Store", "StoreError", "is_postgres"]
 
 T = TypeVar("T")
 BATCH = 256
+#: how long a read waits after a failed reconnect before it tries again
+READ_RETRY_S = 0.5
+RECONNECT_BACKOFF_S = (0.1, 0.2, 0.5, 1.0)
+UNAVAILABLE = "the database is unavailable; retry shortly"
+#: how long a ``must_land`` write waits for a database that went away before its caller
+#: is told (StoreError); the write stays queued and lands if the database comes back
+MUST_LAND_WAIT_S = 15.0
 log = logging.getLogger("gateway.store")
+
+
+class Backend(Protocol):
+    name: str
+    errors: tuple[type[BaseException], ...]
+
+    def open_writer(self) -> Conn: ...
+    def reconnect_writer(self) -> Conn: ...
+    def open_reader(self) -> Conn: ...
+    def begin(self, conn: Conn) -> object: ...
+    def in_transaction(self, conn: Conn) -> bool: ...
+    def lost(self, conn: Conn, exc: BaseException) -> bool: ...
+    def committed(self, conn: Conn, token: object) -> bool: ...
+    def close(self, conn: Conn) -> None: ...
+
+
+def is_postgres(db: str) -> bool:
+    """A ``postgresql://`` URL names a PostgreSQL database; anything else an SQLite file."""
+    return db.startswith(("postgresql://", "postgres://"))
+
+
+def open_backend(db: str) -> Backend:
+    """The backend of ``db``; its driver is imported only when it is used."""
+    if is_postgres(db):
+        from gateway.store.postgres import PostgresBackend
+
+        return PostgresBackend(db)
+    from gateway.store.sqlite import SqliteBackend
+
+    return SqliteBackend(db)
 
 
 @dataclass(slots=True)
 class _Pending:
     op: Callable[..., Any]
     args: tuple[Any, ...]
+    must_land: bool = False
     done: trio.Event = field(default_factory=trio.Event)
     result: Any = None
     error: BaseException | None = None
 
 
+class _Lost(Exception):
+    """The connection went away during a batch; ``token`` names its transaction and
+    ``committing`` says whether COMMIT had been sent (then its outcome is unknown)."""
+
+    def __init__(self, token: object, committing: bool) -> None:
+        self.token = token
+        self.committing = committing
+
+
 class Store:
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._write_conn = connect(path)
-        self._read_conn = sqlite3.connect(
-            path if path != ":memory:" else "file::memory:",
-            check_same_thread=False,
-            isolation_level=None,
-        )
-        self._read_conn.row_factory = sqlite3.Row
+    def __init__(self, db: str) -> None:
+        self.backend = open_backend(db)
+        #: the database as configured (an SQLite path, or a URL that may hold a password)
+        self.path = db
+        #: what to call the database in messages (a URL without its password)
+        self.name = self.backend.name
+        self._write_conn: Conn | None = self.backend.open_writer()
+        self._read_conn: Conn | None = None
+        self._read_retry_at = 0.0
         self._read_limiter = trio.CapacityLimiter(1)
         self._write_limiter = trio.CapacityLimiter(1)
         self._send, self._receive = trio.open_memory_channel[_Pending](BATCH * 4)
+        #: writes to commit again after a lost connection, before any new one
+        self._carried: list[_Pending] = []
         self._running = False
+        #: False while the database cannot be reached (reads and writes refused)
+        self.available = True
         #: when the batch being committed started (perf_counter), None between batches
         self._committing_since: float | None = None
         #: called with the seconds each batch took to commit (the writer's thread)
@@ -68,46 +132,88 @@ class Store:
         """Run one operation now on the writer connection (start-up and CLI only)."""
         if self._running:
             raise RuntimeError("Store.call is for start-up; use await store.write()")
-        self._write_conn.execute("BEGIN IMMEDIATE")
+        conn = self._writer()
+        self.backend.begin(conn)
         try:
-            result = op(self._write_conn, *args)
+            result = op(conn, *args)
         except BaseException:
-            self._write_conn.execute("ROLLBACK")
+            conn.execute("ROLLBACK", ())
             raise
-        self._write_conn.execute("COMMIT")
+        conn.execute("COMMIT", ())
         return result
+
+    def _writer(self) -> Conn:
+        if self._write_conn is None:
+            self._write_conn = self.backend.reconnect_writer()
+            self.available = True
+        return self._write_conn
 
     # -- async use while serving ---------------------------------------------------------
 
-    async def write(self, op: Callable[..., T], *args: Any) -> T:
+    async def write(self, op: Callable[..., T], *args: Any, must_land: bool = False) -> T:
         """Queue a write; return its result once the batch holding it is committed.
 
         Shielded: a caller cancelled mid-way (a client that disconnects) must not lose a
-        settlement that is already on its way to disk.
+        settlement that is already on its way to disk. While the database is unavailable
+        a write is refused (:class:`StoreError`) unless it ``must_land``: then it stays
+        queued until the database is back and it is committed, and its caller waits for
+        that up to ``MUST_LAND_WAIT_S`` (a server stopping must not wait forever; a
+        pending row that never gets its settlement is settled by the next start's
+        recovery).
         """
         if not self._running:
             return self.call(op, *args)
-        pending = _Pending(op, args)
+        if not self.available and not must_land:
+            raise StoreError(UNAVAILABLE)
+        pending = _Pending(op, args, must_land)
         with trio.CancelScope(shield=True):
             await self._send.send(pending)
-            await pending.done.wait()
+            with trio.move_on_after(MUST_LAND_WAIT_S if must_land else math.inf):
+                await pending.done.wait()
+        if not pending.done.is_set():
+            raise StoreError(UNAVAILABLE)
         if pending.error is not None:
             raise pending.error
         return pending.result
 
     async def read(self, op: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(op, self._read_conn, *args, limiter=self._read_limiter)
+        return await trio.to_thread.run_sync(self._read, op, args, limiter=self._read_limiter)
+
+    def _read(self, op: Callable[..., T], args: tuple[Any, ...]) -> T:
+        conn = self._read_conn
+        if conn is None:
+            if time.monotonic() < self._read_retry_at:
+                raise StoreError(UNAVAILABLE)
+            try:
+                conn = self._read_conn = self.backend.open_reader()
+            except StoreError:
+                self._read_retry_at = time.monotonic() + READ_RETRY_S
+                raise StoreError(UNAVAILABLE) from None
+        try:
+            return op(conn, *args)
+        except self.backend.errors as exc:
+            if not self.backend.lost(conn, exc):
+                raise
+            self._read_conn = None
+            self.backend.close(conn)
+            raise StoreError(UNAVAILABLE) from None
 
     async def answers(self, timeout_s: float) -> bool:
         """Readiness: the writer runs, no batch has been committing for longer than
-        ``timeout_s``, and a read is answered within ``timeout_s``."""
+        ``timeout_s``, the database is reachable (not :attr:`available` while the writer
+        reconnects) and a read is answered within ``timeout_s``."""
         since = self._committing_since
-        if not self._running or (since is not None and time.perf_counter() - since > timeout_s):
+        if not self._running or not self.available:
+            return False
+        if since is not None and time.perf_counter() - since > timeout_s:
             return False
         with trio.move_on_after(timeout_s):
-            await trio.to_thread.run_sync(
-                _ping, self._read_conn, limiter=self._read_limiter, abandon_on_cancel=True
-            )
+            try:
+                await trio.to_thread.run_sync(
+                    self._read, _ping, (), limiter=self._read_limiter, abandon_on_cancel=True
+                )
+            except StoreError:
+                return False
             return True
         return False
 
@@ -117,72 +223,170 @@ class Store:
         task_status.started()
         try:
             while True:
-                batch = [await self._receive.receive()]
+                batch = self._carried or [await self._receive.receive()]
+                self._carried = []
                 while len(batch) < BATCH:
                     try:
                         batch.append(self._receive.receive_nowait())
                     except trio.WouldBlock:
                         break
                 with trio.CancelScope(shield=True):
-                    await trio.to_thread.run_sync(self._commit, batch, limiter=self._write_limiter)
+                    lost = await trio.to_thread.run_sync(
+                        self._commit, batch, limiter=self._write_limiter
+                    )
+                if lost is not None:
+                    self._carried = batch
+                    await self._recover(lost)
+                    continue
                 for pending in batch:
                     pending.done.set()
         finally:
             self._running = False
-            self._drain()
+            self._drain(self._carried)
 
-    def _drain(self) -> None:
+    async def _recover(self, lost: _Lost) -> None:
+        """After a lost connection: refuse what may be refused, reconnect, and leave in
+        ``_carried`` the operations to commit again (the ``must_land`` ones of a batch that
+        did not commit; a writer stopped meanwhile drains them)."""
+        self.available = False
+        log.error(
+            "store: the database connection was lost; reconnecting",
+            extra=event("store_error", error="connection lost"),
+        )
+        if not lost.committing:
+            self._carried = self._refuse(self._carried)
+        attempt = 0
+        while True:
+            await trio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
+            attempt += 1
+            try:
+                committed = await trio.to_thread.run_sync(
+                    self._reconnect, lost, limiter=self._write_limiter
+                )
+            except StoreError as exc:
+                if attempt % 20 == 1:
+                    log.error("store: %s", exc)
+                continue
+            log.info("store: the database is back")
+            if committed:
+                for pending in self._carried:
+                    pending.done.set()
+                self._carried = []
+            else:
+                self._carried = self._refuse(self._carried)
+            return
+
+    def _reconnect(self, lost: _Lost) -> bool:
+        """A new writer connection; True when the lost batch turns out to be committed."""
+        conn = self._writer()
+        if not lost.committing:
+            return False
+        try:
+            return self.backend.committed(conn, lost.token)
+        except self.backend.errors as exc:
+            self._write_conn = None
+            self.backend.close(conn)
+            raise StoreError(f"the database went away again: {exc}") from None
+
+    def _refuse(self, batch: list[_Pending]) -> list[_Pending]:
+        """Refuse the operations of a rolled-back batch that need not land; keep the rest."""
+        kept = []
+        for pending in batch:
+            pending.result, pending.error = None, None
+            if pending.must_land:
+                kept.append(pending)
+            else:
+                pending.error = StoreError(UNAVAILABLE)
+                pending.done.set()
+        return kept
+
+    def _drain(self, carried: list[_Pending]) -> None:
         """Once the writer is gone, commit what is still queued, right here.
 
         A writer's caller waits shielded: without this, a write queued while the writer
         is being cancelled (a background task when the server stops) would wait forever.
         Later writes see ``_running`` false and commit synchronously.
         """
-        batch: list[_Pending] = []
+        batch = list(carried)
         while True:
             try:
                 batch.append(self._receive.receive_nowait())
             except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
                 break
         if batch:
-            self._commit(batch)
+            try:
+                lost = self._commit(batch)
+            except StoreError as exc:
+                lost = None
+                for pending in batch:
+                    pending.error = exc
+            if lost is not None:
+                for pending in batch:
+                    pending.error = StoreError(UNAVAILABLE)
         for pending in batch:
             pending.done.set()
 
-    def _commit(self, batch: list[_Pending]) -> None:
+    def _commit(self, batch: list[_Pending]) -> _Lost | None:
         self._committing_since = started = time.perf_counter()
         try:
-            self._commit_batch(batch)
+            lost = self._commit_batch(batch)
         finally:
             self._committing_since = None
-        if self.on_commit is not None:
+        if lost is None and self.on_commit is not None:
             self.on_commit(time.perf_counter() - started)
+        return lost
 
-    def _commit_batch(self, batch: list[_Pending]) -> None:
-        conn = self._write_conn
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            for index, pending in enumerate(batch):
-                conn.execute(f"SAVEPOINT op{index}")
-                try:
-                    pending.result = pending.op(conn, *pending.args)
-                    conn.execute(f"RELEASE op{index}")
-                except Exception as exc:  # one bad op must not undo the batch
-                    conn.execute(f"ROLLBACK TO op{index}")
-                    conn.execute(f"RELEASE op{index}")
-                    pending.error = exc
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            log.error("store commit failed: %s", exc, extra=event("store_error", error=str(exc)))
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            for pending in batch:
-                pending.error = StoreError(f"store write failed: {exc}")
+    def _commit_batch(self, batch: list[_Pending]) -> _Lost | None:
+        """Commit ``batch`` in one transaction (on the writer's thread); a lost
+        connection is returned, for :meth:`_recover`.
+
+        Optimistic: the operations run one after the other with no savepoint (a savepoint
+        costs two round trips an operation on a database server); one that fails gets its
+        error, the transaction is rolled back and the others run again without it.
+        """
+        conn = self._writer()
+        backend = self.backend
+        todo = list(batch)
+        while todo:
+            token: object = None
+            committing = False
+            try:
+                token = backend.begin(conn)
+                for pending in todo:
+                    try:
+                        pending.result = pending.op(conn, *pending.args)
+                    except Exception as exc:
+                        if isinstance(exc, backend.errors) and backend.lost(conn, exc):
+                            raise
+                        pending.error = exc
+                        break
+                else:
+                    committing = True
+                    conn.execute("COMMIT", ())
+                    return None
+                conn.execute("ROLLBACK", ())  # one bad op must not undo the others
+                todo = [pending for pending in todo if pending.error is None]
+            except backend.errors as exc:
+                if backend.lost(conn, exc):
+                    self._write_conn = None
+                    backend.close(conn)
+                    return _Lost(token, committing)
+                log.error(
+                    "store commit failed: %s", exc, extra=event("store_error", error=str(exc))
+                )
+                if backend.in_transaction(conn):
+                    conn.execute("ROLLBACK", ())
+                for pending in todo:
+                    pending.error = StoreError(f"store write failed: {exc}")
+                return None
+        return None
 
     def close(self) -> None:
-        self._read_conn.close()
-        self._write_conn.close()
+        for conn in (self._read_conn, self._write_conn):
+            if conn is not None:
+                self.backend.close(conn)
+        self._read_conn = self._write_conn = None
 
 
-def _ping(conn: sqlite3.Connection) -> None:
-    conn.execute("SELECT version FROM schema_migrations LIMIT 1").fetchall()
+def _ping(conn: Conn) -> None:
+    conn.execute("SELECT version FROM schema_migrations LIMIT 1", ()).fetchall()

@@ -3,40 +3,35 @@ and the organisation-wide reads of its pages (request records, the credit ledger
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
-from gateway.store import sqlite as sq
+from gateway.store import sql as sq
+from gateway.store.sql import Conn
 
 # -- users ---------------------------------------------------------------------------------
 
 
-def insert_user(conn: sqlite3.Connection, row: dict[str, Any]) -> bool:
+def insert_user(conn: Conn, row: dict[str, Any]) -> bool:
     """Insert a user; False (nothing written) when the email is taken."""
-    cursor = conn.execute(
-        f"INSERT OR IGNORE INTO dashboard_users ({', '.join(row)})"
-        f" VALUES ({', '.join('?' for _ in row)})",
-        tuple(row.values()),
-    )
-    return cursor.rowcount == 1
+    return sq.insert_new(conn, "dashboard_users", row)
 
 
-def get_user(conn: sqlite3.Connection, user_id: str) -> dict[str, Any] | None:
+def get_user(conn: Conn, user_id: str) -> dict[str, Any] | None:
     return sq.select_one(conn, "dashboard_users", "WHERE id = ?", (user_id,))
 
 
-def user_by_email(conn: sqlite3.Connection, email: str) -> dict[str, Any] | None:
+def user_by_email(conn: Conn, email: str) -> dict[str, Any] | None:
     return sq.select_one(conn, "dashboard_users", "WHERE email = ?", (email,))
 
 
-def list_users(conn: sqlite3.Connection, org_id: str | None) -> list[dict[str, Any]]:
+def list_users(conn: Conn, org_id: str | None) -> list[dict[str, Any]]:
     if org_id is None:
         return sq.select(conn, "dashboard_users", "ORDER BY created_at, id")
     return sq.select(conn, "dashboard_users", "WHERE org_id = ? ORDER BY created_at, id", (org_id,))
 
 
 def update_user(
-    conn: sqlite3.Connection, user_id: str, values: dict[str, Any], end_sessions: bool = False
+    conn: Conn, user_id: str, values: dict[str, Any], end_sessions: bool = False
 ) -> int:
     """Change a user; ``end_sessions`` also signs it out everywhere (one transaction)."""
     if end_sessions:
@@ -47,13 +42,13 @@ def update_user(
 # -- sessions ------------------------------------------------------------------------------
 
 
-def insert_session(conn: sqlite3.Connection, row: dict[str, Any], now: float) -> None:
+def insert_session(conn: Conn, row: dict[str, Any], now: float) -> None:
     """A new session (expired ones are purged on the way)."""
     conn.execute("DELETE FROM dashboard_sessions WHERE expires_at <= ?", (now,))
     sq.insert(conn, "dashboard_sessions", row)
 
 
-def session_user(conn: sqlite3.Connection, session_id: str, now: float) -> dict[str, Any] | None:
+def session_user(conn: Conn, session_id: str, now: float) -> dict[str, Any] | None:
     """The active user of a live session, with the session's ``expires_at``."""
     rows = sq.query(
         conn,
@@ -65,28 +60,23 @@ def session_user(conn: sqlite3.Connection, session_id: str, now: float) -> dict[
     return rows[0] if rows else None
 
 
-def delete_session(conn: sqlite3.Connection, session_id: str) -> None:
+def delete_session(conn: Conn, session_id: str) -> None:
     conn.execute("DELETE FROM dashboard_sessions WHERE id = ?", (session_id,))
 
 
-def signing_secret(conn: sqlite3.Connection, fresh: str, now: float) -> str:
+def signing_secret(conn: Conn, fresh: str, now: float) -> str:
     """The dashboard's signing secret: ``fresh`` is stored the first time, then kept."""
-    conn.execute(
-        "INSERT OR IGNORE INTO dashboard_secrets (name, value, created_at)"
-        " VALUES ('session_signing', ?, ?)",
-        (fresh, now),
-    )
-    row = conn.execute(
-        "SELECT value FROM dashboard_secrets WHERE name = 'session_signing'"
-    ).fetchone()
-    return str(row[0])
+    row = {"name": "session_signing", "value": fresh, "created_at": now}
+    sq.insert_new(conn, "dashboard_secrets", row)
+    found = sq.query(conn, "SELECT value FROM dashboard_secrets WHERE name = 'session_signing'")
+    return str(found[0]["value"])
 
 
 # -- organisation-wide reads ---------------------------------------------------------------
 
 
 def org_requests(
-    conn: sqlite3.Connection,
+    conn: Conn,
     org_id: str,
     filters: dict[str, str],
     limit: int,
@@ -104,13 +94,13 @@ def org_requests(
             params.append(filters[column])
     if filters.get("tag"):
         name, sep, value = filters["tag"].partition("=")
-        path = f'$."{name}"'
+        member = conn.dialect.json_text("tags")
         if sep:
-            where.append("json_extract(tags, ?) = ?")
-            params += [path, value]
+            where.append(f"{member} = ?")
+            params += [name, value]
         else:
-            where.append("json_extract(tags, ?) IS NOT NULL")
-            params.append(path)
+            where.append(f"{member} IS NOT NULL")
+            params.append(name)
     if before is not None:
         where.append("created < ?")
         params.append(before)
@@ -120,11 +110,11 @@ def org_requests(
     )
 
 
-def org_request(conn: sqlite3.Connection, org_id: str, request_id: str) -> dict[str, Any] | None:
+def org_request(conn: Conn, org_id: str, request_id: str) -> dict[str, Any] | None:
     return sq.select_one(conn, "requests", "WHERE id = ? AND org_id = ?", (request_id, org_id))
 
 
-def ledger_rows(conn: sqlite3.Connection, org_id: str, limit: int) -> list[dict[str, Any]]:
+def ledger_rows(conn: Conn, org_id: str, limit: int) -> list[dict[str, Any]]:
     """The organisation's credit ledger, newest first."""
     return sq.select(
         conn,

@@ -7,27 +7,27 @@ call's settlement (:mod:`gateway.store.records`).
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
-from gateway.store import sqlite as sq
+from gateway.store import sql as sq
+from gateway.store.sql import Conn
 
 #: how long an outcome is kept (DESIGN.md: 24 hours); start-up purges older rows
 RETENTION_S = 24 * 3600
 
 
-def get(conn: sqlite3.Connection, key_id: str, idem_key: str) -> dict[str, Any] | None:
+def get(conn: Conn, key_id: str, idem_key: str) -> dict[str, Any] | None:
     return sq.select_one(
         conn, "idempotency", "WHERE key_id = ? AND idem_key = ?", (key_id, idem_key)
     )
 
 
-def put(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
+def put(conn: Conn, row: dict[str, Any]) -> None:
     """Insert or replace (an expired row under the same key is simply overwritten)."""
     sq.upsert(conn, "idempotency", row)
 
 
-def purge(conn: sqlite3.Connection, before: float) -> int:
+def purge(conn: Conn, before: float) -> int:
     """Drop rows created before ``before``; returns how many."""
     return conn.execute("DELETE FROM idempotency WHERE created_at < ?", (before,)).rowcount
 
@@ -36,9 +36,7 @@ def purge(conn: sqlite3.Connection, before: float) -> int:
 RUNNING, INTERRUPTED = "running", "interrupted"
 
 
-def settle(
-    conn: sqlite3.Connection, key_id: str, idem_key: str, outcome: dict[str, Any] | None
-) -> None:
+def settle(conn: Conn, key_id: str, idem_key: str, outcome: dict[str, Any] | None) -> None:
     """The outcome of a claim: its row updated with ``outcome``, or dropped (None)."""
     if outcome is None:
         conn.execute(
@@ -48,6 +46,6 @@ def settle(
         sq.update(conn, "idempotency", {"key_id": key_id, "idem_key": idem_key}, outcome)
 
 
-def interrupt_running(conn: sqlite3.Connection) -> None:
+def interrupt_running(conn: Conn) -> None:
     """Recovery: every claim whose call was in flight when its process died."""
     conn.execute("UPDATE idempotency SET state = ? WHERE state = ?", (INTERRUPTED, RUNNING))

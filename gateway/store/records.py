@@ -2,44 +2,44 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
 from gateway.store import idempotency
-from gateway.store import sqlite as sq
+from gateway.store import sql as sq
+from gateway.store.sql import Conn
 
 # -- organisations -------------------------------------------------------------------------
 
 
-def create_org(conn: sqlite3.Connection, org: dict[str, Any]) -> dict[str, Any]:
+def create_org(conn: Conn, org: dict[str, Any]) -> dict[str, Any]:
     sq.insert(conn, "orgs", org)
     return org
 
 
-def list_orgs(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+def list_orgs(conn: Conn) -> list[dict[str, Any]]:
     return sq.select(conn, "orgs", "ORDER BY created_at")
 
 
-def set_org_policy(conn: sqlite3.Connection, org_id: str, policy: dict[str, Any]) -> int:
+def set_org_policy(conn: Conn, org_id: str, policy: dict[str, Any]) -> int:
     return sq.update(conn, "orgs", {"id": org_id}, {"policy": policy})
 
 
-def set_provider_credential(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
+def set_provider_credential(conn: Conn, row: dict[str, Any]) -> None:
     sq.upsert(conn, "provider_credentials", row)
 
 
-def list_provider_credentials(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+def list_provider_credentials(conn: Conn) -> list[dict[str, Any]]:
     return sq.select(conn, "provider_credentials")
 
 
 # -- credit ledger -------------------------------------------------------------------------
 
 
-def add_ledger_row(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
+def add_ledger_row(conn: Conn, row: dict[str, Any]) -> None:
     sq.insert(conn, "credit_ledger", row)
 
 
-def org_balances(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
+def org_balances(conn: Conn) -> dict[str, dict[str, int]]:
     """Per organisation: purchased and used nano-USD (used is positive)."""
     rows = sq.query(
         conn,
@@ -54,16 +54,16 @@ def org_balances(conn: sqlite3.Connection) -> dict[str, dict[str, int]]:
 # -- keys ----------------------------------------------------------------------------------
 
 
-def insert_key(conn: sqlite3.Connection, key: dict[str, Any]) -> None:
+def insert_key(conn: Conn, key: dict[str, Any]) -> None:
     sq.insert(conn, "keys", key)
 
 
-def update_key(conn: sqlite3.Connection, key_id: str, values: dict[str, Any]) -> int:
+def update_key(conn: Conn, key_id: str, values: dict[str, Any]) -> int:
     return sq.update(conn, "keys", {"id": key_id}, values)
 
 
 def rotate_key(
-    conn: sqlite3.Connection,
+    conn: Conn,
     new_key: dict[str, Any],
     old_id: str,
     old_values: dict[str, Any],
@@ -77,18 +77,18 @@ def rotate_key(
         update_key(conn, child_id, {"parent_id": new_key["id"]})
 
 
-def all_keys(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+def all_keys(conn: Conn) -> list[dict[str, Any]]:
     return sq.select(conn, "keys", "ORDER BY created_at, id")
 
 
 # -- request records -----------------------------------------------------------------------
 
 
-def get_request(conn: sqlite3.Connection, request_id: str, key_id: str) -> dict[str, Any] | None:
+def get_request(conn: Conn, request_id: str, key_id: str) -> dict[str, Any] | None:
     return sq.select_one(conn, "requests", "WHERE id = ? AND key_id = ?", (request_id, key_id))
 
 
-def settled_spend(conn: sqlite3.Connection, day: str, month: str) -> list[dict[str, Any]]:
+def settled_spend(conn: Conn, day: str, month: str) -> list[dict[str, Any]]:
     """Settled nano-USD per key, and the parent it was reserved on, for one day and one
     month (start-up rebuild)."""
     return sq.query(
@@ -107,9 +107,7 @@ PENDING = "pending"
 INTERRUPTED = "interrupted"
 
 
-def open_call(
-    conn: sqlite3.Connection, record: dict[str, Any], claim: dict[str, Any] | None
-) -> None:
+def open_call(conn: Conn, record: dict[str, Any], claim: dict[str, Any] | None) -> None:
     """A call about to reach its provider: its ``pending`` request row and, with an
     Idempotency-Key, the key's claim: one transaction."""
     sq.insert(conn, "requests", record)
@@ -118,7 +116,7 @@ def open_call(
 
 
 def settle_call(
-    conn: sqlite3.Connection,
+    conn: Conn,
     request_id: str,
     values: dict[str, Any],
     ledger: dict[str, Any] | None,
@@ -134,7 +132,7 @@ def settle_call(
         idempotency.settle(conn, *claim, outcome)
 
 
-def recover_pending(conn: sqlite3.Connection) -> dict[str, int]:
+def recover_pending(conn: Conn) -> dict[str, int]:
     """Settle every ``pending`` row (its process is gone) by the settlement table's row
     "anything else without reported usage": the full reservation counts against the
     caps of the call's day and month, nothing is billed (no ledger row); the record says
@@ -157,7 +155,7 @@ def recover_pending(conn: sqlite3.Connection) -> dict[str, int]:
     return {"calls": found["calls"], "nanos": found["nanos"]}
 
 
-def org_billed(conn: sqlite3.Connection, month: str) -> dict[str, int]:
+def org_billed(conn: Conn, month: str) -> dict[str, int]:
     """Billed nano-USD per organisation in one month (start-up rebuild of budgets)."""
     rows = sq.query(
         conn,
@@ -169,7 +167,7 @@ def org_billed(conn: sqlite3.Connection, month: str) -> dict[str, int]:
 
 
 def usage_rows(
-    conn: sqlite3.Connection,
+    conn: Conn,
     key_ids: list[str],
     start: str,
     end: str,
@@ -182,24 +180,26 @@ def usage_rows(
     ``group`` is a column name (day, model, key_id) or ``tag:<name>``; None for one total.
     ``by_day`` also splits each group by day (a ``day`` column): the dashboard's chart.
     """
+    dialect = conn.dialect
+    params: list[Any] = []
     if group is None:
         select = "NULL AS grp"
     elif group.startswith("tag:"):
-        select = "json_extract(tags, ?) AS grp"
+        select = f"{dialect.bytewise(dialect.json_text('tags'))} AS grp"
+        params.append(group[4:])
     else:
         select = f"{group} AS grp"
-    params: list[Any] = [f'$."{group[4:]}"'] if group and group.startswith("tag:") else []
     marks = ", ".join("?" for _ in key_ids)
     params += [*key_ids, start, end]
     days = "day, " if by_day else ""
     return sq.query(
         conn,
         f"SELECT {days}{select}, COUNT(*) AS requests,"
-        " SUM(COALESCE(json_extract(usage, '$.prompt_tokens'), 0)) AS input_tokens,"
-        " SUM(COALESCE(json_extract(usage, '$.completion_tokens'), 0)) AS output_tokens,"
+        f" SUM(COALESCE({dialect.json_int('usage', 'prompt_tokens')}, 0)) AS input_tokens,"
+        f" SUM(COALESCE({dialect.json_int('usage', 'completion_tokens')}, 0)) AS output_tokens,"
         " SUM(billed_usd_nanos) AS billed, SUM(settled_usd_nanos) AS settled"
         f" FROM requests WHERE key_id IN ({marks}) AND day BETWEEN ? AND ?"
         f" AND status != '{PENDING}'"
-        f" GROUP BY {days}grp ORDER BY {days}grp",
+        f" GROUP BY {days}grp ORDER BY {days}grp NULLS FIRST",
         params,
     )

@@ -1,35 +1,33 @@
-"""SQLite access: opening a database safely, and the row-level operations on it.
+"""The SQLite backend: opening a database file safely, its dialect, its transactions.
 
-Every function here is synchronous and takes a :class:`sqlite3.Connection`; the async
-:class:`gateway.store.Store` decides on which thread and in which batch they run. This
-module and its package are the only importers of sqlite in the project.
+With :mod:`gateway.store.postgres`, the only importer of a database driver in the project.
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
 
-import orjson
 from sqlite_utils import Database
 
+from gateway.store.errors import StoreError
 from gateway.store.migrations import migrate
+from gateway.store.sql import Conn, Dialect
 
-JSON_COLUMNS = {
-    "keys": ("scopes", "caps", "allowed_models", "required_tags", "default_tags"),
-    "orgs": ("policy",),
-    "requests": ("tags", "usage"),
-    "idempotency": ("headers",),
-}
-
-
-class StoreError(Exception):
-    """The database cannot be used (missing directory, not SQLite, locked...)."""
+DIALECT = Dialect(
+    name="sqlite",
+    json_text=lambda column: f"json_extract({column}, '$.\"' || ? || '\"')",
+    json_int=lambda column, member: f"json_extract({column}, '$.{member}')",
+    bytewise=lambda expression: expression,
+)
 
 
-def connect(path: str) -> sqlite3.Connection:
+def _wrap(raw: sqlite3.Connection) -> Conn:
+    raw.row_factory = sqlite3.Row
+    return Conn(raw, DIALECT, raw.execute)
+
+
+def connect(path: str) -> Conn:
     """Open (creating if needed) the database at ``path`` in WAL mode, migrated.
 
     Refuses a missing parent directory and a file that is not SQLite without
@@ -46,75 +44,60 @@ def connect(path: str) -> sqlite3.Connection:
                 if handle.read(16) != b"SQLite format 3\x00":
                     raise StoreError(f"not an SQLite database: {file}")
     try:
-        conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute("PRAGMA synchronous=FULL")
-        conn.execute("PRAGMA busy_timeout=5000")
-        conn.execute("PRAGMA foreign_keys=ON")
-        migrate(Database(conn))
+        raw = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        raw.execute("PRAGMA journal_mode=WAL")
+        raw.execute("PRAGMA synchronous=FULL")
+        raw.execute("PRAGMA busy_timeout=5000")
+        raw.execute("PRAGMA foreign_keys=ON")
+        migrate(Database(raw))
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"cannot use database {path}: {exc}") from None
-    return conn
+    return _wrap(raw)
 
 
-def encode(table: str, row: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(row)
-    for column in JSON_COLUMNS.get(table, ()):
-        if column in out and out[column] is not None:
-            out[column] = orjson.dumps(out[column]).decode()
-    return out
+class SqliteBackend:
+    """One database file: a writer connection (migrated at open) and a reader."""
 
+    errors: tuple[type[BaseException], ...] = (sqlite3.Error,)
 
-def decode(table: str, row: sqlite3.Row | Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(row)
-    for column in JSON_COLUMNS.get(table, ()):
-        if out.get(column) is not None:
-            out[column] = orjson.loads(out[column])
-    return out
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.name = path if path == ":memory:" else str(Path(path).resolve())
 
+    def open_writer(self) -> Conn:
+        return connect(self.path)
 
-def insert(conn: sqlite3.Connection, table: str, row: Mapping[str, Any]) -> None:
-    data = encode(table, row)
-    columns = ", ".join(data)
-    marks = ", ".join("?" for _ in data)
-    conn.execute(f"INSERT INTO {table} ({columns}) VALUES ({marks})", tuple(data.values()))
+    reconnect_writer = open_writer
 
+    def open_reader(self) -> Conn:
+        raw = sqlite3.connect(
+            self.path if self.path != ":memory:" else "file::memory:",
+            check_same_thread=False,
+            isolation_level=None,
+        )
+        return _wrap(raw)
 
-def upsert(conn: sqlite3.Connection, table: str, row: Mapping[str, Any]) -> None:
-    data = encode(table, row)
-    columns = ", ".join(data)
-    marks = ", ".join("?" for _ in data)
-    conn.execute(
-        f"INSERT OR REPLACE INTO {table} ({columns}) VALUES ({marks})", tuple(data.values())
-    )
+    def begin(self, conn: Conn) -> None:
+        conn.execute("BEGIN IMMEDIATE", ())
 
+    def in_transaction(self, conn: Conn) -> bool:
+        return bool(conn.raw.in_transaction)
 
-def update(
-    conn: sqlite3.Connection, table: str, where: Mapping[str, Any], values: Mapping[str, Any]
-) -> int:
-    data = encode(table, values)
-    sets = ", ".join(f"{column} = ?" for column in data)
-    conds = " AND ".join(f"{column} = ?" for column in where)
-    cursor = conn.execute(
-        f"UPDATE {table} SET {sets} WHERE {conds}", (*data.values(), *where.values())
-    )
-    return cursor.rowcount
+    def lost(self, conn: Conn, exc: BaseException) -> bool:
+        """A file does not go away like a server: every error is the batch's own."""
+        return False
 
+    def committed(self, conn: Conn, token: object) -> bool:
+        return False
 
-def select(
-    conn: sqlite3.Connection, table: str, sql: str = "", params: Iterable[Any] = ()
-) -> list[dict[str, Any]]:
-    rows = conn.execute(f"SELECT * FROM {table} {sql}", tuple(params)).fetchall()
-    return [decode(table, row) for row in rows]
+    def tables(self, conn: Conn) -> list[str]:
+        rows = conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'", ()
+        )
+        return [row["name"] for row in rows.fetchall()]
 
+    def after_copy(self, conn: Conn, table: str) -> None:
+        """Rows copied with their ids: SQLite's next rowid follows the largest by itself."""
 
-def select_one(
-    conn: sqlite3.Connection, table: str, sql: str, params: Iterable[Any] = ()
-) -> dict[str, Any] | None:
-    rows = select(conn, table, sql + " LIMIT 1", params)
-    return rows[0] if rows else None
-
-
-def query(conn: sqlite3.Connection, sql: str, params: Iterable[Any] = ()) -> list[dict[str, Any]]:
-    return [dict(row) for row in conn.execute(sql, tuple(params)).fetchall()]
+    def close(self, conn: Conn) -> None:
+        conn.raw.close()

@@ -2,36 +2,31 @@
 
 from __future__ import annotations
 
-import sqlite3
 from typing import Any
 
-from gateway.store import sqlite as sq
+from gateway.store import sql as sq
+from gateway.store.sql import Conn
 
 
-def set_webhook(conn: sqlite3.Connection, row: dict[str, Any]) -> None:
+def set_webhook(conn: Conn, row: dict[str, Any]) -> None:
     sq.upsert(conn, "webhooks", row)
 
 
-def all_webhooks(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+def all_webhooks(conn: Conn) -> list[dict[str, Any]]:
     return sq.select(conn, "webhooks")
 
 
-def add_event(conn: sqlite3.Connection, row: dict[str, Any]) -> bool:
+def add_event(conn: Conn, row: dict[str, Any]) -> bool:
     """Queue an event once: a second event with the same id is ignored (False)."""
-    columns = ", ".join(row)
-    marks = ", ".join("?" for _ in row)
-    cursor = conn.execute(
-        f"INSERT OR IGNORE INTO webhook_events ({columns}) VALUES ({marks})", tuple(row.values())
-    )
-    return cursor.rowcount == 1
+    return sq.insert_new(conn, "webhook_events", row)
 
 
-def event_ids_since(conn: sqlite3.Connection, since: float) -> list[str]:
-    rows = conn.execute("SELECT id FROM webhook_events WHERE created_at >= ?", (since,))
-    return [row[0] for row in rows.fetchall()]
+def event_ids_since(conn: Conn, since: float) -> list[str]:
+    rows = sq.query(conn, "SELECT id FROM webhook_events WHERE created_at >= ?", (since,))
+    return [row["id"] for row in rows]
 
 
-def due_events(conn: sqlite3.Connection, now: float, limit: int) -> list[dict[str, Any]]:
+def due_events(conn: Conn, now: float, limit: int) -> list[dict[str, Any]]:
     """Events not yet delivered nor given up whose next attempt is due, with their endpoint."""
     return sq.query(
         conn,
@@ -43,20 +38,21 @@ def due_events(conn: sqlite3.Connection, now: float, limit: int) -> list[dict[st
     )
 
 
-def undelivered_count(conn: sqlite3.Connection) -> int:
+def undelivered_count(conn: Conn) -> int:
     """Events neither delivered nor given up: due now, or waiting for a retry."""
-    row = conn.execute(
-        "SELECT COUNT(*) FROM webhook_events WHERE delivered_at IS NULL AND given_up = 0"
-    ).fetchone()
-    return int(row[0])
+    row = sq.query(
+        conn,
+        "SELECT COUNT(*) AS n FROM webhook_events WHERE delivered_at IS NULL AND given_up = 0",
+    )[0]
+    return int(row["n"])
 
 
-def mark_delivered(conn: sqlite3.Connection, event_id: str, at: float) -> None:
+def mark_delivered(conn: Conn, event_id: str, at: float) -> None:
     conn.execute("UPDATE webhook_events SET delivered_at = ? WHERE id = ?", (at, event_id))
 
 
 def mark_failed(
-    conn: sqlite3.Connection,
+    conn: Conn,
     event_id: str,
     attempts: int,
     next_at: float,
@@ -70,12 +66,13 @@ def mark_failed(
     )
 
 
-def credit_totals(conn: sqlite3.Connection, org_id: str) -> tuple[int, int]:
+def credit_totals(conn: Conn, org_id: str) -> tuple[int, int]:
     """Nano-USD of credits ever added to an organisation, and ever debited from it."""
-    row = conn.execute(
-        "SELECT COALESCE(SUM(CASE WHEN amount_nanos > 0 THEN amount_nanos END), 0),"
-        " -COALESCE(SUM(CASE WHEN amount_nanos < 0 THEN amount_nanos END), 0)"
+    row = sq.query(
+        conn,
+        "SELECT COALESCE(SUM(CASE WHEN amount_nanos > 0 THEN amount_nanos END), 0) AS added,"
+        " -COALESCE(SUM(CASE WHEN amount_nanos < 0 THEN amount_nanos END), 0) AS debited"
         " FROM credit_ledger WHERE org_id = ?",
         (org_id,),
-    ).fetchone()
-    return int(row[0]), int(row[1])
+    )[0]
+    return int(row["added"]), int(row["debited"])
