@@ -27,7 +27,7 @@ limits mean unlimited.
 from .actor import ShardUnavailable
 from .clock import Clock, FakeClock, NonDecreasingClock, SystemClock
 from .keys import KeyRef, KeyState
-from .leases import LeaseBook, LeaseNeed, LeaseShort, lease_size
+from .leases import LeaseBook, LeaseNeed, LeaseShort, lease_size, posted
 from .messages import (
     BUDGET_EXCEEDED,
     INSUFFICIENT_CREDITS,
@@ -93,6 +93,7 @@ __all__ = [
     "minute_window",
     "month_resets_at",
     "month_window",
+    "posted",
     "seconds_until_minute_reset",
     "shard_index",
 ]

@@ -53,6 +53,7 @@ __all__ = [
     "LeaseShort",
     "admit_needs",
     "lease_size",
+    "posted",
     "reserve_needs",
 ]
 
@@ -198,3 +199,13 @@ def lease_size(headroom: int, deficit: int, nodes: int, unit: int) -> int:
     if unit > 0:
         share -= share % unit
     return min(headroom, max(deficit, share))
+
+
+def posted(taken: tuple[LeaseNeed, ...], cap: int, billed: int) -> list[tuple[str, int]]:
+    """What a settlement posts out of each spend lease its reservation took: ``cap``
+    out of the day and month caps, ``billed`` out of credits and budget."""
+    return [
+        (need.limit_id, cap if need.kind in "dm" else billed)
+        for need in taken
+        if need.kind in SPEND_KINDS
+    ]

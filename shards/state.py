@@ -70,7 +70,7 @@ from .keys import (
     roll_minute,
     roll_spend,
 )
-from .leases import SPEND_KINDS, LeaseBook, LeaseNeed, LeaseShort, admit_needs, reserve_needs
+from .leases import LeaseBook, LeaseNeed, LeaseShort, admit_needs, posted, reserve_needs
 from .messages import (
     BUDGET_EXCEEDED,
     INSUFFICIENT_CREDITS,
@@ -364,10 +364,9 @@ class ShardState:
 def _give_back(book: LeaseBook, taken: tuple[LeaseNeed, ...], cap: int, billed: int) -> None:
     """A settled reservation's leases: the part of the spend not posted goes back (the
     posted part leaves the lease in the database, with the settlement)."""
-    for need in taken:
-        if need.kind in SPEND_KINDS:
-            posted = cap if need.kind in "dm" else billed
-            book.give(need.limit_id, need.amount - posted)
+    reserved = {need.limit_id: need.amount for need in taken}
+    for limit_id, amount in posted(taken, cap, billed):
+        book.give(limit_id, reserved[limit_id] - amount)
 
 
 _ADMIT_SHORT = {"r": "key", "o": "org", "p": "platform"}

@@ -113,6 +113,9 @@ class Store:
         self._read_conn: Conn | None = None
         self._read_retry_at = 0.0
         self._read_limiter = trio.CapacityLimiter(1)
+        #: the connection of short transactions of their own (:meth:`transact`)
+        self._own_conn: Conn | None = None
+        self._own_limiter = trio.CapacityLimiter(1)
         self._write_limiter = trio.CapacityLimiter(1)
         self._send, self._receive = trio.open_memory_channel[_Pending](BATCH * 4)
         #: writes to commit again after a lost connection, before any new one
@@ -190,6 +193,33 @@ class Store:
             if not self.backend.lost(conn, exc):
                 raise
             self._read_conn = None
+            self.backend.close(conn)
+            raise StoreError(UNAVAILABLE) from None
+
+    async def transact(self, op: Callable[..., T], *args: Any) -> T:
+        """Run ``op`` now in a short transaction of its own, on a connection of its own
+        (a lease refill: it must not wait behind a batch, nor hold a batch's locks).
+        A lost database is a :class:`StoreError`; an error of ``op`` rolls back."""
+        return await trio.to_thread.run_sync(self._transact, op, args, limiter=self._own_limiter)
+
+    def _transact(self, op: Callable[..., T], args: tuple[Any, ...]) -> T:
+        conn = self._own_conn
+        if conn is None:
+            conn = self._own_conn = self.backend.open_reader()
+        try:
+            self.backend.begin(conn)
+            try:
+                result = op(conn, *args)
+            except BaseException:
+                if self.backend.in_transaction(conn):
+                    conn.execute("ROLLBACK", ())
+                raise
+            conn.execute("COMMIT", ())
+            return result
+        except self.backend.errors as exc:
+            if not self.backend.lost(conn, exc):
+                raise
+            self._own_conn = None
             self.backend.close(conn)
             raise StoreError(UNAVAILABLE) from None
 
@@ -343,7 +373,7 @@ class Store:
         return None
 
     def close(self) -> None:
-        for conn in (self._read_conn, self._write_conn):
+        for conn in (self._read_conn, self._write_conn, self._own_conn):
             if conn is not None:
                 self.backend.close(conn)
-        self._read_conn = self._write_conn = None
+        self._read_conn = self._write_conn = self._own_conn = None
