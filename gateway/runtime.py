@@ -14,11 +14,13 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import Any
 
 import trio
 
 from gateway.alerts import Alerts
 from gateway.catalog import Catalog, Model, nanos_to_usd, usd_to_nanos
+from gateway.cluster import Node
 from gateway.config import Config
 from gateway.errors import GatewayError
 from gateway.idempotency import RETENTION_S as IDEMPOTENCY_RETENTION_S
@@ -31,7 +33,7 @@ from gateway.providers.base import Provider
 from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers
 from gateway.ratelimit import PublicCatalogLimiter
-from gateway.store import Store, records
+from gateway.store import Store, is_postgres, records
 from gateway.store import idempotency as idempotency_ops
 from shards import ShardPool, SystemClock
 from shards.clock import Clock
@@ -68,6 +70,8 @@ class Runtime:
         self.public_limiter = PublicCatalogLimiter(
             self.config.server.public_catalog_rpm, self.clock.now
         )
+        #: this process as one of several nodes (a PostgreSQL store), else None
+        self.cluster: Node | None = Node(self) if is_postgres(self.config.server.db) else None
 
     @classmethod
     def open(cls, config: Config, clock: Clock | None = None) -> Runtime:
@@ -83,14 +87,15 @@ class Runtime:
 
     def load(self) -> None:
         """Rebuild the in-memory state from the store (start-up only), after recovery."""
-        self.recover()
-        for row in self.store.call(records.list_orgs):
-            org = Org.from_row(row)
-            self.orgs[org.id] = org
-        balances = self.store.call(records.org_balances)
-        billed = self.store.call(records.org_billed, self._month())
-        for org in self.orgs.values():
-            self._load_org_account(org, balances.get(org.id, {}), billed.get(org.id, 0))
+        if self.cluster is not None:
+            self.cluster.register()
+        else:
+            self.recover()
+        self.load_orgs(
+            self.store.call(records.list_orgs),
+            self.store.call(records.org_balances),
+            self.store.call(records.org_billed, self.month()),
+        )
         self.keyring.load(self.store.call(records.all_keys))
         self.store.call(idempotency_ops.purge, self.clock.now() - IDEMPOTENCY_RETENTION_S)
         self.alerts.load()
@@ -128,6 +133,19 @@ class Runtime:
                 extra={"event": "recovery", "calls": found["calls"]},
             )
 
+    def load_orgs(
+        self,
+        rows: list[dict[str, Any]],
+        balances: dict[str, dict[str, int]],
+        billed: dict[str, int],
+    ) -> None:
+        """Organisations and their accounts as the store has them (start-up, and a
+        node's reload after another node changed them)."""
+        for row in rows:
+            org = Org.from_row(row)
+            self.orgs[org.id] = org
+            self._load_org_account(org, balances.get(org.id, {}), billed.get(org.id, 0))
+
     def _load_org_account(self, org: Org, balance: dict[str, int], billed: int = 0) -> None:
         budget = org.policy.get("budget_usd_month")
         self.pool.set_org(
@@ -137,7 +155,7 @@ class Runtime:
             billed_month_nanos=billed,
         )
 
-    def _month(self) -> str:
+    def month(self) -> str:
         return datetime.fromtimestamp(self.clock.now(), UTC).strftime("%Y-%m")
 
     # -- organisations ---------------------------------------------------------------------

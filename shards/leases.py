@@ -79,8 +79,9 @@ class LeaseNeed(NamedTuple):
 
 
 class LeaseShort(NamedTuple):
-    """The node's leases cannot cover a step: refill ``needs`` and ask again, or answer
-    the refusal paired with the first need the database cannot cover."""
+    """The node's leases cannot cover a step: refill ``needs`` (each the whole amount
+    the step wants of its limit) and ask again, or answer the refusal paired with the
+    first need the database cannot cover."""
 
     needs: tuple[LeaseNeed, ...]
     refusals: tuple[Admission | ReserveRefusal, ...]
@@ -141,17 +142,24 @@ class LeaseBook:
         self.admitting = True
 
     def short(self, needs: list[LeaseNeed]) -> tuple[LeaseNeed, ...]:
-        """The needs the balances cannot cover (a limit named twice needs both amounts)."""
+        """The needs the balances cannot cover, each with the whole amount the step
+        wants of its limit (a limit named twice wants both amounts; named once here)."""
         balance = self.balance
         wanted: dict[str, int] = {}
         for need in needs:
             lid = need.limit_id
             wanted[lid] = wanted.get(lid, 0) + need.amount
-        return tuple(
-            need._replace(amount=wanted[need.limit_id] - balance.get(need.limit_id, 0))
-            for need in needs
-            if wanted[need.limit_id] > balance.get(need.limit_id, 0)
-        )
+        short, seen = [], set()
+        for need in needs:
+            lid = need.limit_id
+            if lid not in seen and wanted[lid] > balance.get(lid, 0):
+                seen.add(lid)
+                short.append(need._replace(amount=wanted[lid]))
+        return tuple(short)
+
+    def deficit(self, need: LeaseNeed) -> int:
+        """What the balance of ``need``'s limit lacks for it now (0: nothing)."""
+        return max(0, need.amount - self.balance.get(need.limit_id, 0))
 
     def take(self, needs: list[LeaseNeed], now: float) -> None:
         """Take every need (after :meth:`short` found none)."""
@@ -178,12 +186,9 @@ class LeaseBook:
         return self.balance.pop(limit_id, 0)
 
     def idle(self, before: float) -> list[str]:
-        """Limit ids with an unused balance, not used since ``before``."""
-        return [
-            lid
-            for lid, amount in self.balance.items()
-            if amount > 0 and self.used_at.get(lid, 0.0) < before
-        ]
+        """Limit ids not used since ``before`` (their unused balance may go back)."""
+        used_at = self.used_at
+        return [lid for lid in self.balance if used_at.get(lid, 0.0) < before]
 
 
 def lease_size(headroom: int, deficit: int, nodes: int, unit: int) -> int:
@@ -203,9 +208,10 @@ def lease_size(headroom: int, deficit: int, nodes: int, unit: int) -> int:
 
 def posted(taken: tuple[LeaseNeed, ...], cap: int, billed: int) -> list[tuple[str, int]]:
     """What a settlement posts out of each spend lease its reservation took: ``cap``
-    out of the day and month caps, ``billed`` out of credits and budget."""
+    out of the day and month caps, ``billed`` out of credits and budget (each within
+    what was reserved, as the shard clamps them)."""
     return [
-        (need.limit_id, cap if need.kind in "dm" else billed)
+        (need.limit_id, max(0, min(cap if need.kind in "dm" else billed, need.amount)))
         for need in taken
         if need.kind in SPEND_KINDS
     ]
