@@ -59,7 +59,7 @@ class Node:
         self.lease_s = runtime.config.cluster.lease_s
         self.book = runtime.pool.use_leases()
         self.epoch = 0
-        #: trio.current_time() until which the node may admit (fencing)
+        #: time.monotonic() until which the node may admit (fencing)
         self._admit_until = 0.0
         self._refilling: defaultdict[str, trio.Lock] = defaultdict(trio.Lock)
         self._version = 0
@@ -99,12 +99,12 @@ class Node:
     def _fence_at(self, sent: float) -> float:
         """Admit until 3/4 of a lease after a renewal that was sent at monotonic ``sent``
         (the database's expiry counts from its own later receipt)."""
-        return trio.current_time() - (time.monotonic() - sent) + self.lease_s * 0.75
+        return sent + self.lease_s * 0.75
 
     # -- admission ----------------------------------------------------------------------
 
     def admitting(self) -> bool:
-        return trio.current_time() < self._admit_until
+        return time.monotonic() < self._admit_until
 
     async def refill(self, short: LeaseShort) -> Admission | ReserveRefusal | None:
         """Refill every limit ``short`` names; the refusal of the first one the database
