@@ -1,0 +1,361 @@
+"""Three gateway nodes on one PostgreSQL database (issue 22's acceptance).
+
+Three ``python -m gateway serve`` processes (tests/procs.py) share a fresh database on
+the session's throwaway PostgreSQL (``pg_cluster``); live keys call the fake upstream
+(tests/fake_upstream.py), a real server in this test's trio loop. A client spreads
+calls round-robin over the nodes. Admitted calls are held at the upstream
+(``[[fault hold]]``) until every call has its answer or is held, so no settlement frees
+headroom during a race: a cap of k worst-case reservations and a half admits exactly k.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+import trio
+
+from tests.fake_upstream import FakeUpstream
+from tests.pg_cluster import Cluster
+from tests.procs import ADMIN_TOKEN, Server, base_env, start_server
+
+pytestmark = pytest.mark.timeout(150)
+
+MAX_TOKENS = 50
+OUT_PRICE = 15.0  # USD per million output tokens; input is free
+#: the worst case of every call: the output ceiling at the output price, in nano-USD
+WORST_CASE = MAX_TOKENS * round(OUT_PRICE * 1000)
+K = 7
+CALLS = 300
+LEASE_S = 3
+ROOMY = {"rpm": 100_000, "max_in_flight": 1000}
+CONFIG = """
+[server]
+request_timeout_s = 60
+
+[[providers]]
+name = "upstream"
+kind = "openai"
+base_url = "{url}"
+api_key_env = "FAKE_UPSTREAM_KEY"
+
+[[models]]
+id = "live-chat"
+provider = "upstream"
+upstream_id = "up-chat"
+input_usd_per_mtok = 0.0
+output_usd_per_mtok = {price}
+"""
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+_names = itertools.count()
+
+
+def rows(url: str, sql: str) -> list[dict[str, Any]]:
+    with psycopg.connect(url, row_factory=psycopg.rows.dict_row) as conn:
+        return conn.execute(sql).fetchall()
+
+
+def start_node(tmp_path: Path, db: str, upstream: FakeUpstream, n: int) -> Server:
+    where = tmp_path / f"n{n}"
+    where.mkdir(exist_ok=True)
+    config = where / "gateway.toml"
+    config.write_text(CONFIG.format(url=upstream.url, price=OUT_PRICE))
+    env = base_env(
+        FAKE_UPSTREAM_KEY="sk-upstream",
+        SVC_CLUSTER_NODE_ID=f"n{n}",
+        SVC_CLUSTER_LEASE_S=str(LEASE_S),
+    )
+    return start_server(where, "--config", str(config), db=db, env=env)
+
+
+@pytest.fixture
+async def nodes(
+    tmp_path: Path, pg_cluster: Cluster, upstream: FakeUpstream
+) -> AsyncIterator[list[Server]]:
+    name = f"pgn_{next(_names)}"
+    pg_cluster.psql(f"CREATE DATABASE {name}")
+    db = pg_cluster.url(name)
+    started: list[Server] = []
+    try:
+        for n in range(3):  # the first bootstraps the demo organisation
+            started.append(await trio.to_thread.run_sync(start_node, tmp_path, db, upstream, n))
+        yield started
+    finally:
+        upstream.release.set()
+        for server in started:
+            await trio.to_thread.run_sync(server.stop)
+
+
+def db_of(nodes: list[Server]) -> str:
+    return str(nodes[0].proc.args[nodes[0].proc.args.index("--db") + 1])  # type: ignore[union-attr]
+
+
+async def admin(server: Server, method: str, path: str, **body: Any) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=server.url, headers=ADMIN) as client:
+        response = await client.request(method, path, json=body or None)
+    assert response.status_code in (200, 201), response.text
+    return dict(response.json())
+
+
+async def org_id(server: Server) -> str:
+    return str((await admin(server, "GET", "/admin/orgs"))["data"][0]["id"])
+
+
+async def seen_everywhere(nodes: list[Server], token: str, status: int = 200) -> float:
+    """Seconds until every node answers GET /v1/key for ``token`` with ``status``."""
+    start = time.monotonic()
+    headers = {"Authorization": f"Bearer {token}"}
+    with trio.fail_after(10):
+        for server in nodes:
+            async with httpx.AsyncClient(base_url=server.url, headers=headers) as client:
+                while (await client.get("/v1/key")).status_code != status:
+                    await trio.sleep(0.05)
+    return time.monotonic() - start
+
+
+async def live_key(nodes: list[Server], org: str, at: int = 0, **caps: Any) -> str:
+    made = await admin(
+        nodes[at],
+        "POST",
+        "/admin/keys",
+        org_id=org,
+        name="live",
+        mode="live",
+        scopes=["inference", "usage:read", "keys:manage"],
+        caps={**ROOMY, **caps},
+    )
+    await seen_everywhere(nodes, made["token"])
+    return str(made["token"])
+
+
+def body(marker: str, faults: str = "hold") -> dict[str, Any]:
+    return {
+        "model": "live-chat",
+        "messages": [{"role": "user", "content": f"call {marker} [[fault {faults}]]"}],
+        "max_tokens": MAX_TOKENS,
+    }
+
+
+async def race(
+    nodes: list[Server], tokens: list[str], upstream: FakeUpstream, faults: str = "hold"
+) -> Counter[tuple[int, str]]:
+    """CALLS concurrent calls, round-robin over the nodes (and over ``tokens``); the
+    admitted ones are held at the upstream until every call is answered or held."""
+    answers: Counter[tuple[int, str]] = Counter()
+    refused = 0
+    upstream.release = trio.Event()
+    seen = upstream.calls
+    limits = httpx.Limits(max_connections=CALLS + 10)
+    clients = [
+        httpx.AsyncClient(base_url=server.url, timeout=60.0, limits=limits) for server in nodes
+    ]
+
+    async def one(i: int) -> None:
+        nonlocal refused
+        token = tokens[i % len(tokens)]
+        response = await clients[i % len(nodes)].post(
+            "/v1/chat/completions",
+            json=body(f"r{i:03d}", faults),
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        ok = response.status_code == 200
+        answers[(response.status_code, "ok" if ok else response.json()["error"]["code"])] += 1
+        if not ok:
+            refused += 1
+            upstream._notify()
+
+    try:
+        with trio.fail_after(90):
+            async with trio.open_nursery() as calls:
+                for i in range(CALLS):
+                    calls.start_soon(one, i)
+                await upstream.wait_until(lambda: refused + upstream.calls - seen >= CALLS)
+                upstream.release.set()
+    finally:
+        for client in clients:
+            await client.aclose()
+    return answers
+
+
+def books(db: str) -> dict[str, Any]:
+    """What the database holds once nothing is in flight."""
+    (totals,) = rows(
+        db,
+        "SELECT COUNT(*) FILTER (WHERE status = 'pending') AS pending,"
+        " COALESCE(SUM(settled_usd_nanos), 0) AS settled,"
+        " COALESCE(SUM(billed_usd_nanos), 0) AS billed FROM requests",
+    )
+    (ledger,) = rows(
+        db,
+        "SELECT -COALESCE(SUM(amount_nanos), 0) AS debited FROM credit_ledger"
+        " WHERE amount_nanos < 0",
+    )
+    return {**totals, **ledger}
+
+
+async def test_a_daily_cap_admits_exactly_k_across_three_nodes(
+    nodes: list[Server], upstream: FakeUpstream
+) -> None:
+    token = await live_key(nodes, await org_id(nodes[0]), usd_day=(K + 0.5) * WORST_CASE / 1e9)
+    answers = await race(nodes, [token], upstream)
+    assert answers == {(200, "ok"): K, (402, "key_cap_exceeded"): CALLS - K}
+    got = books(db_of(nodes))
+    assert got["pending"] == 0
+    assert got["settled"] <= (K + 0.5) * WORST_CASE
+    assert got["billed"] == got["debited"]
+
+
+async def test_a_parent_and_its_sub_keys_share_one_cap_across_nodes(
+    nodes: list[Server], upstream: FakeUpstream
+) -> None:
+    cap = (K + 0.5) * WORST_CASE / 1e9
+    parent = await live_key(nodes, await org_id(nodes[0]), usd_day=cap)
+    children = []
+    async with httpx.AsyncClient(
+        base_url=nodes[1].url, headers={"Authorization": f"Bearer {parent}"}
+    ) as client:
+        for name in ("a", "b"):
+            made = await client.post(
+                "/v1/keys", json={"name": name, "caps": {**ROOMY, "usd_day": cap}}
+            )
+            assert made.status_code == 201, made.text
+            children.append(made.json()["token"])
+    for child in children:
+        await seen_everywhere(nodes, child)
+    answers = await race(nodes, [parent, *children], upstream)
+    assert answers == {(200, "ok"): K, (402, "key_cap_exceeded"): CALLS - K}
+
+
+async def test_an_orgs_credits_admit_exactly_k_across_nodes(
+    nodes: list[Server], upstream: FakeUpstream
+) -> None:
+    org = (await admin(nodes[2], "POST", "/admin/orgs", name="thrifty"))["id"]
+    await admin(
+        nodes[2], "POST", f"/admin/orgs/{org}/credits", add_usd=(K + 0.5) * WORST_CASE / 1e9
+    )
+    token = await live_key(nodes, org, at=2)
+    answers = await race(nodes, [token], upstream)
+    assert answers == {(200, "ok"): K, (402, "insufficient_credits"): CALLS - K}
+    got = books(db_of(nodes))
+    assert got["pending"] == 0 and got["debited"] <= (K + 0.5) * WORST_CASE
+
+
+async def test_a_keys_rpm_admits_exactly_rpm_in_a_clock_minute_across_nodes(
+    nodes: list[Server], upstream: FakeUpstream
+) -> None:
+    rpm = 25
+    token = await live_key(nodes, await org_id(nodes[0]), rpm=rpm)
+    # the whole race within one clock minute (the nodes' clocks are this machine's)
+    with trio.fail_after(40):
+        while time.time() % 60 > 30:
+            await trio.sleep(0.2)
+    answers = await race(nodes, [token], upstream, faults="delay=0")
+    assert answers == {(200, "ok"): rpm, (429, "rate_limited"): CALLS - rpm}
+
+
+async def test_a_revocation_on_one_node_reaches_every_node_within_two_seconds(
+    nodes: list[Server],
+) -> None:
+    token = await live_key(nodes, await org_id(nodes[0]))
+    key_id = None
+    async with httpx.AsyncClient(
+        base_url=nodes[0].url, headers={"Authorization": f"Bearer {token}"}
+    ) as client:
+        key_id = (await client.get("/v1/key")).json()["id"]
+    await admin(nodes[1], "POST", f"/admin/keys/{key_id}/revoke")
+    assert await seen_everywhere(nodes, token, status=401) <= 2.0
+
+
+async def test_kill_9_of_a_node_under_load_keeps_the_books(
+    nodes: list[Server], upstream: FakeUpstream
+) -> None:
+    """Clients call the three nodes steadily; one node is killed mid-way. The others
+    keep serving; the dead node's leases expire and a live node recovers its pending
+    rows: nothing pending, the cap never passed, settled == ledger, and every call the
+    upstream received has a record."""
+    cap = 40 * WORST_CASE
+    token = await live_key(nodes, await org_id(nodes[0]), usd_day=cap / 1e9)
+    upstream.release.set()
+    served_after: Counter[int] = Counter()
+    killed = trio.Event()
+
+    async def client(n: int) -> None:
+        server = nodes[n % 3]
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=20) as http:
+            for i in itertools.count():
+                try:
+                    response = await http.post(
+                        "/v1/chat/completions",
+                        json=body(f"k{n}x{i}", "delay=0.2"),
+                        headers={"X-Svc-Tags": f"call=k{n}x{i}"},
+                    )
+                except httpx.TransportError:
+                    return  # this client's node was killed
+                if response.status_code == 402:
+                    return  # the cap is reached
+                assert response.status_code in (200, 503), response.text
+                if killed.is_set() and response.status_code == 200:
+                    served_after[n % 3] += 1
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as load:
+            for n in range(6):
+                load.start_soon(client, n)
+            await upstream.wait_until(lambda: upstream.calls >= 12)
+            await trio.to_thread.run_sync(nodes[1].kill)
+            killed.set()
+    assert served_after[0] + served_after[2] > 0
+    db = db_of(nodes)
+    with trio.fail_after(LEASE_S * 3):  # the dead node's registration expires, is swept
+        while rows(db, "SELECT 1 FROM cluster_nodes WHERE node_id = 'n1'"):
+            await trio.sleep(0.2)
+    got = books(db)
+    assert got["pending"] == 0
+    assert got["settled"] <= cap
+    assert got["billed"] == got["debited"]
+    recorded = {r["tags"] for r in rows(db, "SELECT tags->>'call' AS tags FROM requests")}
+    received = {
+        str(m["content"]).split()[1]
+        for b in upstream.bodies
+        for m in b.get("messages") or []
+        if str(m.get("content", "")).startswith("call k")
+    }
+    assert received <= recorded, sorted(received - recorded)
+
+
+async def test_the_database_briefly_unreachable_stops_and_resumes_every_node(
+    nodes: list[Server], upstream: FakeUpstream, pg_cluster: Cluster
+) -> None:
+    token = await live_key(nodes, await org_id(nodes[0]), usd_day=1000)
+    upstream.release.set()
+    headers = {"Authorization": f"Bearer {token}"}
+
+    async def call(server: Server) -> httpx.Response:
+        async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=20) as http:
+            return await http.post("/v1/chat/completions", json=body("db", "delay=0"))
+
+    for server in nodes:
+        assert (await call(server)).status_code == 200
+    await trio.to_thread.run_sync(pg_cluster.stop)
+    try:
+        for server in nodes:
+            refused = await call(server)
+            assert refused.status_code == 503, refused.text
+            assert refused.json()["error"]["code"] == "admission_unavailable"
+            assert int(refused.headers["Retry-After"]) > 0
+    finally:
+        await trio.to_thread.run_sync(pg_cluster.start)
+    with trio.fail_after(LEASE_S * 3):
+        for server in nodes:
+            while (await call(server)).status_code != 200:
+                await trio.sleep(0.2)
+    got = books(db_of(nodes))
+    assert got["pending"] == 0 and got["billed"] == got["debited"]
