@@ -3,8 +3,9 @@
 Step 3 (:func:`admit`) counts the request and takes an in-flight slot for model calls;
 step 8 (:func:`reserve`) reserves the worst case; step 10 (:func:`settle`) resolves it.
 A shard that cannot answer in time is a 503 admission_unavailable: nothing is ever
-admitted unchecked. With several nodes the shard admits against leased headroom and a
-step it cannot cover is refilled first (:func:`_ask`, :mod:`gateway.cluster`).
+admitted unchecked. Every function takes the runtime as an argument: a stream pump
+settles outside any request. With several nodes the shard admits against leased headroom
+and a step it cannot cover is refilled first (:func:`_ask`, :mod:`gateway.cluster`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from quart import g
 
 from gateway.catalog import usd_to_nanos
 from gateway.errors import GatewayError
-from gateway.http import runtime
 from gateway.keys import KeyRecord, key_ref
 from gateway.store import StoreError
 from shards import (
@@ -39,7 +39,8 @@ _REFILLS = 8
 T = TypeVar("T")
 
 
-def unavailable() -> GatewayError:
+def unavailable(rt: Runtime) -> GatewayError:
+    rt.metrics.refused("admission_unavailable")
     return GatewayError(
         "admission_unavailable",
         "An admission check could not complete; retry shortly.",
@@ -59,18 +60,20 @@ def _usd(value: float | None) -> int | None:
     return usd_to_nanos(value) if value is not None else None
 
 
-async def count_request(record: KeyRecord) -> None:
+async def count_request(rt: Runtime, record: KeyRecord) -> None:
     """Count a request refused before step 3 in the key's windows; nothing else.
 
     Its own refusal is the answer whatever the window says, so the admission's outcome
     (and a shard that cannot answer) is of no consequence here.
     """
     with suppress(ShardUnavailable):
-        await runtime().pool.admit(_admit_request(record, take_slot=False))
+        await rt.pool.admit(_admit_request(rt, record, take_slot=False))
 
 
-def _admit_request(record: KeyRecord, *, take_slot: bool, leased: bool = False) -> AdmitRequest:
-    org = runtime().orgs.get(record.org_id)
+def _admit_request(
+    rt: Runtime, record: KeyRecord, *, take_slot: bool, leased: bool = False
+) -> AdmitRequest:
+    org = rt.orgs.get(record.org_id)
     ref = key_ref(record)
     return AdmitRequest.build(
         shard=ref.shard,
@@ -90,7 +93,7 @@ async def _ask(rt: Runtime, ask: Callable[[T], Awaitable[Any]], request: T) -> A
     left; a fenced node, or a database that cannot refill, is a 503."""
     node = rt.cluster
     if node is not None and not node.admitting():
-        raise unavailable()
+        raise unavailable(rt)
     try:
         verdict = await ask(request)
         for _ in range(_REFILLS):
@@ -102,27 +105,26 @@ async def _ask(rt: Runtime, ask: Callable[[T], Awaitable[Any]], request: T) -> A
                 return refusal
             verdict = await ask(request)
     except (ShardUnavailable, StoreError):
-        raise unavailable() from None
-    raise unavailable()  # other calls of this node took every refill first
+        raise unavailable(rt) from None
+    raise unavailable(rt)  # other calls of this node took every refill first
 
 
-async def admit(record: KeyRecord, *, take_slot: bool) -> Admission:
+async def admit(rt: Runtime, record: KeyRecord, *, take_slot: bool) -> Admission:
     """Step 3. On success the rate-limit headers are attached to every later answer."""
-    rt = runtime()
-    request = _admit_request(record, take_slot=take_slot, leased=rt.cluster is not None)
+    request = _admit_request(rt, record, take_slot=take_slot, leased=rt.cluster is not None)
     admission: Admission = await _ask(rt, rt.pool.admit, request)
     if not admission.ok:
         if admission.scope in ("org", "platform"):
             # a limit above the key's: the key was admitted, so its headers apply
             g.rate_headers = rate_headers(admission)
         assert admission.code is not None
+        rt.metrics.refused(admission.code)
         raise GatewayError(
             admission.code,
             _admit_message(admission),
             retry_after=admission.retry_after,
         )
     g.rate_headers = rate_headers(admission)
-    g.admission = admission
     return admission
 
 
@@ -136,9 +138,10 @@ def _admit_message(admission: Admission) -> str:
     return "This key's requests-per-minute limit is reached."
 
 
-async def reserve(record: KeyRecord, *, tokens: int, cost: int, org_cost: int) -> Reservation:
+async def reserve(
+    rt: Runtime, record: KeyRecord, *, tokens: int, cost: int, org_cost: int
+) -> Reservation:
     """Step 8: tokens, key and parent spend caps, organisation credits and budget."""
-    rt = runtime()
     parent = rt.keyring.get(record.parent_id) if record.parent_id else None
     ref = key_ref(record)
     request = ReserveRequest.build(
@@ -161,6 +164,7 @@ async def reserve(record: KeyRecord, *, tokens: int, cost: int, org_cost: int) -
     verdict = await _ask(rt, rt.pool.reserve, request)
     if isinstance(verdict, Reservation):
         return verdict
+    rt.metrics.refused(verdict.code)
     raise GatewayError(
         verdict.code, _reserve_message(verdict.code), retry_after=verdict.retry_after
     )
@@ -186,10 +190,7 @@ async def settle(
     cap_amount: int = 0,
     billed_amount: int = 0,
 ) -> None:
-    """Step 10: release the slot, post the settled amount (or void), exactly once.
-
-    Takes the runtime explicitly: stream pumps settle outside any request context.
-    """
+    """Step 10: release the slot, post the settled amount (or void), exactly once."""
     ref = key_ref(record)
     await rt.pool.settle(
         SettleRequest.build(

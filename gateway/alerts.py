@@ -29,7 +29,6 @@ import hmac
 import logging
 import math
 import secrets
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -41,13 +40,18 @@ import trio
 from gateway.catalog import nanos_to_usd, usd_to_nanos
 from gateway.errors import GatewayError
 from gateway.keys import key_ref
+from gateway.logs import event as log_event
 from gateway.store import StoreError
 from gateway.store import webhooks as ops
 from shards import ShardUnavailable, SpendWindow
 
 if TYPE_CHECKING:
+    from gateway.config import ServerConfig
+    from gateway.keyring import Keyring
     from gateway.keys import KeyRecord
-    from gateway.runtime import Runtime
+    from gateway.store import Store
+    from shards import ShardPool
+    from shards.clock import Clock
 
 log = logging.getLogger("gateway.alerts")
 
@@ -113,11 +117,31 @@ def new_secret() -> str:
 
 
 class Alerts:
-    def __init__(self, runtime: Runtime) -> None:
-        self.runtime = runtime
+    """Detection, the outbox and delivery of one server's spend alerts.
+
+    It reads keys from the keyring, their windows and organisations' accounts from the
+    shard pool, credits and the outbox from the store; time from the server's clock.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        keyring: Keyring,
+        pool: ShardPool,
+        server: ServerConfig,
+        clock: Clock,
+    ) -> None:
+        self.store = store
+        self.keyring = keyring
+        self.pool = pool
+        self.server = server
+        self.clock = clock
         self.urls: dict[str, str] = {}  # org id -> URL (orgs without one get no events)
         self.emitted: set[str] = set()
         self._queued: set[str] = set()  # key ids waiting in the channel
+        self._checking = 0  # keys queued or being checked
+        self._delivering: dict[str, str] = {}  # event id -> org id, on their way
+        self._changed = trio.Event()  # set (and replaced) when either goes down
         self._send, self._receive = trio.open_memory_channel[tuple[str, str]](QUEUE)
         self._wake = trio.Event()
         self._scope = trio.CancelScope()
@@ -125,16 +149,16 @@ class Alerts:
 
     def load(self) -> None:
         """At start-up: the endpoints, and the ids of events already emitted."""
-        store = self.runtime.store
+        store = self.store
         self.urls = {row["org_id"]: row["url"] for row in store.call(ops.all_webhooks)}
-        since = self.runtime.clock.now() - MEMORY_S
+        since = self.clock.now() - MEMORY_S
         self.emitted = set(store.call(ops.event_ids_since, since))
 
     async def set_webhook(self, org_id: str, url: str) -> str:
         """Point the organisation's alerts at ``url``; returns the new signing secret."""
         secret = new_secret()
-        row = {"org_id": org_id, "url": url, "secret": secret, "created_at": time.time()}
-        await self.runtime.store.write(ops.set_webhook, row)
+        row = {"org_id": org_id, "url": url, "secret": secret, "created_at": self.clock.now()}
+        await self.store.write(ops.set_webhook, row)
         self.urls[org_id] = url
         return secret
 
@@ -145,6 +169,7 @@ class Alerts:
         with contextlib.suppress(trio.WouldBlock):  # a later settlement checks again
             self._send.send_nowait((record.id, record.org_id))
             self._queued.add(record.id)
+            self._checking += 1
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Check and deliver until :meth:`aclose` (or the server's cancellation)."""
@@ -164,6 +189,21 @@ class Alerts:
         self._scope.cancel()
         await self._stopped.wait()
 
+    async def wait_quiet(self) -> None:
+        """Return once every key noticed so far has been checked and no event is left to
+        deliver: none on its way, none due or waiting for a retry (given-up ones aside).
+        After that, nothing more is sent until the next settlement."""
+        while True:
+            changed = self._changed
+            busy = self._checking or self._delivering
+            if not busy and not await self.store.read(ops.undelivered_count):
+                return
+            await changed.wait()
+
+    def _note_change(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
     # -- detection ---------------------------------------------------------------------
 
     async def _check_loop(self) -> None:
@@ -174,9 +214,12 @@ class Alerts:
             except (ShardUnavailable, StoreError) as exc:
                 # alerts never take the server down; the next settlement checks again
                 log.warning("spend alert check skipped: %s", exc)
+            finally:
+                self._checking -= 1
+                self._note_change()
 
     async def _check(self, key_id: str, org_id: str) -> None:
-        keyring = self.runtime.keyring
+        keyring = self.keyring
         record = keyring.get(key_id)
         parent = keyring.get(record.parent_id) if record and record.parent_id else None
         readings: list[Reading] = []
@@ -193,7 +236,7 @@ class Alerts:
         caps = record.caps
         if caps.usd_day is None and caps.usd_month is None:
             return []
-        status = await self.runtime.pool.key_status(
+        status = await self.pool.key_status(
             key_ref(record),
             rpm=caps.rpm,
             tpm=caps.tpm,
@@ -214,7 +257,7 @@ class Alerts:
     async def _credit_readings(self, org_id: str) -> list[Reading]:
         # both from the ledger, in one read: a settlement's debit is committed before it
         # settles, and a top-up is never seen half-applied
-        purchased, used = await self.runtime.store.read(ops.credit_totals, org_id)
+        purchased, used = await self.store.read(ops.credit_totals, org_id)
         if purchased <= 0:
             return []
         return [Reading("org", org_id, "credits", f"purchased:{purchased}", used, purchased)]
@@ -222,17 +265,17 @@ class Alerts:
     def _budget_readings(self, org_id: str) -> list[Reading]:
         """The organisation's monthly budget (policy ``budget_usd_month``) against its billed
         spend this month, as the shard pool's organisation book counts it."""
-        snap = self.runtime.pool.org_snapshot(org_id)
+        snap = self.pool.org_snapshot(org_id)
         if snap.budget_month is None:
             return []
-        month = datetime.fromtimestamp(self.runtime.clock.now(), UTC).strftime("%Y-%m")
+        month = datetime.fromtimestamp(self.clock.now(), UTC).strftime("%Y-%m")
         return [Reading("org", org_id, "budget_month", month, snap.month_billed, snap.budget_month)]
 
     async def _emit(self, org_id: str, reading: Reading, pct: int) -> None:
         evt = event_id(reading, pct)
         if evt in self.emitted:
             return
-        created = self.runtime.clock.now()
+        created = self.clock.now()
         data: dict[str, Any] = {
             "scope": reading.scope,
             "org_id": org_id,
@@ -253,7 +296,7 @@ class Alerts:
             "attempts": 0,
             "next_attempt_at": 0.0,
         }
-        await self.runtime.store.write(ops.add_event, row)
+        await self.store.write(ops.add_event, row)
         self.emitted.add(evt)
         self._wake.set()
 
@@ -265,7 +308,7 @@ class Alerts:
         At most ``MAX_IN_FLIGHT`` deliveries at once and ``MAX_IN_FLIGHT_PER_ORG`` per
         organisation; an event already on its way is not picked again.
         """
-        in_flight: dict[str, str] = {}  # event id -> org id
+        in_flight = self._delivering
         async with (
             httpx.AsyncClient(timeout=DELIVERY_TIMEOUT_S) as client,
             trio.open_nursery() as nursery,
@@ -274,7 +317,7 @@ class Alerts:
                 self._wake = trio.Event()
                 limit = len(in_flight) + MAX_IN_FLIGHT
                 try:
-                    due = await self.runtime.store.read(ops.due_events, time.time(), limit)
+                    due = await self.store.read(ops.due_events, self.clock.now(), limit)
                 except StoreError as exc:
                     log.warning("webhook delivery paused: %s", exc)
                     due = []
@@ -294,28 +337,41 @@ class Alerts:
     ) -> None:
         try:
             error = await self._post(client, event)
-            if error is None:
-                await self.runtime.store.write(ops.mark_delivered, event["id"], time.time())
-                return
-            server = self.runtime.config.server
             attempts = event["attempts"] + 1
+            fields = {"event_id": event["id"], "org_id": event["org_id"], "attempts": attempts}
+            if error is None:
+                await self.store.write(ops.mark_delivered, event["id"], self.clock.now())
+                log.info(
+                    "webhook event %s delivered",
+                    event["id"],
+                    extra=log_event("alert_delivery", outcome="delivered", **fields),
+                )
+                return
+            server = self.server
             backoff = min(server.webhook_retry_s * 2 ** (attempts - 1), MAX_BACKOFF_S)
             give_up = attempts >= server.webhook_max_attempts
-            if give_up:
-                log.warning("webhook event %s given up after %d attempts", event["id"], attempts)
-            await self.runtime.store.write(
-                ops.mark_failed, event["id"], attempts, time.time() + backoff, error, give_up
+            outcome = "given_up" if give_up else "retry"
+            log.warning(
+                "webhook event %s not delivered (%s): %s",
+                event["id"],
+                error,
+                "given up" if give_up else f"retry in {backoff:g} s",
+                extra=log_event("alert_delivery", outcome=outcome, error=error, **fields),
+            )
+            await self.store.write(
+                ops.mark_failed, event["id"], attempts, self.clock.now() + backoff, error, give_up
             )
         except StoreError as exc:  # the row stays due: it is sent again, at least once
             log.warning("webhook event %s not updated: %s", event["id"], exc)
         finally:
             del in_flight[event["id"]]
             self._wake.set()
+            self._note_change()
 
     async def _post(self, client: httpx.AsyncClient, event: dict[str, Any]) -> str | None:
         """One signed attempt, bounded in time; the error, or None when a 2xx came back."""
         body = event["payload"].encode()
-        timestamp = int(time.time())
+        timestamp = int(self.clock.now())
         headers = {
             "Content-Type": "application/json",
             "Svc-Webhook-Id": event["id"],

@@ -10,14 +10,27 @@ from __future__ import annotations
 
 import logging
 
-from quart import Response, g, request
+from quart import Response, current_app, g, request
 from quart_trio import QuartTrio
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
-from gateway import dashboard
+from gateway import dashboard, exchange
+from gateway.bodies import BodyGateMiddleware, gate_of
 from gateway.errors import GatewayError, render
 from gateway.http import new_request_id
-from gateway.routes import admin, chat, embeddings, key, models, openapi, subkeys, usage
+from gateway.readiness import Phase
+from gateway.routes import (
+    admin,
+    chat,
+    embeddings,
+    health,
+    key,
+    metrics,
+    models,
+    openapi,
+    subkeys,
+    usage,
+)
 from gateway.runtime import Runtime
 from gateway.store import StoreError
 
@@ -26,49 +39,54 @@ log = logging.getLogger("gateway.app")
 # Refusals of admission itself: the spec says they carry no rate-limit headers.
 _NO_RATE_HEADERS = {"invalid_api_key", "scope_denied", "invalid_tags", "missing_tags"}
 # Werkzeug's HTTP errors that can reach us before a handler runs.
-_HTTP_CODES = {
-    404: "not_found",
-    405: "method_not_allowed",
-    408: "invalid_request",  # the body did not arrive within the call's time limit
-    413: "request_too_large",
-}
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 _MESSAGES = {
     "not_found": "No such endpoint.",
     "method_not_allowed": "This method is not allowed on this path.",
 }
-_HTTP_MESSAGES = {408: "The request body did not arrive in time."}
 
 
-async def _drain_body() -> bool:
-    """Read what is left of the request body before answering; False when it is too large.
+async def _discard_body() -> bool:
+    """Drop what is left of the request body before answering; False when the
+    connection must close instead.
 
     An answer given without reading the body (a 401, 404 or 405 decided from the
     headers) otherwise leaves its bytes on a kept-alive connection, and hypercorn can
     then stall the next request on that connection (found by the fuzzing run: a 30 s
-    hang of the client's next call). A body over the limit is not read: its answer
-    closes the connection instead.
+    hang of the client's next call). The bytes are read and dropped, never kept
+    (gateway/bodies.py); a body too large or too slow closes the connection instead.
     """
+    gate = gate_of(request)
+    return gate is None or await gate.discard()
+
+
+def _allowed_methods() -> str:
+    """The ``Allow`` value of a 405 (RFC 9110 requires it): the path's methods, without
+    the HEAD the framework adds to GET routes (HEAD is a 405 here)."""
+    adapter = current_app.create_url_adapter(request)
     try:
-        await request.get_data(cache=True)
+        adapter.match(method="-")  # no route takes it: the path's methods come back
+    except MethodNotAllowed as exc:
+        return ", ".join(sorted(set(exc.valid_methods or ()) - {"HEAD"}))
     except HTTPException:
-        return False
-    return True
+        pass
+    return ""
 
 
 def create_app(runtime: Runtime) -> QuartTrio:
     app = QuartTrio("svc-gateway")
     app.config.update(
         RUNTIME=runtime,
-        MAX_CONTENT_LENGTH=runtime.config.server.max_body_bytes,
         # Quart cuts any answer after RESPONSE_TIMEOUT (60 s) silently; we own deadlines.
         RESPONSE_TIMEOUT=None,
-        # A body still arriving when a call would have timed out is refused (400, and the
-        # connection closed): a client cannot hold a connection open by never finishing.
-        BODY_TIMEOUT=runtime.config.server.request_timeout_s,
         PROVIDE_AUTOMATIC_OPTIONS=False,
     )
+    # bodies are read only when a handler asks, within a deadline and a shared budget
+    app.asgi_app = BodyGateMiddleware(app.asgi_app, runtime.config.server)  # type: ignore[method-assign]
     # "/v1//models" is an unknown path (a JSON 404), not an HTML redirect to the merged one
     app.url_map.merge_slashes = False
+
+    readiness = runtime.readiness
 
     @app.before_request
     async def _assign_request_id() -> None:
@@ -76,14 +94,19 @@ def create_app(runtime: Runtime) -> QuartTrio:
         if request.method == "HEAD" and request.routing_exception is None:
             # Quart answers HEAD on every GET route; the spec: any other method is a 405
             raise GatewayError("method_not_allowed", _MESSAGES["method_not_allowed"])
+        if readiness.phase is Phase.STARTING and request.path not in health.PATHS:
+            raise GatewayError("service_unavailable", "The gateway is starting; retry shortly.")
 
     @app.after_request
     async def _common_headers(response: Response) -> Response:
-        if not await _drain_body():
+        if not await _discard_body():
             response.headers["Connection"] = "close"
+        if response.status_code == 405:
+            response.headers["Allow"] = _allowed_methods()
         request_id = getattr(g, "request_id", None)
         if request_id is not None:
             response.headers["X-Request-Id"] = request_id
+        exchange.answered(request_id, getattr(g, "key", None))
         for name, value in getattr(g, "rate_headers", {}).items():
             response.headers.setdefault(name, value)
         return response
@@ -94,6 +117,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
             g.rate_headers = {}
         if error.svc is not None:
             error.svc.setdefault("request_id", getattr(g, "request_id", None))
+        exchange.refused(error.code)
         body, status, headers = render(error)
         return Response(body, status=status, headers=headers)
 
@@ -102,7 +126,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
         code = _HTTP_CODES.get(error.code or 500)
         if code is None:
             code = "invalid_request" if (error.code or 500) < 500 else "internal_error"
-        message = _HTTP_MESSAGES.get(error.code or 500) or _MESSAGES.get(code)
+        message = _MESSAGES.get(code)
         return await _gateway_error(GatewayError(code, message))
 
     @app.errorhandler(StoreError)
@@ -118,6 +142,18 @@ def create_app(runtime: Runtime) -> QuartTrio:
         log.exception("unhandled error in a handler", exc_info=error)
         return await _gateway_error(GatewayError("internal_error"))
 
-    for module in (models, key, chat, embeddings, usage, subkeys, admin, openapi, dashboard):
+    for module in (
+        models,
+        key,
+        chat,
+        embeddings,
+        usage,
+        subkeys,
+        admin,
+        openapi,
+        dashboard,
+        health,
+        metrics,
+    ):
         module.register(app)
     return app

@@ -7,12 +7,16 @@ is in such a state. The body never tells which.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from quart import g, request
 
-from gateway.admission import count_request
+from gateway.admission import admit, count_request
 from gateway.errors import GatewayError
-from gateway.http import runtime
 from gateway.keys import KeyRecord
+
+if TYPE_CHECKING:
+    from gateway.runtime import Runtime
 
 INVALID_KEY_MESSAGE = "The API key is invalid, revoked or expired."
 
@@ -30,22 +34,32 @@ def bearer_token() -> str | None:
     return token.strip()
 
 
-def authenticate() -> KeyRecord:
+def authenticate(rt: Runtime) -> KeyRecord:
     token = bearer_token()
-    record = runtime().keyring.authenticate(token) if token else None
+    record = rt.keyring.authenticate(token) if token else None
     if record is None:
         raise GatewayError("invalid_api_key", INVALID_KEY_MESSAGE)
-    record = runtime().keyring.touch(record)
-    g.key = record
+    record = rt.keyring.touch(record)
+    g.key = record  # the request's log line names its key
     return record
 
 
-async def require_scope(record: KeyRecord, scope: str) -> None:
+async def require_scope(rt: Runtime, record: KeyRecord, scope: str) -> None:
     """Step 2. A refused request still counts in the key's request window (the spec's
     rpm counts every request, refused ones included), though its answer carries no
     rate-limit headers."""
     if scope not in record.scopes:
-        await count_request(record)
+        await count_request(rt, record)
         raise GatewayError(
             "scope_denied", f"This key lacks the {scope} scope required by this endpoint."
         )
+
+
+async def admit_reader(rt: Runtime, scope: str | None) -> KeyRecord:
+    """Steps 1 to 3 of a read: authenticate, check the scope (if any), admit without
+    an in-flight slot (reads count in the request window and never take one)."""
+    record = authenticate(rt)
+    if scope is not None:
+        await require_scope(rt, record, scope)
+    await admit(rt, record, take_slot=False)
+    return record

@@ -7,8 +7,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gateway.config import Config, ModelConfig
+from shards import NANOS_PER_USD
 
-NANOS_PER_USD = 1_000_000_000
+__all__ = ["NANOS_PER_USD", "Catalog", "Model", "nanos_to_usd", "usd_to_nanos"]
+
 CATALOG_CREATED = 1_700_000_000  # a fixed 'created' stamp: the catalog has no history
 
 

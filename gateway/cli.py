@@ -7,7 +7,6 @@ stdout. The server URL comes from ``--url`` or ``SVC_GATEWAY_URL``
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import sys
@@ -21,9 +20,10 @@ import orjson
 import trio
 
 from gateway.config import Config, ConfigError, load_config
+from gateway.db_lock import DatabaseLock, DatabaseLockError
 from gateway.key_body import MAX_COUNT, MAX_USD
+from gateway.logs import configure as configure_logging
 from gateway.store import StoreError
-from gateway.store.lockfile import one_server_per_database
 
 DEFAULT_URL = "http://127.0.0.1:8080"
 
@@ -131,27 +131,41 @@ def main() -> None:
     callback=_json_mode,
     help='Once listening, print one JSON object: {"url", "database", "sandbox_key"}.',
 )
+@click.option(
+    "--demo",
+    is_flag=True,
+    help="On an empty database, create the demo organisation and sandbox key even with a "
+    "config file (without one they are always created).",
+)
 def serve(
-    config_path: str | None, host: str | None, port: int | None, db: str | None, as_json: bool
+    config_path: str | None,
+    host: str | None,
+    port: int | None,
+    db: str | None,
+    as_json: bool,
+    demo: bool,
 ) -> None:
-    """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog.
+    """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog,
+    and on a new database a demo organisation with a sandbox key.
 
     One server per database: a second one on the same database is refused."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     try:
         config = load_config(config_path, host=host, port=port, db=db)
     except ConfigError as exc:
         fail(str(exc), 2)
+    configure_logging(config.server.log_format, config.server.log_level)
+    lock = DatabaseLock(config.server.db)
     try:
-        with one_server_per_database(config.server.db):
-            _serve(config, as_json)
-    except StoreError as exc:  # the lock, the database unreachable or unusable
+        lock.acquire()
+    except DatabaseLockError as exc:
         fail(str(exc))
+    try:
+        _serve(config, as_json, demo=demo or config.source is None)
+    finally:
+        lock.release()
 
 
-def _serve(config: Config, as_json: bool) -> None:
+def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
     from gateway.heap import settle_heap
     from gateway.runtime import Runtime
     from gateway.server import bind_sockets, hypercorn_config
@@ -161,13 +175,19 @@ def _serve(config: Config, as_json: bool) -> None:
         sockets = bind_sockets(hypercorn_config(config))
     except OSError as exc:
         fail(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}")
-    runtime = Runtime.open(config)
-    token = runtime.bootstrap_demo()
-    settle_heap()
+    try:
+        runtime = Runtime.open(config)
+    except StoreError as exc:
+        fail(str(exc))
+    # demo data (an organisation with credits and a key that manages keys) only where it
+    # is asked for: never under an operator's configuration unless `--demo` says so
+    runtime.demo = demo
 
     async def run() -> None:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(run_server, runtime, sockets)
+            settle_heap()  # start-up has loaded everything
+            token = runtime.demo_token
             url = binds[0]
             database = runtime.store.name
             if as_json:
@@ -177,11 +197,23 @@ def _serve(config: Config, as_json: bool) -> None:
                 return
             click.echo(f"svc-gateway listening on {url}")
             click.echo(f"database: {database}")
-            if token:
+            if token and sys.stdout.isatty():
                 click.echo(f"sandbox key (shown once): {token}")
                 click.echo(f"try: curl -H 'Authorization: Bearer {token}' {url}/v1/key")
-            else:
+            elif token:
+                # stdout is a file or a pipe, a log someone else may read: no token there
+                click.echo(
+                    "demo organisation created; its sandbox key is not printed because stdout"
+                    " is not a terminal (`serve --json` prints it): create keys with"
+                    " `svc-gateway key create`"
+                )
+            elif demo:
                 click.echo("existing database: create keys with `svc-gateway key create`")
+            else:
+                click.echo(
+                    "create organisations and keys with `svc-gateway org create`,"
+                    " `svc-gateway key create`"
+                )
             sys.stdout.flush()
 
     trio.run(run)

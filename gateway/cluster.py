@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.catalog import nanos_to_usd
+from gateway.logs import event
 from gateway.store import StoreError, records
 from gateway.store import cluster as ops
 from shards import Admission, LeaseShort, ReserveRefusal
@@ -91,10 +92,17 @@ class Node:
                 "recovery: %d interrupted calls of gone nodes settled, %s USD counted",
                 calls,
                 nanos_to_usd(swept["nanos"] + orphans["nanos"]),
-                extra={"event": "recovery", "calls": calls},
+                extra=event("recovery", calls=calls),
             )
         self._version = self.rt.store.call(ops.version)
         log.info("node %s registered (lease %.1f s)", self.node_id, self.lease_s)
+
+    def renew_now(self) -> None:
+        """Renew at once (start-up, before the store writer runs)."""
+        sent = time.monotonic()
+        if not self.rt.store.call(ops.renew, self.node_id, self.epoch, self.lease_s):
+            raise StoreError(f"node {self.node_id}: its registration expired during start-up")
+        self._admit_until = self._fence_at(sent)
 
     def _fence_at(self, sent: float) -> float:
         """Admit until 3/4 of a lease after a renewal that was sent at monotonic ``sent``
@@ -168,7 +176,7 @@ class Node:
                     "swept %d expired nodes: %d interrupted calls settled",
                     swept["nodes"],
                     swept["calls"],
-                    extra={"event": "recovery", "calls": swept["calls"]},
+                    extra=event("recovery", calls=swept["calls"], nodes=swept["nodes"]),
                 )
 
     async def give_back(self, before: float) -> None:

@@ -7,7 +7,9 @@ SQLite in the working directory, the deterministic mock provider and a demo cata
 Environment overrides (all optional): ``SVC_SERVER_HOST``, ``SVC_SERVER_PORT``,
 ``SVC_SERVER_DB``, ``SVC_SERVER_REQUEST_TIMEOUT_S``, ``SVC_SERVER_KEEPALIVE_S``,
 ``SVC_SERVER_SHARDS``, ``SVC_SERVER_PLATFORM_RPM``, ``SVC_SERVER_ROTATION_GRACE_S``,
-``SVC_SERVER_SHUTDOWN_GRACE_S``; ``SVC_CLUSTER_NODE_ID``, ``SVC_CLUSTER_LEASE_S``.
+``SVC_SERVER_LOG_FORMAT``, ``SVC_SERVER_LOG_LEVEL``, ``SVC_SERVER_METRICS_TOKEN``,
+``SVC_SERVER_SHUTDOWN_GRACE_S``, ``SVC_SERVER_BODY_TIMEOUT_S``, ``SVC_SERVER_MAX_CONNECTIONS``;
+``SVC_CLUSTER_NODE_ID``, ``SVC_CLUSTER_LEASE_S``.
 
 Every problem is a :class:`ConfigError` whose message names the offending key; the CLI
 prints it on one line and exits with status 2.
@@ -36,6 +38,8 @@ class ConfigError(Exception):
 
 #: the largest price of a model, USD per million tokens (a call's cost must fit 64 bits)
 MAX_PRICE = 1_000_000
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +56,12 @@ class ServerConfig:
     #: on SIGTERM/SIGINT, how long calls in progress may take to finish (DESIGN.md)
     shutdown_grace_s: float = 25.0
     max_body_bytes: int = 10 * 1024 * 1024
+    #: a request body must arrive whole within this long (and not trickle: gateway/bodies.py)
+    body_timeout_s: float = 30.0
+    #: request bodies over 64 KiB held in memory at once, all requests together
+    max_buffered_body_bytes: int = 32 * 1024 * 1024
+    #: open client connections; past it the next one waits in the listen backlog
+    max_connections: int = 1000
     public_catalog_rpm: int = 60
     #: an idle kept-alive connection is closed after this long (longer than clients'
     #: own pool expiry, 5 s for httpx and the OpenAI SDK, so they close first)
@@ -59,6 +69,15 @@ class ServerConfig:
     #: spend-alert webhooks: first retry after this many seconds, doubling up to an hour
     webhook_retry_s: float = 5.0
     webhook_max_attempts: int = 12
+    log_format: str = "text"
+    log_level: str = "info"
+    #: GET /metrics and the counting behind it; off, /metrics answers 404
+    metrics: bool = True
+    #: when set, GET /metrics needs ``Authorization: Bearer <metrics_token>``
+    metrics_token: str | None = None
+    #: after a stop signal, /readyz answers 503 for this long while everything is still
+    #: served, so that a load balancer stops routing here before the listener closes
+    drain_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,10 +220,18 @@ def _parse_server(table: dict[str, Any]) -> ServerConfig:
         "rotation_grace_s": int,
         "shutdown_grace_s": (int, float),
         "max_body_bytes": int,
+        "body_timeout_s": (int, float),
+        "max_buffered_body_bytes": int,
+        "max_connections": int,
         "public_catalog_rpm": int,
         "connection_idle_s": (int, float),
         "webhook_retry_s": (int, float),
         "webhook_max_attempts": int,
+        "log_format": str,
+        "log_level": str,
+        "metrics": bool,
+        "metrics_token": str,
+        "drain_s": (int, float),
     }
     if "graceful_timeout_s" in table:
         # the name before DESIGN.md's contract was followed: say what it is called now
@@ -224,19 +251,31 @@ def _validate_server(server: ServerConfig) -> None:
         "keepalive_s",
         "shards",
         "max_body_bytes",
+        "body_timeout_s",
+        "max_buffered_body_bytes",
+        "max_connections",
         "public_catalog_rpm",
         "connection_idle_s",
         "webhook_retry_s",
         "webhook_max_attempts",
     ):
         _positive(getattr(server, key), f"server.{key}")
-    for key in ("shutdown_grace_s", "rotation_grace_s"):
+    if server.max_buffered_body_bytes < server.max_body_bytes:
+        # else a body of the largest size allowed could never be read
+        raise ConfigError("server.max_buffered_body_bytes: must be at least max_body_bytes")
+    for key in ("shutdown_grace_s", "rotation_grace_s", "drain_s"):
         if getattr(server, key) < 0:
             raise ConfigError(f"server.{key}: must not be negative")
     if server.platform_rpm is not None:
         _positive(server.platform_rpm, "server.platform_rpm")
     if not server.db:
         raise ConfigError("server.db: must not be empty")
+    if server.log_format not in LOG_FORMATS:
+        raise ConfigError(f"server.log_format: must be one of {', '.join(LOG_FORMATS)}")
+    if server.log_level not in LOG_LEVELS:
+        raise ConfigError(f"server.log_level: must be one of {', '.join(LOG_LEVELS)}")
+    if server.metrics_token is not None and not server.metrics_token.strip():
+        raise ConfigError("server.metrics_token: must not be empty")
     if not server.host.strip():
         # an empty host would silently listen on every interface
         raise ConfigError("server.host: must not be empty")
@@ -244,16 +283,8 @@ def _validate_server(server: ServerConfig) -> None:
 
 def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
     where = f"providers[{index}]"
-    allowed = {
-        "name",
-        "kind",
-        "base_url",
-        "api_key_env",
-        "zero_retention",
-        "residency",
-        "timeout_s",
-        "max_connections",
-    }
+    allowed = {"name", "kind", "base_url", "api_key_env", "zero_retention", "residency"}
+    allowed |= {"timeout_s", "max_connections"}
     _check_unknown(table, allowed, where)
     for key in ("name", "kind"):
         if key not in table:
@@ -292,20 +323,9 @@ def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
 
 def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> ModelConfig:
     where = f"models[{index}]"
-    allowed = {
-        "id",
-        "provider",
-        "upstream_id",
-        "kind",
-        "capabilities",
-        "zero_retention_available",
-        "byok_available",
-        "input_usd_per_mtok",
-        "output_usd_per_mtok",
-        "dimensions",
-        "enabled",
-        "aliases",
-    }
+    allowed = {"id", "provider", "upstream_id", "kind", "capabilities", "dimensions", "enabled"}
+    allowed |= {"zero_retention_available", "byok_available", "aliases"}
+    allowed |= {"input_usd_per_mtok", "output_usd_per_mtok"}
     _check_unknown(table, allowed, where)
     for key in ("id", "provider"):
         if key not in table:
@@ -426,7 +446,12 @@ _ENV_SERVER: dict[str, type] = {
     "shards": int,
     "platform_rpm": int,
     "rotation_grace_s": int,
+    "log_format": str,
+    "log_level": str,
+    "metrics_token": str,
     "shutdown_grace_s": float,
+    "body_timeout_s": float,
+    "max_connections": int,
 }
 
 

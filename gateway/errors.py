@@ -91,6 +91,8 @@ CATALOG: dict[str, ErrorSpec] = {
     "not_found": _spec(404, False, "Not found."),
     # 405
     "method_not_allowed": _spec(405, False, "Method not allowed on this path."),
+    # 408 (a request body that did not arrive in time: [server] body_timeout_s)
+    "request_body_timeout": _spec(408, True, "The request body did not arrive in time."),
     # 409 (idempotency_conflict: retryable when raised for an original still in progress)
     "idempotency_conflict": _spec(409, False, "The Idempotency-Key is in conflict."),
     "provider_credential_missing": _spec(
@@ -129,23 +131,21 @@ def retry_hint(retryable: bool) -> dict[str, str]:
     return {SHOULD_RETRY: "true" if retryable else "false"}
 
 
+#: the spec's error.type of each status; every other status is an api_error
+ERROR_TYPES = {
+    **dict.fromkeys((400, 405, 408, 413, 422), "invalid_request_error"),
+    401: "authentication_error",
+    402: "insufficient_quota",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    429: "rate_limit_error",
+}
+
+
 def error_type(status: int) -> str:
     """The spec's error.type, derived from the status alone."""
-    if status in (400, 405, 413, 422):
-        return "invalid_request_error"
-    if status == 401:
-        return "authentication_error"
-    if status == 402:
-        return "insufficient_quota"
-    if status == 403:
-        return "permission_error"
-    if status == 404:
-        return "not_found_error"
-    if status == 409:
-        return "conflict_error"
-    if status == 429:
-        return "rate_limit_error"
-    return "api_error"
+    return ERROR_TYPES.get(status, "api_error")
 
 
 @dataclass

@@ -26,7 +26,7 @@ YOUNG_THRESHOLD = 10_000
 
 
 def settle_heap() -> None:
-    """Call once, after start-up loading and before serving (process-wide)."""
+    """Call once, after start-up loading (process-wide)."""
     gc.collect()
     gc.freeze()
     _, middle, oldest = gc.get_threshold()

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -40,14 +40,15 @@ from quart import Response, g, request
 
 from gateway.admission import admit
 from gateway.errors import GatewayError
-from gateway.http import request_id, runtime
+from gateway.http import request_id
 from gateway.store import idempotency as store_ops
+from gateway.store.idempotency import RETENTION_S
 
 if TYPE_CHECKING:
     from gateway.keys import KeyRecord
+    from gateway.runtime import Runtime
 
 HEADER = "Idempotency-Key"
-RETENTION_S = 24 * 3600
 MAX_LENGTH = 255
 IN_PROGRESS_RETRY_AFTER = 1
 #: outcomes kept in the table: a replayable answer, or only the original's id
@@ -90,13 +91,6 @@ class Claim:
         }
 
 
-@dataclass
-class IdempotencyBook:
-    """Calls in progress under an Idempotency-Key, by (key id, Idempotency-Key)."""
-
-    running: dict[tuple[str, str], Claim] = field(default_factory=dict)
-
-
 def header_value() -> str | None:
     """The request's Idempotency-Key, or None; 400 invalid_request when malformed."""
     value = request.headers.get(HEADER)
@@ -117,6 +111,7 @@ def body_hash(endpoint: str, body: dict[str, Any]) -> str:
 
 
 async def serve(
+    rt: Runtime,
     record: KeyRecord,
     endpoint: str,
     idem_key: str,
@@ -130,25 +125,24 @@ async def serve(
     takes no in-flight slot and reserves nothing: with ``max_in_flight`` 1, a retry while
     the original runs is the 409 that names it, not a 429.
     """
-    rt = runtime()
     slot = (record.id, idem_key)
     digest = body_hash(endpoint, body)
-    running = rt.idempotency.running.get(slot)
+    running = rt.idempotency_claims.get(slot)
     if running is not None:
-        await admit(record, take_slot=False)
+        await admit(rt, record, take_slot=False)
         _refuse_repeat(running.body_hash, digest, running.request_id, in_progress=True)
     claim = Claim(idem_key, digest, request_id())
-    rt.idempotency.running[slot] = claim
+    rt.idempotency_claims[slot] = claim
     try:
         row = await rt.store.read(store_ops.get, *slot)
         if row is not None and row["created_at"] > rt.clock.now() - RETENTION_S:
-            await admit(record, take_slot=False)
+            await admit(rt, record, take_slot=False)
             in_progress = row["state"] == store_ops.RUNNING  # a stream still being pumped
             _refuse_repeat(row["body_hash"], digest, row["request_id"], in_progress=in_progress)
             return _replay(row)
         return await run(claim)
     finally:
-        del rt.idempotency.running[slot]
+        del rt.idempotency_claims[slot]
 
 
 def _refuse_repeat(stored_hash: str, digest: str, original: str, *, in_progress: bool) -> None:

@@ -23,6 +23,12 @@ from gateway.keys import KeyRecord
 from gateway.store import Store, StoreError, records
 from shards import KeyRef
 
+#: the settings a rotated key takes over from the key it replaces
+_ROTATED = (
+    *("org_id", "name", "mode", "family_id", "status", "environment", "scopes", "caps"),
+    *("data_mode", "byok", "allowed_models", "required_tags", "default_tags", "expires_at"),
+)
+
 
 class Keyring:
     def __init__(
@@ -210,22 +216,7 @@ class Keyring:
                     "invalid_request",
                     f"This key was already rotated to {current.rotated_to}; rotate that one.",
                 )
-            new, token = self.build(
-                org_id=current.org_id,
-                name=current.name,
-                mode=current.mode,
-                family_id=current.family_id,
-                status=current.status,
-                environment=current.environment,
-                scopes=current.scopes,
-                caps=current.caps,
-                data_mode=current.data_mode,
-                byok=current.byok,
-                allowed_models=current.allowed_models,
-                required_tags=current.required_tags,
-                default_tags=current.default_tags,
-                expires_at=current.expires_at,
-            )
+            new, token = self.build(**{name: getattr(current, name) for name in _ROTATED})
             expiry = self.clock() + grace_s
             if current.expires_at is not None:
                 expiry = min(expiry, current.expires_at)

@@ -16,14 +16,13 @@ import hmac
 import re
 import secrets
 import string
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from shards import KeyRef
 
 SCOPES = ("inference", "embeddings", "usage:read", "keys:manage")
-STATUSES = ("active", "disabled", "revoked", "expired")
 DATA_MODES = ("standard", "zero_retention", "confidential")
 ENVIRONMENTS = ("production", "staging", "development", "test")
 MODES = {"live": "svc_live_", "sandbox": "svc_test_"}
@@ -79,14 +78,7 @@ class Caps:
     max_output_tokens: int = 4096
 
     def public(self) -> dict[str, Any]:
-        return {
-            "usd_day": self.usd_day,
-            "usd_month": self.usd_month,
-            "rpm": self.rpm,
-            "tpm": self.tpm,
-            "max_in_flight": self.max_in_flight,
-            "max_output_tokens": self.max_output_tokens,
-        }
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Caps:

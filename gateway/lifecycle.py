@@ -25,6 +25,7 @@ call still running at its deadline through :meth:`Call.cut` (see :mod:`gateway.i
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -35,6 +36,7 @@ import trio
 from gateway import admission
 from gateway.catalog import Model
 from gateway.errors import GatewayError
+from gateway.exchange import Exchange, call_settled
 from gateway.inflight import STOPPING_MESSAGE
 from gateway.keys import KeyRecord
 from gateway.providers.base import Provider, Usage
@@ -93,6 +95,10 @@ class Call:
     cut_short: bool = False
     #: the cancel scope of the provider call, which :meth:`cut` cancels
     scope: trio.CancelScope | None = None
+    #: when the provider was asked (perf_counter; 0 before), for the upstream duration
+    called_at: float = 0.0
+    #: the HTTP exchange the call answers (its log line, its trace)
+    exchange: Exchange | None = None
 
     @property
     def live(self) -> bool:
@@ -143,6 +149,7 @@ class Call:
                 "admission_unavailable", "The call could not be recorded; retry shortly."
             ) from None
         self._move(CallState.RESERVED, CallState.CALLED)
+        self.called_at = time.perf_counter()
 
     def hand_off(self) -> None:
         """CALLED → HANDED_OFF: a stream pump owns the call from now on."""
@@ -255,6 +262,7 @@ class Call:
             )
         self.runtime.inflight.discard(self)
         self.runtime.alerts.notice(self.record, settlement.cap_nanos)
+        call_settled(self, settlement, usage, error_code)
         return settlement
 
     def _lease_use(self, settlement: Settlement) -> tuple[str, list[tuple[str, int]]] | None:
@@ -292,6 +300,7 @@ class Call:
             "latency_ms": None,
             "error_code": None,
             "mode": self.record.mode,
+            "trace_id": self.exchange.trace.trace_id if self.exchange else None,
             "node_id": self.runtime.cluster.node_id if self.runtime.cluster else None,
         }
 

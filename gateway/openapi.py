@@ -14,7 +14,10 @@ from functools import cache
 from typing import Any
 
 from gateway import __version__
+from gateway.calls.chat import CHAT_FIELDS
+from gateway.calls.responses import RESPONSES_FIELDS
 from gateway.errors import CATALOG, SHOULD_RETRY, error_type, retry_hint
+from gateway.subkeys import FIELDS as SUB_KEY_FIELDS
 
 JSON = "application/json"
 
@@ -32,6 +35,33 @@ def _obj(props: dict[str, Any], required: tuple[str, ...] = (), closed: bool = F
     return schema
 
 
+def _request(
+    table: frozenset[str], described: dict[str, Any], required: tuple[str, ...]
+) -> dict[str, Any]:
+    """A closed request schema with exactly the fields of the parser's ``table``: those
+    not ``described`` are refused whatever their value (400 unsupported_parameter)."""
+    unknown = set(described) - table
+    if unknown:
+        raise ValueError(f"fields the parser does not accept: {sorted(unknown)}")
+    props = dict(described)
+    props.update((name, REFUSED) for name in sorted(table - set(described)))
+    return _obj(props, required, closed=True)
+
+
+#: a field the server knows and refuses whatever its value, null included
+REFUSED = {"not": {}, "description": "Refused whatever its value: 400 unsupported_parameter."}
+#: connectors, hitl_approvals: they need a user session, so only an empty value passes
+SESSION_ONLY = {
+    "anyOf": [
+        {"type": "null"},
+        {"type": "array", "maxItems": 0},
+        {"type": "object", "maxProperties": 0},
+        {"const": ""},
+    ],
+    "description": "Needs a user session: a non-empty value is 400 "
+    "connectors_require_user_session.",
+}
+FALSE_ONLY = {"enum": [False, None]}
 STRING_MAP = {"type": "object", "additionalProperties": {"type": "string", "maxLength": 200}}
 POSITIVE = {"type": "integer", "minimum": 1}
 USD = {"type": "number", "minimum": 0}
@@ -79,7 +109,8 @@ SCHEMAS: dict[str, Any] = {
         },
         ("role", "content"),
     ),
-    "ChatCompletionRequest": _obj(
+    "ChatCompletionRequest": _request(
+        CHAT_FIELDS,
         {
             "model": {"type": "string"},
             "messages": {"type": "array", "minItems": 1, "items": _ref("Message")},
@@ -105,11 +136,18 @@ SCHEMAS: dict[str, Any] = {
             "user": {"type": "string"},
             "parallel_tool_calls": {"type": "boolean"},
             "service_tier": {"type": "string"},
+            "n": {"type": "integer", "minimum": 1, "maximum": 1},
+            "logprobs": FALSE_ONLY,
+            "logit_bias": {"type": ["object", "null"], "maxProperties": 0},
+            "modalities": {"anyOf": [{"type": "null"}, {"const": ["text"]}]},
+            "store": FALSE_ONLY,
+            "connectors": SESSION_ONLY,
+            "hitl_approvals": SESSION_ONLY,
         },
         ("model", "messages"),
-        closed=True,
     ),
-    "ResponsesRequest": _obj(
+    "ResponsesRequest": _request(
+        RESPONSES_FIELDS,
         {
             "model": {"type": "string"},
             "input": {"type": ["string", "array"]},
@@ -134,9 +172,17 @@ SCHEMAS: dict[str, Any] = {
             "user": {"type": "string"},
             "parallel_tool_calls": {"type": "boolean"},
             "service_tier": {"type": "string"},
+            "include": {
+                "type": "array",
+                "items": {"type": "string", "not": {"const": "message.output_text.logprobs"}},
+            },
+            "truncation": {"enum": ["disabled", None]},
+            "store": FALSE_ONLY,
+            "background": FALSE_ONLY,
+            "connectors": SESSION_ONLY,
+            "hitl_approvals": SESSION_ONLY,
         },
         ("model", "input"),
-        closed=True,
     ),
     "EmbeddingsRequest": _obj(
         {
@@ -163,7 +209,8 @@ SCHEMAS: dict[str, Any] = {
             "max_output_tokens": POSITIVE,
         }
     ),
-    "SubKeyCreate": _obj(
+    "SubKeyCreate": _request(
+        SUB_KEY_FIELDS,
         {
             "name": {"type": "string", "minLength": 1},
             "scopes": {
@@ -181,7 +228,6 @@ SCHEMAS: dict[str, Any] = {
             "byok": {"type": "boolean"},
         },
         ("name",),
-        closed=True,
     ),
     "SubKeyPatch": _obj({"disabled": {"type": "boolean"}}, ("disabled",), closed=True),
     "Key": _obj(
@@ -350,6 +396,10 @@ SCHEMAS: dict[str, Any] = {
             ),
             "latency_ms": {"type": "number"},
             "error": {"type": ["object", "null"]},
+            "trace_id": {
+                "type": ["string", "null"],
+                "description": "The W3C trace id of the call (its traceparent).",
+            },
         },
         ("id", "cost"),
     ),
@@ -359,7 +409,7 @@ SCHEMAS: dict[str, Any] = {
 
 _ANY_KEY = ("invalid_api_key", "rate_limited", "admission_unavailable", "internal_error")
 _SCOPED = (*_ANY_KEY, "scope_denied")
-_BODY = ("invalid_request", "request_too_large")
+_BODY = ("invalid_request", "request_too_large", "request_body_timeout")
 _RESOLVE = (
     "model_not_found",
     "model_not_allowed",

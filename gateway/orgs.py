@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gateway.config import MAX_PRICE
@@ -49,13 +49,7 @@ class Org:
     created_at: float = 0.0
 
     def to_row(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "name": self.name,
-            "residency": self.residency,
-            "policy": self.policy,
-            "created_at": self.created_at,
-        }
+        return asdict(self)
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Org:

@@ -6,7 +6,7 @@
         read the body
                                       open_call()  3 admit, a slot     ADMITTED
                                       prepare()    4 tags
-                                                   5 validate (ENDPOINTS[..].parse)
+                                                   5 validate (Endpoint.parse)
                                                    6 entitlements, resolve, capabilities,
                                                      web search
                                                    7 estimate
@@ -17,10 +17,11 @@
                                                   10 the pump settles         → SETTLED
         answer
 
-What differs between the three endpoints is one row of :data:`ENDPOINTS`: the scope, the
-entitlement, the model kind, how the body is parsed and checked against the model, how
-the answer is shaped. :func:`open_call` settles, whatever happens, a call its handler
-still owns (:meth:`Call.end`): a refusal, a fault of ours, a cancellation.
+What differs between the three endpoints is one row of the table below (:data:`CHAT`,
+:data:`RESPONSES`, :data:`EMBEDDINGS`): the scope, the entitlement, the model kind, how
+the body is parsed and checked against the model, how the answer is shaped.
+:func:`open_call` settles, whatever happens, a call its handler still owns
+(:meth:`Call.end`): a refusal, a fault of ours, a cancellation.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ from gateway.calls.tags import collect_tags
 from gateway.catalog import Model
 from gateway.errors import GatewayError
 from gateway.estimate import worst_case_tokens
+from gateway.exchange import call_opened
 from gateway.idempotency import Claim
 from gateway.inflight import STOPPING_MESSAGE
 from gateway.keys import KeyRecord
 from gateway.lifecycle import Call, Hold
+from gateway.orgs import Org
 from gateway.policy import check_entitlements, check_model, check_spend_controls, check_web_search
 from gateway.provider_errors import map_provider_error
 from gateway.providers.base import ProviderError, ProviderRequest, embedding_response
@@ -73,7 +76,7 @@ class Parsed(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Endpoint:
-    """One model-call endpoint: a row of :data:`ENDPOINTS`."""
+    """One model-call endpoint: a row of the table."""
 
     name: str  # the record's endpoint
     scope: str  # the key scope it needs (step 2)
@@ -86,7 +89,7 @@ class Endpoint:
     #: step 5: the body, validated, for this key
     parse: Callable[[Runtime, KeyRecord, dict[str, Any]], Any]
     #: step 6, once the model is resolved: what the parsed call asks of it
-    check: Callable[[Runtime, KeyRecord, Any, Model], None]
+    check: Callable[[Org | None, Any, Model], None]
     #: a chat completion as this endpoint answers it (chat-shaped endpoints)
     answer: Callable[[Call, ChatCall, dict[str, Any]], dict[str, Any]] | None = None
     #: how this endpoint writes a stream (chat-shaped endpoints)
@@ -112,13 +115,13 @@ def _parse_embeddings(rt: Runtime, record: KeyRecord, body: dict[str, Any]) -> E
     return parse_embeddings(body, served.id if served else None)
 
 
-def _check_chat(rt: Runtime, record: KeyRecord, chat: ChatCall, model: Model) -> None:
+def _check_chat(org: Org | None, chat: ChatCall, model: Model) -> None:
     check_capabilities(chat, model)
     if "web_search" in chat.needs:
-        check_web_search(rt, record, model, capability_param(chat, "web_search"))
+        check_web_search(org, model, capability_param(chat, "web_search"))
 
 
-def _check_embeddings(_: Runtime, __: KeyRecord, call: EmbeddingCall, model: Model) -> None:
+def _check_embeddings(_: Org | None, call: EmbeddingCall, model: Model) -> None:
     check_dimensions(call, model)
 
 
@@ -127,27 +130,31 @@ def response_id(call: Call) -> str:
     return "resp_" + call.request_id.removeprefix("req_")
 
 
-CHAT = Endpoint(
-    name="chat",
-    scope="inference",
-    feature="chat_completions",
-    model_kind="chat",
-    idempotent=True,
-    failures_count=True,
+def _chat_shaped(name: str, feature: str, **row: Any) -> Endpoint:
+    """A row of an endpoint served as a chat completion."""
+    return Endpoint(
+        name=name,
+        scope="inference",
+        feature=feature,
+        model_kind="chat",
+        idempotent=True,
+        failures_count=True,
+        check=_check_chat,
+        **row,
+    )
+
+
+CHAT = _chat_shaped(
+    "chat",
+    "chat_completions",
     parse=_parse_chat,
-    check=_check_chat,
     answer=lambda call, chat, completion: completion,
     stream_format=lambda call, chat, svc: ChatFormat(call.held.model.id, chat.include_usage, svc),
 )
-RESPONSES = Endpoint(
-    name="responses",
-    scope="inference",
-    feature="responses",
-    model_kind="chat",
-    idempotent=True,
-    failures_count=True,
+RESPONSES = _chat_shaped(
+    "responses",
+    "responses",
     parse=_parse_responses,
-    check=_check_chat,
     answer=lambda call, chat, completion: chat_to_response(completion, chat, response_id(call)),
     stream_format=lambda call, chat, svc: ResponsesFormat(
         ResponseStreamTranslator(
@@ -165,7 +172,6 @@ EMBEDDINGS = Endpoint(
     parse=_parse_embeddings,
     check=_check_embeddings,
 )
-ENDPOINTS = {endpoint.name: endpoint for endpoint in (CHAT, RESPONSES, EMBEDDINGS)}
 
 
 @asynccontextmanager
@@ -178,7 +184,7 @@ async def open_call(
 ) -> AsyncIterator[Call]:
     """Step 3: count the request and take an in-flight slot; the call is settled on the
     way out, whatever happened, unless it settled itself or was handed to a pump."""
-    admitted = await admission.admit(record, take_slot=True)
+    admitted = await admission.admit(runtime, record, take_slot=True)
     call = Call(
         claim=claim,
         runtime=runtime,
@@ -191,6 +197,7 @@ async def open_call(
         failures_count=endpoint.failures_count,
     )
     runtime.inflight.add(call)
+    call_opened(call)
     try:
         yield call
     except Exception as exc:
@@ -211,14 +218,16 @@ async def prepare(
     parsed: Parsed = endpoint.parse(rt, record, body)
     call.stream = parsed.stream
     features = [endpoint.feature] + ["streaming"] * parsed.stream + sorted(parsed.needs)
-    check_entitlements(rt, record, features)
+    org = rt.orgs.get(record.org_id)
+    check_entitlements(org, record, features)
     model = check_model(rt, record, parsed.model, endpoint.model_kind)
     provider = rt.provider_for(record, model)
-    endpoint.check(rt, record, parsed, model)
+    endpoint.check(org, parsed, model)
     prompt, output = parsed.prompt_estimate(), parsed.output_ceiling
     cost = model.cost_nanos(prompt, output)
-    check_spend_controls(rt, record, cost)
+    check_spend_controls(org, record, cost)
     reservation = await admission.reserve(
+        rt,
         record,
         tokens=worst_case_tokens(prompt, output),
         cost=cost,
@@ -259,6 +268,7 @@ def _provider_request(call: Call, chat: ChatCall) -> tuple[ProviderRequest, list
         upstream_model=upstream_id,
         body=body,
         api_key=call.runtime.provider_key(call.record, hold.model),
+        trace=call.exchange.trace if call.exchange else None,
         request_id=call.request_id,
     )
     return request, hold.provider.ignored_parameters(body)
@@ -306,7 +316,13 @@ async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
     api_key = call.runtime.provider_key(call.record, hold.model)
     result = await _ask(
         call,
-        lambda: hold.provider.embed(config.upstream_id, parsed.inputs, parsed.dimensions, api_key),
+        lambda: hold.provider.embed(
+            config.upstream_id,
+            parsed.inputs,
+            parsed.dimensions,
+            api_key,
+            call.exchange.trace if call.exchange else None,
+        ),
         "The call ran out of time.",
     )
     await call.finish(call.ending(answered=True, usage=result.usage), usage=result.usage)

@@ -17,24 +17,41 @@ Checks, in order (the first failing group answers):
 6. a price (403 model_not_priced).
 
 Checks that need the parsed call (entitlements, web search) and the per-request cost
-ceiling are separate functions the walk calls where it has what they need.
+ceiling are separate functions the walk calls where it has what they need; they read
+only the organisation's rules. The model checks read a :class:`PolicySource`: the
+catalog, the organisations, the keys, the providers' zones and the BYOK credentials
+(the server's runtime is one).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
-from gateway.catalog import Model, nanos_to_usd, usd_to_nanos
+from gateway.catalog import Catalog, Model, nanos_to_usd, usd_to_nanos
 from gateway.errors import GatewayError
 from gateway.keys import KeyRecord
 from gateway.orgs import Org
 
-if TYPE_CHECKING:
-    from gateway.runtime import Runtime
-
 BYOK_SETUP_RETRY_AFTER = 60
+
+
+class Keys(Protocol):
+    def get(self, key_id: str) -> KeyRecord | None: ...
+
+
+class PolicySource(Protocol):
+    """What the model checks read."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+    @property
+    def orgs(self) -> Mapping[str, Org]: ...
+    @property
+    def keyring(self) -> Keys: ...
+    def serves_residency(self, provider: str, residency: str | None) -> bool: ...
+    def byok_env(self, org_id: str, provider: str) -> str | None: ...
 
 
 def _deny(rule: str) -> dict[str, str]:
@@ -46,7 +63,7 @@ def _listed(policy: dict[str, Any], name: str) -> list[str] | None:
     return value if isinstance(value, list) else None
 
 
-def org_rules(runtime: Runtime, org: Org | None, model: Model) -> list[dict[str, str]]:
+def org_rules(runtime: PolicySource, org: Org | None, model: Model) -> list[dict[str, str]]:
     """Decisions of the organisation's and the contract's rules that deny ``model``."""
     if org is None:
         return []
@@ -87,7 +104,7 @@ def org_rules(runtime: Runtime, org: Org | None, model: Model) -> list[dict[str,
     return [_deny(rule) for rule, denies in checks if denies()]
 
 
-def key_rules(runtime: Runtime, record: KeyRecord, model: Model) -> list[dict[str, str]]:
+def key_rules(runtime: PolicySource, record: KeyRecord, model: Model) -> list[dict[str, str]]:
     """key_allowed_models, for the key and (narrowing, never widening) its parent."""
     lists = [record.allowed_models]
     if record.parent_id:
@@ -98,7 +115,7 @@ def key_rules(runtime: Runtime, record: KeyRecord, model: Model) -> list[dict[st
     return []
 
 
-def check_model(runtime: Runtime, record: KeyRecord, model_id: str, kind: str) -> Model:
+def check_model(runtime: PolicySource, record: KeyRecord, model_id: str, kind: str) -> Model:
     model = _find(runtime, model_id)
     if model.kind != kind:
         expected = "an embedding" if kind == "embedding" else "a chat"
@@ -128,7 +145,7 @@ def check_model(runtime: Runtime, record: KeyRecord, model_id: str, kind: str) -
     return model
 
 
-def _find(runtime: Runtime, name: str) -> Model:
+def _find(runtime: PolicySource, name: str) -> Model:
     """The one model a requested name means, or the refusal saying why there is none."""
     candidates = runtime.catalog.candidates(name)
     if len(candidates) > 1:
@@ -157,7 +174,7 @@ def model_not_found(name: str) -> GatewayError:
     )
 
 
-def _check_byok(runtime: Runtime, org: Org | None, model: Model) -> Model:
+def _check_byok(runtime: PolicySource, org: Org | None, model: Model) -> Model:
     """The BYOK checks; the model priced at the organisation's BYOK price."""
     if not model.config.byok_available:
         raise GatewayError(
@@ -188,13 +205,12 @@ def _check_byok(runtime: Runtime, org: Org | None, model: Model) -> Model:
     return model.priced_at(price["input_usd_per_mtok"], price["output_usd_per_mtok"])
 
 
-def check_entitlements(runtime: Runtime, record: KeyRecord, features: list[str]) -> None:
+def check_entitlements(org: Org | None, record: KeyRecord, features: list[str]) -> None:
     """403 entitlement_denied for the first feature the organisation's plan turns off.
 
     ``entitlements`` maps a feature to false to deny it; a feature left out is allowed.
     ``live`` is the plan's paid calls: every call of a live key needs it.
     """
-    org = runtime.orgs.get(record.org_id)
     plan = org.policy.get("entitlements") if org else None
     if not isinstance(plan, dict):
         return
@@ -207,9 +223,8 @@ def check_entitlements(runtime: Runtime, record: KeyRecord, features: list[str])
             )
 
 
-def check_web_search(runtime: Runtime, record: KeyRecord, model: Model, param: str) -> None:
+def check_web_search(org: Org | None, model: Model, param: str) -> None:
     """403 web_search_not_allowed: the model searches, but not for this organisation."""
-    org = runtime.orgs.get(record.org_id)
     allowed = _listed(org.policy, "web_search_models") if org else None
     if allowed is not None and model.id not in allowed:
         raise GatewayError(
@@ -219,14 +234,13 @@ def check_web_search(runtime: Runtime, record: KeyRecord, model: Model, param: s
         )
 
 
-def check_spend_controls(runtime: Runtime, record: KeyRecord, cost_nanos: int) -> None:
+def check_spend_controls(org: Org | None, record: KeyRecord, cost_nanos: int) -> None:
     """The organisation's spend controls on one call's worst-case cost (before reserving).
 
     ``spend_paused`` refuses every live call (402 spend_refused: sandbox calls cost
     nothing); ``max_cost_per_request_usd`` refuses a call whose worst case passes it
     (402 max_cost_per_request, with the contract rule in the svc block).
     """
-    org = runtime.orgs.get(record.org_id)
     if org is None:
         return
     if org.policy.get("spend_paused") is True and record.mode == "live":
@@ -244,7 +258,7 @@ def check_spend_controls(runtime: Runtime, record: KeyRecord, cost_nanos: int) -
         )
 
 
-def callable_models(runtime: Runtime, record: KeyRecord) -> list[Model]:
+def callable_models(runtime: PolicySource, record: KeyRecord) -> list[Model]:
     """The organisation's catalog as this key sees it: models no org or contract rule denies."""
     org = runtime.orgs.get(record.org_id)
     return [m for m in runtime.catalog.models.values() if not org_rules(runtime, org, m)]

@@ -12,12 +12,16 @@
     any of the above with usage          (same answer)                       real cost
 
 The provider's explanation is cleaned before it reaches the client: no URL, key or
-header of the upstream is echoed.
+header of the upstream is echoed. Two layers: the provider removes every credential this
+server holds (:func:`redact_secrets`, exact values, as soon as the upstream's text is
+read), and :func:`clean_explanation` removes whatever looks like a key of a known shape,
+a URL or an auth header.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 from gateway.errors import GatewayError
 from gateway.providers.base import (
@@ -35,12 +39,38 @@ from gateway.settlement import Ending
 REFUSED_PHRASE = "The provider refused the request: "
 PROVIDER_RETRY_AFTER = 30
 _MAX_EXPLANATION = 300
+#: a secret shorter than this is not searched for: it would erase ordinary words
+MIN_SECRET = 8
+REDACTED = "[key]"
+#: key shapes of the providers and services an upstream may echo (first match wins)
+_KEY_SHAPES = "|".join(
+    (
+        # OpenAI (sk-, sk-proj-, masked sk-...****), Anthropic (sk-ant-), ours, restricted
+        r"\b(?:sk|rk|pk|svc_live|svc_test|key)[-_][A-Za-z0-9_\-*]{8,}",
+        r"\bAIza[0-9A-Za-z_\-]{20,}",  # Google
+        # Groq, Hugging Face, Replicate, xAI, GitHub, GitLab, Perplexity, Fireworks, NVIDIA
+        r"\b(?:gsk|hf|r8|xai|gh[pousr]|github_pat|glpat|pplx|fw|nvapi)[-_][A-Za-z0-9_\-]{8,}",
+        r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b",  # AWS access key ids
+        r"\beyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*",  # JWTs
+        r"\b[0-9a-fA-F]{32,}\b",  # Azure OpenAI and other hex keys
+        # any other long token of letters and digits (Mistral, Cohere, Together, ...)
+        r"\b(?=[A-Za-z0-9]*[0-9])(?=[A-Za-z0-9]*[A-Za-z])[A-Za-z0-9]{32,}\b",
+    )
+)
 _SCRUB = (
     (re.compile(r"https?://\S+"), "[url]"),
-    (re.compile(r"\b(sk|svc_live|svc_test|key|rk|pk)[-_][A-Za-z0-9_\-]{8,}"), "[key]"),
-    (re.compile(r"(?i)bearer\s+\S+"), "Bearer [key]"),
+    (re.compile(r"(?i)bearer\s+\S+"), "Bearer " + REDACTED),
     (re.compile(r"(?i)(authorization|x-api-key|api-key)\s*[:=]\s*\S+"), r"\1: [redacted]"),
+    (re.compile(_KEY_SHAPES), REDACTED),
 )
+
+
+def redact_secrets(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every occurrence of each secret (exact value, longest first, so a
+    secret that contains another goes whole) replaced by ``[key]``."""
+    for secret in sorted({s for s in secrets if len(s) >= MIN_SECRET}, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def clean_explanation(text: str) -> str:

@@ -1,10 +1,11 @@
 """The runtime: every long-lived part of one server, built once and handed to the app.
 
-Start-up order (see :func:`gateway.server.serve`): open the store, settle the calls a
-crash left ``pending`` (:meth:`Runtime.recover`), load organisations,
-keys and today's and this month's settled spend into memory and into the shards, create
-the demo organisation on an empty database, then start the store writer, the shards and
-the HTTP server under one root nursery.
+Start-up order (see :func:`gateway.server.serve`): open the store; start the HTTP server
+(it answers only health while starting); run the start-up work of
+:attr:`Runtime.readiness` (settle the calls a crash left ``pending``,
+:meth:`Runtime.recover`; load organisations, keys and today's and this month's settled
+spend into memory and into the shards, then create the demo organisation on an empty
+database); then start the store writer, the shards and the spend alerts, and be ready.
 """
 
 from __future__ import annotations
@@ -14,31 +15,36 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
+from gateway import __version__
 from gateway.alerts import Alerts
 from gateway.catalog import Catalog, Model, nanos_to_usd, usd_to_nanos
 from gateway.cluster import Node
 from gateway.config import Config
 from gateway.errors import GatewayError
-from gateway.idempotency import RETENTION_S as IDEMPOTENCY_RETENTION_S
-from gateway.idempotency import IdempotencyBook
 from gateway.inflight import InFlight
 from gateway.keyring import Keyring
 from gateway.keys import KeyRecord, new_id
+from gateway.logs import event
+from gateway.metrics import Metrics
 from gateway.orgs import Org
 from gateway.providers.base import Provider
 from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers
 from gateway.ratelimit import PublicCatalogLimiter
+from gateway.readiness import Readiness
 from gateway.store import Store, is_postgres, records
 from gateway.store import idempotency as idempotency_ops
 from shards import ShardPool, SystemClock
 from shards.clock import Clock
 
 log = logging.getLogger("gateway.runtime")
+if TYPE_CHECKING:
+    from gateway.idempotency import Claim
+
 DEMO_ORG_NAME = "demo"
 DEMO_CREDITS_USD = 100.0
 
@@ -59,31 +65,63 @@ class Runtime:
         self.keyring = Keyring(self.store, self.pool.key_ref, self.clock.now)
         self.catalog = Catalog(self.config)
         self.orgs: dict[str, Org] = {}
-        self.idempotency = IdempotencyBook()
+        #: calls in progress under an Idempotency-Key, by (key id, Idempotency-Key); see
+        #: :mod:`gateway.idempotency`
+        self.idempotency_claims: dict[tuple[str, str], Claim] = {}
         self.inflight = InFlight()
-        self.alerts = Alerts(self)
+        self.alerts = Alerts(self.store, self.keyring, self.pool, self.config.server, self.clock)
         self.byok: dict[tuple[str, str], str] = {}
         self.mock = MockProvider.for_models(self.config.models, clock=self.clock.now)
-        self.providers: dict[str, Provider] = build_providers(self.config, self.mock)
+        self.providers: dict[str, Provider] = build_providers(
+            self.config, self.mock, self.provider_secrets
+        )
         #: the root nursery of the server, where stream pumps run (set by serve())
         self.nursery: trio.Nursery | None = None
         self.public_limiter = PublicCatalogLimiter(
             self.config.server.public_catalog_rpm, self.clock.now
         )
+        self.metrics = Metrics(
+            enabled=self.config.server.metrics,
+            version=__version__,
+            models=(model.id for model in self.config.models),
+            providers=(provider.name for provider in self.config.providers),
+            mailbox_depths=lambda: self.pool.statistics().queue_lengths,
+        )
+        self.store.on_commit = self.metrics.store_committed
+        self.readiness = Readiness(startup=[self.start_up])
+        #: whether the start-up work makes demo data on an empty database: only under the
+        #: embedded default (no config file) or when ``serve --demo`` asks
+        self.demo = self.config.source is None
+        #: the sandbox key made by the start-up work on an empty database (shown once)
+        self.demo_token: str | None = None
         #: this process as one of several nodes (a PostgreSQL store), else None
         self.cluster: Node | None = Node(self) if is_postgres(self.config.server.db) else None
 
     @classmethod
     def open(cls, config: Config, clock: Clock | None = None) -> Runtime:
+        """The runtime over its store; the state is loaded by the start-up work."""
         store = Store(config.server.db)
-        runtime = cls(
+        return cls(
             config=config,
             store=store,
             clock=clock or SystemClock(),
             admin_token=os.environ.get("SVC_ADMIN_TOKEN") or None,
         )
-        runtime.load()
-        return runtime
+
+    async def start_up(self) -> None:
+        """The start-up work: the rebuild from the store, then the demo bootstrap (if
+        ``demo``).
+
+        On a worker thread, so that the server answers /healthz and /readyz meanwhile.
+        Nothing reads or changes this state concurrently: until the phase is READY only
+        the health paths are served, and the store writer and the shards are not started.
+        """
+
+        def work() -> None:
+            self.load()
+            self.demo_token = self.bootstrap_demo() if self.demo else None
+
+        await trio.to_thread.run_sync(work)
 
     def load(self) -> None:
         """Rebuild the in-memory state from the store (start-up only), after recovery."""
@@ -97,7 +135,7 @@ class Runtime:
             self.store.call(records.org_billed, self.month()),
         )
         self.keyring.load(self.store.call(records.all_keys))
-        self.store.call(idempotency_ops.purge, self.clock.now() - IDEMPOTENCY_RETENTION_S)
+        self.store.call(idempotency_ops.purge, self.clock.now() - idempotency_ops.RETENTION_S)
         self.alerts.load()
         for row in self.store.call(records.list_provider_credentials):
             self.byok[(row["org_id"], row["provider"])] = row["api_key_env"]
@@ -115,6 +153,8 @@ class Runtime:
             record = self.keyring.get(key_id)
             if record is not None:
                 self.pool.load_spend(record.id, record.family_id, day_nanos, month_nanos)
+        if self.cluster is not None:
+            self.cluster.renew_now()  # the rebuild may have taken a good part of a lease
 
     def recover(self) -> None:
         """Settle the calls a crash left in flight, before the rebuild counts spend.
@@ -126,11 +166,12 @@ class Runtime:
         """
         found = self.store.call(records.recover_pending)
         if found["calls"]:
+            calls, usd = found["calls"], nanos_to_usd(found["nanos"])
             log.warning(
                 "recovery: %d interrupted calls settled, %s USD counted against caps",
-                found["calls"],
-                nanos_to_usd(found["nanos"]),
-                extra={"event": "recovery", "calls": found["calls"]},
+                calls,
+                usd,
+                extra=event("recovery", calls=calls, settled_usd=usd),
             )
 
     def load_orgs(
@@ -214,6 +255,12 @@ class Runtime:
         else:
             env = self.config.provider(model.config.provider).api_key_env
         return os.environ.get(env) if env else None
+
+    def provider_secrets(self) -> list[str]:
+        """Every upstream credential this server can send now: the providers' keys and
+        the organisations' BYOK keys (read at each use, as :meth:`provider_key` does)."""
+        names = {p.api_key_env for p in self.config.providers} | set(self.byok.values())
+        return [value for name in names if name and (value := os.environ.get(name))]
 
     async def aclose_providers(self) -> None:
         for provider in self.providers.values():

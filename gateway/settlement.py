@@ -7,7 +7,9 @@
     provider reported usage                               real cost           real cost*
     5xx or lost connection, nothing produced, no usage    input share (>=1)   0
     anything else without usage (output streamed, our     full reservation    0
-      own 504, another provider status, client gone)
+      own 504, another provider status, client gone,
+      a graceful stop's cut; a crash, settled by start-up
+      recovery in the store: records.recover_pending)
 
     * live keys only: sandbox keys count against their caps at catalog prices and
       are never billed.

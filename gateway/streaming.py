@@ -14,7 +14,8 @@ settle, exactly once, whatever happens:
 - the provider finishes: settle from usage, then send the usage chunk and the end;
 - the provider fails: settle per the table, then an in-band error (or, when nothing
   was sent yet, the handler answers with a plain HTTP error);
-- the deadline passes: settle, then the in-band request_timeout error;
+- the deadline passes: settle, then the in-band request_timeout error (in-band even
+  when nothing was sent yet: the stream then opens with it, status 200);
 - a graceful stop runs out of grace (:mod:`gateway.inflight`): settle, then the in-band
   service_unavailable error;
 - the client goes away: the body cancels the pump's scope at once; the pump settles.
@@ -72,16 +73,6 @@ class Frame:
     error: GatewayError | None = None
 
 
-def _usage(chunk: dict[str, Any]) -> Usage | None:
-    usage = chunk.get("usage")
-    if not isinstance(usage, dict):
-        return None
-    return Usage(
-        prompt_tokens=int(usage.get("prompt_tokens") or 0),
-        completion_tokens=int(usage.get("completion_tokens") or 0),
-    )
-
-
 async def pump(
     call: Call,
     request: ProviderRequest,
@@ -106,7 +97,8 @@ async def pump(
                     async for chunk in chunks:
                         if chunk.get("usage"):
                             # kept without its choices: those are passed on below, once
-                            usage, usage_chunk = _usage(chunk), {**chunk, "choices": []}
+                            usage = Usage.reported(chunk["usage"])
+                            usage_chunk = {**chunk, "choices": []}
                         if not chunk.get("choices"):
                             continue
                         produced = True
@@ -132,17 +124,20 @@ async def pump(
             failure = GatewayError("service_unavailable", "The stream failed.")
             failed_as = None
         ending = call.ending(usage=usage, failure=failed_as, produced=produced)
+        # the spec: a streamed call's timeout is in-band, even with nothing sent yet (a
+        # deadline shorter than the keep-alive interval): its frames open the stream
+        in_stream = sent or (failure is not None and failure.code == "request_timeout")
         await call.finish(
             ending,
             usage=usage,
-            http_status=failure.status if failure and not (sent or answered.is_set()) else 200,
+            http_status=failure.status if failure and not (in_stream or answered.is_set()) else 200,
             error_code=failure.code if failure else None,
         )
         if call.client_gone:
             return
         frames = (
             [Frame(error=failure)]
-            if failure and not sent
+            if failure and not in_stream
             else [Frame(f) for f in (fmt.error(failure) if failure else fmt.finish(usage_chunk))]
         )
         with trio.move_on_after(FINAL_SEND_S):

@@ -269,24 +269,9 @@ class Shard:
                 raise ShardUnavailable(f"shard {self.index} mailbox full") from None
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ShardUnavailable(f"shard {self.index} is closed") from exc
-        self.queued += 1
-        if (idle := self._idle) is not None:
-            self._idle = None
-            reschedule(idle, slot)  # the slot doubles as the wake-up's outcome
+        self._queued(slot)
         if not slot.done:
-            watchdog = self.watchdog
-            slot.task = current_task()
-            slot.waiting = True
-            if watchdog.running:
-                slot.born = watchdog.tick
-                watchdog.parked.add(slot)
-                try:
-                    await wait_task_rescheduled(slot.abort_abandon)
-                finally:
-                    watchdog.parked.discard(slot)
-            else:
-                with trio.move_on_after(watchdog.timeout_s):
-                    await wait_task_rescheduled(slot.abort_abandon)
+            await self._wait(slot, slot.abort_abandon, shield=False)
         return slot.outcome()
 
     async def call_must_deliver(self, message: Message) -> Any:
@@ -303,28 +288,43 @@ class Shard:
                 await self.send_channel.send(slot)
         except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
             raise ShardUnavailable(f"shard {self.index} is closed") from exc
+        self._queued(slot)
+        if not slot.done:
+            await self._wait(slot, slot.abort_refuse, shield=True)
+        if not slot.done:
+            logger.warning("shard %d: settlement queued but not confirmed in time", self.index)
+        return slot.outcome()
+
+    def _queued(self, slot: ReplySlot) -> None:
+        """Count a sent slot, and wake the actor if it sleeps on an empty mailbox."""
         self.queued += 1
         if (idle := self._idle) is not None:
             self._idle = None
             reschedule(idle, slot)  # the slot doubles as the wake-up's outcome
-        if not slot.done:
-            watchdog = self.watchdog
-            slot.task = current_task()
-            slot.waiting = True
-            if watchdog.running:
-                slot.born = watchdog.tick
-                watchdog.parked.add(slot)
-                try:
-                    await wait_task_rescheduled(slot.abort_refuse)
-                finally:
-                    watchdog.parked.discard(slot)
-            else:
-                with trio.CancelScope(deadline=trio.current_time() + watchdog.timeout_s) as scope:
-                    scope.shield = True
-                    await wait_task_rescheduled(slot.abort_keep)
-        if not slot.done:
-            logger.warning("shard %d: settlement queued but not confirmed in time", self.index)
-        return slot.outcome()
+
+    async def _wait(
+        self, slot: ReplySlot, abort: Callable[[object], Abort], *, shield: bool
+    ) -> None:
+        """Park until the actor replies or the watchdog expires the slot.
+
+        ``abort`` decides what a cancellation does to the parked wait (abandon the
+        message, or refuse and keep waiting). Before the watchdog runs, a real cancel
+        scope bounds the wait; a shielded one keeps the message queued on cancellation.
+        """
+        watchdog = self.watchdog
+        slot.task = current_task()
+        slot.waiting = True
+        if watchdog.running:
+            slot.born = watchdog.tick
+            watchdog.parked.add(slot)
+            try:
+                await wait_task_rescheduled(abort)
+            finally:
+                watchdog.parked.discard(slot)
+        else:
+            with trio.CancelScope(deadline=trio.current_time() + watchdog.timeout_s) as scope:
+                scope.shield = shield
+                await wait_task_rescheduled(slot.abort_keep if shield else slot.abort_abandon)
 
     # -- actor side ---------------------------------------------------------------
 

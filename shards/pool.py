@@ -160,10 +160,10 @@ class ShardPool:
     # -- routing --------------------------------------------------------------------
 
     def shard_index(self, family_id: str) -> int:
-        return zlib.crc32(family_id.encode()) % self._n
+        return shard_index(family_id, self._n)
 
     def _shard(self, family_id: str) -> Shard:
-        return self._shards[zlib.crc32(family_id.encode()) % self._n]
+        return self._shards[shard_index(family_id, self._n)]
 
     def key_ref(self, key_id: str, family_id: str) -> KeyRef:
         """Resolve a key once: the ref every message about it carries (see
@@ -201,7 +201,7 @@ class ShardPool:
         """
         return self._shards[req.shard].call_must_deliver(req)
 
-    async def key_status(
+    def key_status(
         self,
         key: KeyRef,
         *,
@@ -210,43 +210,24 @@ class ShardPool:
         max_in_flight: int,
         usd_day: int | None,
         usd_month: int | None,
-    ) -> KeyStatus:
-        """Windows of one key for GET /v1/key; counts nothing, takes no slot."""
-        result: KeyStatus = await self._shards[key.shard].call(
-            KeyStatusRequest.build(
-                shard=key.shard,
-                key=key.state,
-                rpm=rpm,
-                tpm=tpm,
-                max_in_flight=max_in_flight,
-                usd_day=usd_day,
-                usd_month=usd_month,
-            )
+    ) -> Awaitable[KeyStatus]:
+        """Windows of one key for GET /v1/key (await it); counts nothing, takes no slot."""
+        request = KeyStatusRequest.build(
+            shard=key.shard,
+            key=key.state,
+            rpm=rpm,
+            tpm=tpm,
+            max_in_flight=max_in_flight,
+            usd_day=usd_day,
+            usd_month=usd_month,
         )
-        return result
+        return self._shards[key.shard].call(request)
 
-    def key_status_nowait(
-        self,
-        key: KeyRef,
-        *,
-        rpm: int,
-        tpm: int | None,
-        max_in_flight: int,
-        usd_day: int | None,
-        usd_month: int | None,
-    ) -> KeyStatus:
-        """Synchronous :meth:`key_status`, bypassing the mailbox (reads only)."""
-        return self._shards[key.shard].state.status(
-            KeyStatusRequest.build(
-                shard=key.shard,
-                key=key.state,
-                rpm=rpm,
-                tpm=tpm,
-                max_in_flight=max_in_flight,
-                usd_day=usd_day,
-                usd_month=usd_month,
-            )
-        )
+    def key_status_nowait(self, key: KeyRef, **limits: int | None) -> KeyStatus:
+        """Synchronous :meth:`key_status` (same arguments), bypassing the mailbox: a read
+        of the shard's state, which only the trio thread touches."""
+        request = KeyStatusRequest.build(shard=key.shard, key=key.state, **limits)
+        return self._shards[key.shard].state.status(request)
 
     # -- start-up rebuild and operator changes (synchronous) ------------------------
 

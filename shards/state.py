@@ -105,6 +105,29 @@ _ORG_RETRY_AFTER = 60
 _IN_FLIGHT_RETRY_AFTER = 5
 
 
+def _admission(
+    rpm: int,
+    remaining: int,
+    reset: int,
+    *,
+    slot_taken: bool = False,
+    code: str | None = None,
+    retry_after: int | None = None,
+    scope: Scope | None = None,
+) -> Admission:
+    """An admission (``code`` None) or a refusal, with the key's rate-limit figures."""
+    return Admission.build(
+        ok=code is None,
+        code=code,
+        retry_after=retry_after,
+        scope=scope,
+        limit_requests=rpm,
+        remaining_requests=remaining,
+        reset_requests_s=reset,
+        slot_taken=slot_taken,
+    )
+
+
 class ShardState:
     """All keys of one shard. Methods are synchronous: see the module docstring."""
 
@@ -165,15 +188,8 @@ class ShardState:
         reset = (minute + 1) * MINUTE_S - int(t)
         remaining = rpm - count if count < rpm else 0
         if count > rpm:
-            return Admission.build(
-                ok=False,
-                code=RATE_LIMITED,
-                retry_after=reset,
-                scope="key",
-                limit_requests=rpm,
-                remaining_requests=remaining,
-                reset_requests_s=reset,
-                slot_taken=False,
+            return _admission(
+                rpm, remaining, reset, code=RATE_LIMITED, retry_after=reset, scope="key"
             )
         org_count = self.orgs.get(req.org_id).count_request(minute)
         platform_count = self.orgs.count_platform_request(minute)
@@ -183,39 +199,21 @@ class ShardState:
         elif (cap := self.orgs.platform_rpm) is not None and platform_count > cap:
             scope = "platform"
         if scope is not None:
-            return Admission.build(
-                ok=False,
-                code=RATE_LIMITED,
-                retry_after=_ORG_RETRY_AFTER,
-                scope=scope,
-                limit_requests=rpm,
-                remaining_requests=remaining,
-                reset_requests_s=reset,
-                slot_taken=False,
+            return _admission(
+                rpm, remaining, reset, code=RATE_LIMITED, retry_after=_ORG_RETRY_AFTER, scope=scope
             )
         if req.take_slot:
             if key[IN_FLIGHT] >= req.max_in_flight:
-                return Admission.build(
-                    ok=False,
+                return _admission(
+                    rpm,
+                    remaining,
+                    reset,
                     code=TOO_MANY_IN_FLIGHT,
                     retry_after=_IN_FLIGHT_RETRY_AFTER,
                     scope="key",
-                    limit_requests=rpm,
-                    remaining_requests=remaining,
-                    reset_requests_s=reset,
-                    slot_taken=False,
                 )
             key[IN_FLIGHT] += 1
-        return Admission.build(
-            ok=True,
-            code=None,
-            retry_after=None,
-            scope=None,
-            limit_requests=rpm,
-            remaining_requests=remaining,
-            reset_requests_s=reset,
-            slot_taken=req.take_slot,
-        )
+        return _admission(rpm, remaining, reset, slot_taken=req.take_slot)
 
     # -- step 8 -----------------------------------------------------------------
 

@@ -11,6 +11,11 @@
   minute, the day or the month use ``FakeClock`` instead of sleeping.
 - Every I/O test is bounded: pytest-timeout per test, and ``trio.fail_after`` where a
   wait could hang.
+- Tests wait on events, not on time: a gateway says when it has stopped
+  (:meth:`Gateway.aclose`), the fake upstream when it received a call
+  (:meth:`FakeUpstream.received`). A sleep is left only where time itself is the subject.
+- A gateway holds its database's one-server lock, as ``serve`` does: a restart test must
+  stop the first server before it starts the second.
 - No mocks of our own code: the pieces under test run for real.
 """
 
@@ -27,6 +32,7 @@ import pytest
 import trio
 
 from gateway.config import Config, default_config, load_config
+from gateway.db_lock import DatabaseLock
 from gateway.runtime import Runtime
 from gateway.server import serve
 from gateway.store import Store
@@ -120,14 +126,13 @@ class Gateway:
     runtime: Runtime
     token: str
     stop: trio.Event
-    #: set once the server has stopped and closed its store
-    closed: trio.Event
+    stopped: trio.Event
 
-    async def stop_and_wait(self) -> None:
-        """Stop, and wait until the store is closed (a next server may open it)."""
+    async def aclose(self) -> None:
+        """Stop the server and return once it has stopped (its store closed, its lock
+        released: a next server may open the database)."""
         self.stop.set()
-        with trio.fail_after(10):
-            await self.closed.wait()
+        await self.stopped.wait()
 
     @property
     def org_id(self) -> str:
@@ -157,20 +162,27 @@ def make_config(tmp_path: Path, **server: Any) -> Config:
 async def start_gateway(
     nursery: trio.Nursery, config: Config, clock: Clock | None = None
 ) -> Gateway:
-    runtime = Runtime.open(config, clock=clock)
+    lock = DatabaseLock(config.server.db)
+    lock.acquire()  # one server per database, as `serve` has it
+    try:
+        runtime = Runtime.open(config, clock=clock)
+    except BaseException:
+        lock.release()
+        raise
     runtime.admin_token = ADMIN_TOKEN
-    token = runtime.bootstrap_demo() or ""
-    stop, closed = trio.Event(), trio.Event()
+    stop, stopped = trio.Event(), trio.Event()
 
-    async def run(task_status: trio.TaskStatus[list[str]]) -> None:
+    async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
         try:
             await serve(runtime, shutdown_trigger=stop.wait, task_status=task_status)
         finally:
-            runtime.store.close()  # a next server on the same database may start
-            closed.set()
+            runtime.store.close()
+            lock.release()
+            stopped.set()
 
     binds = await nursery.start(run)
-    return Gateway(url=binds[0], runtime=runtime, token=token, stop=stop, closed=closed)
+    token = runtime.demo_token or ""
+    return Gateway(url=binds[0], runtime=runtime, token=token, stop=stop, stopped=stopped)
 
 
 @pytest.fixture

@@ -16,15 +16,18 @@ tests never share state::
     [[fault no_usage]]            report no usage
     [[fault chunk_delay=0.2]]     pause between stream chunks
     [[fault usage_on_error]]      an error body that reports usage
+    [[fault status=401 echo=X]]   the error message echoes X (``echo=auth``: the token of
+                                  the Authorization received), as upstreams echo a rejected key
     [[fault drop_at_end]]         stream every chunk and the usage, then cut before [DONE]
     [[fault malformed]]           answer 200 with a body that is not JSON
     [[fault usage_with_finish]]   stream the usage in the finish_reason chunk, not after it
     [[fault usage_with_content]]  the last word, finish_reason and usage in one chunk
     [[fault hold]]                hold the call open (before answering) until ``release``
+    [[fault lockstep]]            stream: after each word, wait until the test ``ack()``s it
 
 ``calls`` counts requests received, ``served`` the answers sent in full, ``open`` the
-calls in progress; ``bodies`` and ``auth`` keep what came in. :meth:`wait_until` waits
-(on events, not sleeps) until a condition on these holds.
+calls in progress; ``bodies``, ``auth`` and ``headers`` keep what came in.
+:meth:`wait_until` waits (on events, not sleeps) until a condition on these holds.
 """
 
 from __future__ import annotations
@@ -68,11 +71,27 @@ class FakeUpstream:
     calls: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     auth: list[str | None] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
     served: int = 0
     open: int = 0
     #: held calls ([[fault hold]]) answer once this is set
     release: trio.Event = field(default_factory=trio.Event)
     _changed: trio.Event = field(default_factory=trio.Event)
+    #: lockstep streams: words sent so far, and words the client said it received
+    words_sent: int = 0
+    acks: int = 0
+    _acked: trio.Event = field(default_factory=trio.Event)
+
+    async def received(self, count: int) -> None:
+        """Return once ``count`` requests in all have come in (counted, not answered)."""
+        await self.wait_until(lambda: self.calls >= count)
+
+    def ack(self) -> int:
+        """(lockstep) The client received one more word; how many had been sent then."""
+        self.acks += 1
+        self._acked.set()
+        self._acked = trio.Event()
+        return self.words_sent
 
     def _notify(self) -> None:
         self._changed.set()
@@ -129,6 +148,7 @@ class FakeUpstream:
         self.bodies.append(body)
         headers = dict(request.headers)
         self.auth.append(headers.get(b"authorization", b"").decode() or None)
+        self.headers.append({k.decode(): v.decode() for k, v in headers.items()})
         faults = directives(body)
         if "delay" in faults:
             await trio.sleep(float(faults["delay"]))
@@ -137,7 +157,13 @@ class FakeUpstream:
         if "reset" in faults:
             return False
         if "status" in faults:
-            error: dict[str, Any] = {"error": {"message": ERROR_TEXT, "type": "x", "code": None}}
+            message = ERROR_TEXT
+            if "echo" in faults:
+                echoed = faults["echo"]
+                if echoed == "auth":
+                    echoed = (self.auth[-1] or "").removeprefix("Bearer ")
+                message = f"Incorrect API key provided: {echoed}. Header was {echoed!r}."
+            error: dict[str, Any] = {"error": {"message": message, "type": "x", "code": None}}
             if "usage_on_error" in faults:
                 error["usage"] = {"prompt_tokens": 5, "completion_tokens": 3}
             await _send(conn, stream, int(faults["status"]), orjson.dumps(error))
@@ -176,9 +202,12 @@ class FakeUpstream:
             if "stall_after" in faults and index >= int(faults["stall_after"]):
                 await trio.sleep_forever()
             choice = {"index": 0, "delta": delta, "finish_reason": None}
+            self.words_sent = index
             await _event(
                 conn, stream, _completion(body, None, None, "chat.completion.chunk", choice)
             )
+            while "lockstep" in faults and self.acks < index:
+                await self._acked.wait()
             if delay:
                 await trio.sleep(delay)
         final = {"index": 0, "delta": {}, "finish_reason": "stop"}

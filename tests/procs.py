@@ -1,7 +1,9 @@
 """Real gateway processes for the operator-contract tests.
 
-``start_server`` runs ``python -m gateway serve`` as a subprocess on a loopback port the
-OS picks, with a SQLite file in a temp dir, and waits (bounded) for its start-up lines;
+``start_server`` runs ``python -m gateway serve --json`` as a subprocess on a loopback
+port the OS picks, with a SQLite file in a temp dir, and waits (bounded) for the JSON
+object it prints once listening (a test harness is a program reading stdout: it asks for
+the machine output, the one that carries the sandbox key when stdout is not a terminal);
 ``run_cli`` runs one CLI verb as a subprocess. Nothing here imports the gateway: the
 processes are the thing under test.
 """
@@ -11,12 +13,10 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -28,10 +28,6 @@ ADMIN_TOKEN = "procs-admin-token"
 START_TIMEOUT_S = 20.0
 STOP_TIMEOUT_S = 20.0
 CLI_TIMEOUT_S = 30.0
-
-LISTENING = re.compile(r"^svc-gateway listening on (http://127\.0\.0\.1:(\d+))$")
-SANDBOX_KEY = re.compile(r"^sandbox key \(shown once\): (svc_test_\S+)$")
-EXISTING_DB_HINT = "existing database"
 
 
 def base_env(admin_token: str | None = ADMIN_TOKEN, **extra: str) -> dict[str, str]:
@@ -153,16 +149,18 @@ def start_server(
     env: dict[str, str] | None = None,
     timeout: float = START_TIMEOUT_S,
 ) -> Server:
-    """Start ``serve --port 0 --db DB`` in ``tmp_path``; wait for its start-up lines.
+    """Start ``serve --json --port 0 --db DB`` in ``tmp_path``; wait for its JSON line.
 
-    Returns once the listening line and then either the sandbox-key line or the
-    existing-database hint have been printed; fails with the server's stderr otherwise.
+    Returns once the server printed ``{"url", "database", "sandbox_key"}`` (``token`` is
+    that key: null on an existing database or without demo data); fails with the
+    server's stderr otherwise.
     """
     db = db if db is not None else tmp_path / "g.db"
     stderr_path = tmp_path / f"server-{os.urandom(4).hex()}.stderr"
+    command = ["serve", "--json", "--port", "0", "--db", str(db), *args]
     with stderr_path.open("w") as stderr_file:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--port", "0", "--db", str(db), *args],
+            [sys.executable, "-m", "gateway", *command],
             cwd=tmp_path,
             env=env if env is not None else base_env(),
             stdin=subprocess.DEVNULL,
@@ -173,50 +171,25 @@ def start_server(
     lines: queue.Queue[str | None] = queue.Queue()
     pump = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
     pump.start()
-    seen: list[str] = []
-    url: str | None = None
-    port = 0
-    token: str | None = None
 
     def fail(why: str) -> NoReturn:
         if proc.poll() is None:
             proc.kill()
         _reap(proc, pump)
-        stdout = "\n".join(seen)
-        raise AssertionError(
-            f"{why}\n--- stdout ---\n{stdout}\n--- stderr ---\n{stderr_path.read_text()}"
-        )
+        raise AssertionError(f"{why}\n--- stderr ---\n{stderr_path.read_text()}")
 
-    deadline = time.monotonic() + timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            fail(f"server gave no start-up lines within {timeout} s")
-        try:
-            line = lines.get(timeout=remaining)
-        except queue.Empty:
-            continue
-        if line is None:
-            fail(f"server exited during start-up with status {proc.wait(timeout=5)}")
-        seen.append(line)
-        if match := LISTENING.match(line):
-            url, port = match.group(1), int(match.group(2))
-        elif url is not None and (match := SANDBOX_KEY.match(line)):
-            token = match.group(1)
-            break
-        elif url is not None and EXISTING_DB_HINT in line:
-            break
-    # the sandbox key's "try: curl" line follows at once; collect what is already there
-    while True:
-        try:
-            line = lines.get(timeout=0.2)
-        except queue.Empty:
-            break
-        if line is None:
-            break
-        seen.append(line)
-    assert url is not None
-    return Server(proc, url, port, token, seen, stderr_path, lines, pump)
+    try:
+        line = lines.get(timeout=timeout)
+    except queue.Empty:
+        fail(f"server printed nothing within {timeout} s")
+    if line is None:
+        fail(f"server exited during start-up with status {proc.wait(timeout=5)}")
+    info = json.loads(line)
+    url = info["url"]
+    assert url.startswith("http://127.0.0.1:"), url
+    port = int(url.rsplit(":", 1)[1])
+    token = info["sandbox_key"]
+    return Server(proc, url, port, token, [line], stderr_path, lines, pump)
 
 
 __all__ = [

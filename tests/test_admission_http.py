@@ -1,9 +1,11 @@
 """Spend caps under concurrency, through HTTP (issue 3's acceptance).
 
 200 calls race against a daily cap that admits exactly k worst-case reservations. The
-mock model is slowed so every admitted call still holds its reservation while the others
-arrive: the cap must admit exactly k, refuse the rest with 402 key_cap_exceeded, and
-settled + reserved spend must never pass the cap while the calls run or after.
+mock model holds every admitted call until each of the 200 was either admitted or
+refused, so every admitted call still holds its reservation while the others arrive
+(an event, not a delay: it holds however slow the machine): the cap must admit exactly
+k, refuse the rest with 402 key_cap_exceeded, and settled + reserved spend must never
+pass the cap while the calls run or after.
 """
 
 from __future__ import annotations
@@ -46,9 +48,31 @@ def cap_for(gw: Gateway, k: int) -> float:
     return (k + 0.5) * worst_case_nanos(gw) / NANOS_PER_USD
 
 
-def slow_mock(gw: Gateway) -> None:
-    # each answer takes several chunk delays: every admitted call outlives the race
-    gw.runtime.mock = MockProvider.for_models(gw.runtime.config.models, chunk_delay=0.5)
+class HeldMock:
+    """The sandbox mock, holding each call until every call of the race was either
+    admitted (it reached the provider) or refused (its answer came back)."""
+
+    def __init__(self, gw: Gateway) -> None:
+        self.inner = MockProvider.for_models(gw.runtime.config.models)
+        self.admitted = self.refused = 0
+        self.everyone_in = trio.Event()
+        gw.runtime.mock = self  # type: ignore[assignment]
+
+    def count(self, *, refused: bool) -> None:
+        if refused:
+            self.refused += 1
+        else:
+            self.admitted += 1
+        if self.admitted + self.refused == CALLS:
+            self.everyone_in.set()
+
+    async def complete(self, request: Any) -> Any:
+        self.count(refused=False)
+        await self.everyone_in.wait()
+        return await self.inner.complete(request)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
 
 
 async def key_usage(client: httpx.AsyncClient, token: str) -> dict[str, Any]:
@@ -57,7 +81,9 @@ async def key_usage(client: httpx.AsyncClient, token: str) -> dict[str, Any]:
     return response.json()["usage"]["day"]
 
 
-async def race(gw: Gateway, tokens: list[str], watched: list[str], cap_usd: float) -> Counter:
+async def race(
+    gw: Gateway, held: HeldMock, tokens: list[str], watched: list[str], cap_usd: float
+) -> Counter:
     """CALLS concurrent calls spread over ``tokens``; meanwhile spend of ``watched`` keys is
     sampled and must never pass ``cap_usd``. Returns the count of each answer."""
     answers: Counter = Counter()
@@ -71,6 +97,8 @@ async def race(gw: Gateway, tokens: list[str], watched: list[str], cap_usd: floa
             )
             code = response.json()["error"]["code"] if response.status_code != 200 else "ok"
             answers[(response.status_code, code)] += 1
+            if response.status_code != 200:
+                held.count(refused=True)
 
         async def watch(done: trio.Event) -> None:
             while not done.is_set():
@@ -98,10 +126,10 @@ async def race(gw: Gateway, tokens: list[str], watched: list[str], cap_usd: floa
 
 @pytest.mark.timeout(120)
 async def test_a_daily_cap_admits_exactly_k_of_200_concurrent_calls(gateway: Gateway) -> None:
-    slow_mock(gateway)
+    held = HeldMock(gateway)
     cap = cap_for(gateway, K)
     key = await gateway.create_key(caps={**ROOMY, "usd_day": cap})
-    answers = await race(gateway, [key["token"]], [key["token"]], cap)
+    answers = await race(gateway, held, [key["token"]], [key["token"]], cap)
     assert answers == {(200, "ok"): K, (402, "key_cap_exceeded"): CALLS - K}
 
 
@@ -111,7 +139,7 @@ async def test_sub_keys_and_their_parent_share_one_cap_under_concurrency(
 ) -> None:
     """The parent's cap binds its whole family: two sub-keys (each allowed the parent's
     full cap) and the parent itself race; together they get exactly k admissions."""
-    slow_mock(gateway)
+    held = HeldMock(gateway)
     cap = cap_for(gateway, K)
     parent = await gateway.create_key(keys_manage=True, caps={**ROOMY, "usd_day": cap})
     children = []
@@ -122,5 +150,5 @@ async def test_sub_keys_and_their_parent_share_one_cap_under_concurrency(
             assert response.status_code == 201, response.text
             children.append(response.json()["token"])
     tokens = [parent["token"], *children]
-    answers = await race(gateway, tokens, tokens, cap)
+    answers = await race(gateway, held, tokens, tokens, cap)
     assert answers == {(200, "ok"): K, (402, "key_cap_exceeded"): CALLS - K}

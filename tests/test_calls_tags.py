@@ -41,6 +41,20 @@ REFUSALS: list[tuple[str, dict[str, Any], str, str | None]] = [
      "invalid_tags", "metadata"),
     ("metadata value over 200", {"body": {"metadata": {"a": "x" * 201}}},
      "invalid_tags", "metadata"),
+    ("header value with CR LF", {"header": "t=a%0D%0AX-Injected:%201"},
+     "invalid_tags", "X-Svc-Tags"),
+    ("header value with NUL", {"header": "t=a%00"}, "invalid_tags", "X-Svc-Tags"),
+    ("metadata value with a C1 control", {"body": {"metadata": {"t": "a\x85b"}}},
+     "invalid_tags", "metadata"),
+    ("metadata value with DEL", {"body": {"metadata": {"t": "a\x7f"}}},
+     "invalid_tags", "metadata"),
+    ("svc_tags value with U+2028", {"body": {"svc_tags": {"t": "a\u2028b"}}},
+     "invalid_tags", "svc_tags"),
+    ("svc_tags value with U+2029", {"body": {"svc_tags": {"t": "a\u2029b"}}},
+     "invalid_tags", "svc_tags"),
+    ("svc_tags value with ESC", {"body": {"svc_tags": {"t": "\x1b[31m"}}},
+     "invalid_tags", "svc_tags"),
+    ("svc_tags key with a tab", {"body": {"svc_tags": {"t\t": "a"}}}, "invalid_tags", "svc_tags"),
     ("svc_tags not an object", {"body": {"svc_tags": 3}}, "invalid_tags", "svc_tags"),
     ("svc_tags value null", {"body": {"svc_tags": {"a": None}}}, "invalid_tags", "svc_tags"),
     ("17 across sources", {"header": "x=1", "body": {"svc_tags": SIXTEEN}},
@@ -59,6 +73,10 @@ REFUSALS: list[tuple[str, dict[str, Any], str, str | None]] = [
 def test_refusals(kwargs: dict[str, Any], code: str, param: str | None) -> None:
     error = refused(**kwargs)
     assert (error.code, error.param, error.status) == (code, param, 400)
+
+
+def test_printable_unicode_is_a_tag_value() -> None:
+    assert tags(body={"svc_tags": {"t": "é 日本 \u00a0 ✓"}}) == {"t": "é 日本 \u00a0 ✓"}
 
 
 def test_header_parsing() -> None:

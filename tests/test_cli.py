@@ -8,7 +8,10 @@ httpx calls with the tokens the CLI hands out.
 from __future__ import annotations
 
 import json
+import os
+import pty
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -510,7 +513,7 @@ output_usd_per_mtok = 0.2
 def test_a_model_id_with_a_slash_is_switched_off_and_on(tmp_path: Path) -> None:
     config = tmp_path / "gateway.toml"
     config.write_text(SLASHED_CONFIG)
-    srv = start_server(tmp_path, "--config", str(config))
+    srv = start_server(tmp_path, "--config", str(config), "--demo")
     try:
         assert srv.token is not None
         chat = {"model": "meta/llama-x", "messages": [{"role": "user", "content": "hi"}]}
@@ -653,8 +656,6 @@ def test_restart_on_same_database_keeps_state(tmp_path: Path) -> None:
     try:
         assert second.token is None, second.stdout_lines
         assert not any("svc_test_" in line for line in second.stdout_lines), second.stdout_lines
-        assert any("existing database" in line for line in second.stdout_lines)
-        assert any("key create" in line for line in second.stdout_lines)
         assert second.get("/v1/key", first.token).status_code == 200
         response = second.get("/v1/key", made["token"])
         assert response.status_code == 200, response.text
@@ -663,3 +664,114 @@ def test_restart_on_same_database_keeps_state(tmp_path: Path) -> None:
         assert [row["id"] for row in listed["data"]] == [made["id"]]
     finally:
         assert second.stop() == 0, second.stderr()
+
+
+# -- demo data and the sandbox key ----------------------------------------------------------
+
+LIVE_CONFIG = """
+[[providers]]
+name = "acme-upstream"
+kind = "openai"
+base_url = "http://127.0.0.1:9/v1"
+api_key_env = "ACME_UPSTREAM_KEY"
+
+[[models]]
+id = "live-model"
+provider = "acme-upstream"
+input_usd_per_mtok = 1.0
+output_usd_per_mtok = 2.0
+"""
+
+
+def org_names(server: Server) -> list[str]:
+    with server.client(ADMIN_TOKEN) as client:
+        return [org["name"] for org in client.get("/admin/orgs").json()["data"]]
+
+
+def text_start(tmp_path: Path, *args: str, stdout: int = subprocess.PIPE) -> subprocess.Popen[str]:
+    """``serve`` in text mode (no --json), stdout a pipe unless given a terminal."""
+    command = [sys.executable, "-m", "gateway", "serve", "--port", "0", "--db", "g.db", *args]
+    return subprocess.Popen(
+        command, cwd=tmp_path, env=base_env(), stdout=stdout, stderr=subprocess.DEVNULL, text=True
+    )
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    status = proc.wait(timeout=30)
+    if proc.stdout is not None:
+        proc.stdout.close()
+    assert status == 0
+
+
+def start_lines(tmp_path: Path, *args: str) -> list[str]:
+    """The three lines ``serve`` prints in text mode into a pipe once listening."""
+    proc = text_start(tmp_path, *args)
+    try:
+        assert proc.stdout is not None
+        return [proc.stdout.readline() for _ in range(3)]
+    finally:
+        stop(proc)
+
+
+def test_a_live_config_creates_no_demo_data_and_prints_no_token(tmp_path: Path) -> None:
+    """Under an operator's configuration the first start on an empty database creates no
+    demo organisation (no credits, no key that manages keys) and prints no token."""
+    (tmp_path / "live.toml").write_text(LIVE_CONFIG)
+    srv = start_server(tmp_path, "--config", "live.toml")
+    try:
+        assert srv.token is None, srv.stdout_lines
+        assert org_names(srv) == []
+    finally:
+        assert srv.stop() == 0, srv.stderr()
+    lines = start_lines(tmp_path, "--config", "live.toml")  # the same, in text mode
+    assert lines[0].startswith("svc-gateway listening on "), lines
+    assert "svc_" not in "".join(lines)
+    assert "org create" in lines[2], lines
+
+
+def test_serve_demo_creates_the_demo_under_a_config_file(tmp_path: Path) -> None:
+    (tmp_path / "live.toml").write_text(LIVE_CONFIG)
+    srv = start_server(tmp_path, "--config", "live.toml", "--demo")
+    try:
+        assert srv.token is not None and srv.token.startswith("svc_test_")
+        assert org_names(srv) == ["demo"]
+        assert srv.get("/v1/key", srv.token).status_code == 200
+    finally:
+        assert srv.stop() == 0, srv.stderr()
+
+
+def test_the_sandbox_key_is_not_printed_into_a_pipe(tmp_path: Path) -> None:
+    """stdout a pipe or a file (a log): the demo is created but its token not printed;
+    ``--json`` (asked-for machine output) is the way to receive it."""
+    lines = start_lines(tmp_path)
+    assert lines[0].startswith("svc-gateway listening on "), lines
+    assert "svc_test_" not in "".join(lines)
+    assert "not a terminal" in lines[2] and "--json" in lines[2], lines
+    lines = start_lines(tmp_path)  # the next start on that database
+    assert "existing database" in lines[2] and "key create" in lines[2], lines
+
+
+def test_a_terminal_gets_the_sandbox_key(tmp_path: Path) -> None:
+    primary, secondary = pty.openpty()
+    try:
+        proc = text_start(tmp_path, stdout=secondary)
+        output = b""
+        try:
+            while b"try: curl" not in output:
+                ready, _, _ = select.select([primary], [], [], 20)
+                assert ready, output
+                output += os.read(primary, 4096)
+            match = re.search(rb"sandbox key \(shown once\): (svc_test_\S+)", output)
+            url = re.search(rb"listening on (http://127\.0\.0\.1:\d+)", output)
+            assert match and url, output
+            response = httpx.get(
+                url.group(1).decode() + "/v1/key",
+                headers={"Authorization": f"Bearer {match.group(1).decode()}"},
+            )
+            assert response.status_code == 200, response.text
+        finally:
+            stop(proc)
+    finally:
+        os.close(primary)
+        os.close(secondary)

@@ -113,7 +113,10 @@ async def test_a_body_that_never_finishes_holds_no_in_flight_slot(
         'Content-Type: application/json\r\nContent-Length: 60\r\n\r\n{"mod'
     )
     await stalled.send_all(head.encode())
-    await trio.sleep(0.3)  # the server has the headers and part of the body
+    # time for the server to have the headers and part of the body; nothing signals it,
+    # and a server that has not read them yet holds no slot either (the test cannot
+    # fail falsely, only pass weakly)
+    await trio.sleep(0.3)
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
     if path.endswith("embeddings"):
         body = {"model": "text-embedding-3-small", "input": "hi"}
@@ -123,24 +126,3 @@ async def test_a_body_that_never_finishes_holds_no_in_flight_slot(
     assert served.status_code == 200, served.text
     assert status["in_flight"] == 0
     await stalled.aclose()
-
-
-async def test_a_body_that_never_finishes_is_refused_at_the_time_limit(
-    nursery: trio.Nursery, tmp_path: Path
-) -> None:
-    gw = await start_gateway(nursery, make_config(tmp_path, request_timeout_s=1.0))
-    host, port = gw.url.removeprefix("http://").rsplit(":", 1)
-    stalled = await trio.open_tcp_stream(host, int(port))
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer "
-        f'{gw.token}\r\nContent-Type: application/json\r\nContent-Length: 60\r\n\r\n{{"mod'
-    )
-    await stalled.send_all(head.encode())
-    answer = b""
-    with trio.fail_after(10):  # two time limits: reading the body, then draining it
-        while chunk := await stalled.receive_some(65536):
-            answer += chunk
-    assert answer.startswith(b"HTTP/1.1 400"), answer
-    assert b'"code":"invalid_request"' in answer and b"did not arrive in time" in answer
-    await stalled.aclose()
-    gw.stop.set()

@@ -87,7 +87,7 @@ async def test_copy_then_serve_from_postgresql_gives_the_same_books(
     assert rotated.is_success, rotated.text
     tokens = [rotated.json()["token"], child["token"]]
     before = await books(gw, tokens, request_ids)
-    await gw.stop_and_wait()
+    await gw.aclose()
 
     pg_cluster.psql("CREATE DATABASE copied")
     url = pg_cluster.url("copied")
@@ -118,7 +118,7 @@ async def test_copy_then_serve_from_postgresql_gives_the_same_books(
         credit = await again.admin("POST", f"/admin/orgs/{again.org_id}/credits", {"add_usd": 1})
         assert credit.is_success, credit.text
     finally:
-        await again.stop_and_wait()
+        await again.aclose()
 
     refused = await trio.to_thread.run_sync(
         lambda: run_cli("db", "copy", "--from", sqlite_path, "--to", url)

@@ -21,9 +21,10 @@ import orjson
 import pytest
 import trio
 
-from tests.conftest import db_for, query_db
+from tests.conftest import db_for, query_db, start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.procs import ADMIN_TOKEN, Server, base_env, start_server
+from tests.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 
 MAX_TOKENS = 50
 OUT_PRICE = 15.0  # USD per million output tokens; input is free
@@ -79,7 +80,10 @@ async def kill(server: Server) -> None:
 async def live_key(server: Server, **caps: float) -> str:
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with httpx.AsyncClient(base_url=server.url, headers=admin) as client:
-        org_id = (await client.get("/admin/orgs")).json()["data"][0]["id"]
+        # a config file starts with no demo organisation: the operator makes one
+        org = await client.post("/admin/orgs", json={"name": "acme", "credits_usd": 100})
+        assert org.status_code == 201, org.text
+        org_id = org.json()["id"]
         body = {
             "org_id": org_id,
             "name": "live",
@@ -137,6 +141,10 @@ async def check_books(server: Server, token: str, upstream: FakeUpstream) -> int
     return settled
 
 
+def calls_reached(upstream: FakeUpstream, count: int) -> bool:
+    return upstream.calls >= count
+
+
 async def first_of(*waits: Callable[[], Awaitable[object]]) -> None:
     """Return as soon as one of ``waits`` returns."""
     async with trio.open_nursery() as race:
@@ -183,7 +191,7 @@ async def test_kill_9_under_load_five_times_keeps_the_books(
     settled_totals = []
     for round_no in range(5):
         refused = trio.Event()
-        seen = upstream.calls
+        enough = upstream.calls + CLIENTS
         with trio.fail_after(20):
             async with trio.open_nursery() as clients:
                 for client_no in range(CLIENTS):
@@ -191,9 +199,7 @@ async def test_kill_9_under_load_five_times_keeps_the_books(
                 # kill mid-way: calls have reached the upstream and some are in flight,
                 # or the cap refuses every new call
                 await first_of(
-                    partial(
-                        upstream.wait_until, lambda seen=seen: upstream.calls >= seen + CLIENTS
-                    ),
+                    partial(upstream.wait_until, partial(calls_reached, upstream, enough)),
                     refused.wait,
                 )
                 await kill(server)
@@ -314,3 +320,36 @@ async def test_sigterm_ends_open_streams_in_band_and_leaves_nothing_pending(
     assert "pending" not in rows, rows
     assert rows == {"succeeded": 1, "failed": 3}, rows
     assert [tuple(row.values()) for row in cut] == [("failed", "service_unavailable", 200)] * 2
+
+
+async def test_a_call_in_flight_reads_as_pending_until_settled(
+    nursery: trio.Nursery, tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In process: the pending row as the reads show it, then its settlement over it."""
+    monkeypatch.setenv("FAKE_UPSTREAM_KEY", UPSTREAM_KEY)
+    gw = await start_gateway(nursery, live_config(tmp_path, upstream))
+    made = await gw.create_key(name="live", mode="live", scopes=["inference", "usage:read"])
+    body = {**body_for("call c7001 [[fault stall_after=1]]"), "stream": True}
+    with trio.fail_after(10):
+        async with (
+            gw.client(made["token"]) as client,
+            client.stream("POST", "/v1/chat/completions", json=body) as response,
+        ):
+            assert response.status_code == 200
+            request_id = response.headers["X-Request-Id"]
+            record = (await client.get(f"/v1/requests/{request_id}")).json()
+            usage = (await client.get("/v1/usage")).json()
+            key = (await client.get("/v1/key")).json()
+        assert record["status"] == "pending" and record["http_status"] is None, record
+        assert record["cost"]["reserved_usd"] > 0 and record["cost"]["settled_usd"] == 0
+        assert usage["totals"]["requests"] == 0  # counted once settled
+        assert key["usage"]["day"]["reserved_usd"] == record["cost"]["reserved_usd"]
+        # the client left: the pump settles over the same row
+        await gw.runtime.inflight.wait_settled()
+        async with gw.client(made["token"]) as client:
+            record = (await client.get(f"/v1/requests/{request_id}")).json()
+            usage = (await client.get("/v1/usage")).json()
+    assert record["status"] == "cancelled", record
+    assert record["cost"]["settled_usd"] == record["cost"]["reserved_usd"]
+    assert usage["totals"]["requests"] == 1
+    gw.stop.set()

@@ -134,7 +134,7 @@ async def test_a_different_body_is_422_with_param(gw: Gateway, upstream: FakeUps
 
 async def test_a_repeat_while_in_progress_is_409(gw: Gateway, upstream: FakeUpstream) -> None:
     token = await live_key(gw)
-    body = body_for("[[fault delay=1.0]] slow")
+    body = body_for("[[fault hold]] slow")
     answers: dict[str, httpx.Response] = {}
 
     async def original() -> None:
@@ -142,8 +142,9 @@ async def test_a_repeat_while_in_progress_is_409(gw: Gateway, upstream: FakeUpst
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(original)
-        await trio.sleep(0.3)
+        await upstream.received(1)  # the original claimed its key before calling
         answers["repeat"] = await post(gw, token, body, "slow-1")
+        upstream.release.set()
     repeat = answers["repeat"]
     assert_error(repeat, 409, "idempotency_conflict", "Idempotency-Key")
     assert repeat.headers["Retry-After"] == "1"
@@ -159,7 +160,7 @@ async def test_a_repeat_takes_no_in_flight_slot(gw: Gateway, upstream: FakeUpstr
     """With max_in_flight 1 and the original running, a repeat is its 409, not a 429."""
     token = await live_key(gw, caps={"max_in_flight": 1})
     done = await post(gw, token, body_for("done"), "done-1")
-    slow = body_for("[[fault delay=1.0]] slow")
+    slow = body_for("[[fault hold]] slow")
     answers: dict[str, httpx.Response] = {}
 
     async def original() -> None:
@@ -167,10 +168,11 @@ async def test_a_repeat_takes_no_in_flight_slot(gw: Gateway, upstream: FakeUpstr
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(original)
-        await trio.sleep(0.3)
+        await upstream.received(2)  # the original holds its slot at the upstream
         answers["repeat"] = await post(gw, token, slow, "slow-1")
         answers["replay"] = await post(gw, token, body_for("done"), "done-1")
         answers["other"] = await post(gw, token, body_for("new"), "new-1")
+        upstream.release.set()
     assert_error(answers["repeat"], 409, "idempotency_conflict", "Idempotency-Key")
     assert answers["replay"].status_code == 200
     assert answers["replay"].headers["X-Request-Id"] == done.headers["X-Request-Id"]
@@ -249,7 +251,7 @@ async def test_a_retry_after_a_restart_still_replays(
     token = await live_key(gw)
     first = await post(gw, token, body_for("durable"), "restart-1")
     assert first.status_code == 200
-    await gw.stop_and_wait()
+    await gw.aclose()
     again = await start_gateway(nursery, config, clock=clock)
     try:
         retry = await post(again, token, body_for("durable"), "restart-1")

@@ -261,7 +261,7 @@ async def test_a_restart_gives_spend_to_the_parent_of_its_time(
     (old_day, _), (new_day, _), (child_day, _) = before
     assert 0 < old_day < child_day and 0 < new_day < child_day
     assert old_day + new_day == pytest.approx(child_day)
-    await gw.stop_and_wait()
+    await gw.aclose()
     again = await start_gateway(nursery, config)
     try:
         assert await usage(again) == before

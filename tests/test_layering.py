@@ -2,12 +2,16 @@
 
 - ``shards/`` imports nothing from ``gateway/`` (it decides admissions for any front end);
 - only ``gateway/store/`` imports a database driver (sqlite, psycopg): nothing above the
-  store knows which backend it runs on.
+  store knows which backend it runs on;
+- no import cycle inside ``gateway/`` (imports under ``if TYPE_CHECKING:`` excepted);
+- only the HTTP handlers (``gateway/routes/``, ``gateway/dashboard/``) read the runtime
+  from the request's app (``http.runtime()``); below them it is passed as an argument.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -56,3 +60,103 @@ def test_the_rules_see_real_imports() -> None:
         m.split(".")[0] for p in sources("gateway/store") for m in imported_modules(p)
     }
     assert "shards" in imported_modules(ROOT / "gateway" / "runtime.py")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def runtime_imports(path: Path) -> Iterator[str]:
+    """Every module, or ``module.name``, that ``path`` imports when it runs: at the top,
+    in functions, anywhere but under ``if TYPE_CHECKING:``. ``from package import sub``
+    is an import of the submodule: a package's ``__init__`` that imports its own
+    submodules makes no cycle with them (their parent runs first, as for any import)."""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+
+    def visit(node: ast.AST) -> Iterator[str]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
+                for stmt in child.orelse:
+                    yield from visit(stmt)
+                continue
+            if isinstance(child, ast.Import):
+                yield from (alias.name for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = package[: len(package) - child.level + 1] if child.level else []
+                module = ".".join([*base, *([child.module] if child.module else [])])
+                yield from (f"{module}.{alias.name}" for alias in child.names)
+            yield from visit(child)
+
+    yield from visit(ast.parse(path.read_text(encoding="utf-8")))
+
+
+def import_graph(package: str) -> dict[str, set[str]]:
+    """Module → the modules of ``package`` it imports at run time."""
+    modules = {module_name(path): path for path in sources(package)}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for imported in runtime_imports(path):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                edges.add(imported)
+        graph[name] = edges
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import cycles of ``graph``: its strongly connected parts of two or more."""
+    order: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        order[node] = low[node] = len(order)
+        stack.append(node)
+        for nxt in graph[node]:
+            if nxt not in order:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], order[nxt])
+        if low[node] == order[node]:
+            part = [stack.pop()]
+            while part[-1] != node:
+                part.append(stack.pop())
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for node in graph:
+        if node not in order:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_inside_gateway() -> None:
+    assert cycles(import_graph("gateway")) == []
+
+
+def test_the_cycle_finder_finds_cycles() -> None:
+    """The finder itself: a cycle it is shown is a cycle it reports."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert "gateway.runtime" in import_graph("gateway")["gateway.app"]
+
+
+def test_only_the_http_handlers_read_the_runtime_from_the_app() -> None:
+    readers = [
+        str(path.relative_to(ROOT))
+        for path in sources("gateway")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom)
+        and node.module == "gateway.http"
+        and "runtime" in {alias.name for alias in node.names}
+    ]
+    assert readers, "the scanner sees no reader at all"
+    handlers = ("gateway/routes/", "gateway/dashboard/")
+    assert [r for r in readers if not r.startswith(handlers)] == []

@@ -18,6 +18,8 @@ import orjson
 import pydantic
 import pytest
 import trio
+from hypothesis import given
+from hypothesis import strategies as st
 from openai._models import construct_type
 from openai._types import omit
 from openai.lib._parsing._embeddings import parse_embedding_response
@@ -38,7 +40,7 @@ from gateway.providers import (
     Usage,
     embedding_response,
 )
-from gateway.providers.mock import count_tokens, prompt_tokens
+from gateway.providers.mock import _TOKEN, count_tokens, prompt_tokens
 
 HELLO = {"messages": [{"role": "user", "content": "Say hello."}]}
 
@@ -528,3 +530,17 @@ def test_every_provider_failure_is_a_provider_error(error: ProviderError) -> Non
     assert error.usage in (None, Usage(3, 0, 3), Usage(3, 4, 7))
     if isinstance(error, ProviderRefused | ProviderServerError):
         assert error.status in (400, 503)
+
+
+# a long ASCII text mixing every class of character the token pattern tells apart
+LONG_ASCII = st.text(
+    alphabet=st.sampled_from("ab_Z9 \t\n\r\x0b\x0c\x1c\x1f.,-!\x00\x7f"), min_size=1024
+)
+
+
+@given(LONG_ASCII)
+def test_the_quick_count_of_a_long_text_is_the_patterns_count(text: str) -> None:
+    """Long ASCII texts are counted with bytes operations: the same number as the
+    token pattern's matches, whitespace at either end included."""
+    assert count_tokens(text) == len(_TOKEN.findall(text))
+    assert count_tokens(" " + text + " ") == len(_TOKEN.findall(" " + text + " "))

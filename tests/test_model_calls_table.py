@@ -606,6 +606,25 @@ TAG_ROWS = [
         lambda c, p, b: bad(c, p, b(svc_tags={"a": "x" * 201}), "invalid_tags", "svc_tags"),
     ),
     *per_endpoint(
+        "a header value with CR LF (header injection)",
+        lambda c, p, b: bad(
+            c,
+            p,
+            b(),
+            "invalid_tags",
+            "X-Svc-Tags",
+            headers={"X-Svc-Tags": "t=a%0D%0AX-Injected:%201"},
+        ),
+    ),
+    *per_endpoint(
+        "a metadata value with a C1 control",
+        lambda c, p, b: bad(c, p, b(metadata={"t": "a\x9bb"}), "invalid_tags", "metadata"),
+    ),
+    *per_endpoint(
+        "a svc_tags value with U+2028",
+        lambda c, p, b: bad(c, p, b(svc_tags={"t": "a\u2028b"}), "invalid_tags", "svc_tags"),
+    ),
+    *per_endpoint(
         "16 tags with values of 200 characters",
         lambda c, p, b: ok(c, p, b(svc_tags={f"t{i}": "x" * 200 for i in range(16)})),
     ),

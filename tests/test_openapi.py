@@ -8,8 +8,11 @@ import httpx
 from openapi_spec_validator import validate
 
 from gateway.app import create_app
+from gateway.calls.chat import CHAT_FIELDS
+from gateway.calls.responses import RESPONSES_FIELDS
 from gateway.errors import CATALOG
 from gateway.openapi import ALSO_AT, document
+from gateway.subkeys import FIELDS as SUB_KEY_FIELDS
 from tests.conftest import Gateway
 
 HIDDEN_METHODS = {"HEAD", "OPTIONS"}
@@ -110,3 +113,17 @@ def test_one_model_is_described_like_the_list() -> None:
         "model_not_found"
     ]
     assert {"X-RateLimit-Limit", "X-RateLimit-Remaining"} <= set(one["responses"]["404"]["headers"])
+
+
+def test_closed_request_schemas_list_exactly_the_fields_the_parsers_accept() -> None:
+    """A closed schema (additionalProperties false) that leaves out a field the server
+    accepts would tell a client its valid request is invalid."""
+    schemas = document()["components"]["schemas"]
+    tables = {
+        "ChatCompletionRequest": CHAT_FIELDS,
+        "ResponsesRequest": RESPONSES_FIELDS,
+        "SubKeyCreate": SUB_KEY_FIELDS,
+    }
+    for name, table in tables.items():
+        assert schemas[name]["additionalProperties"] is False
+        assert set(schemas[name]["properties"]) == table, name

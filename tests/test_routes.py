@@ -5,8 +5,10 @@ from __future__ import annotations
 import re
 
 import pytest
+from werkzeug.routing import Rule
 
-from tests.conftest import Gateway
+from gateway.app import create_app
+from tests.conftest import ADMIN_TOKEN, Gateway
 
 # path -> (allowed methods, scope that grants it)
 KNOWN = {
@@ -48,6 +50,8 @@ async def test_other_methods_on_known_paths_are_405(
         "param": None,
     }
     assert re.fullmatch(r"req_[0-9a-f]+", response.headers["X-Request-Id"])
+    # RFC 9110: a 405 names the methods the path takes
+    assert response.headers["Allow"] == ", ".join(sorted(KNOWN[path][0]))
 
 
 @pytest.mark.parametrize("path", [p for p, (allowed, _) in KNOWN.items() if "GET" in allowed])
@@ -56,6 +60,7 @@ async def test_head_is_another_method(gateway: Gateway, path: str) -> None:
     async with gateway.client(gateway.token) as client:
         response = await client.head(path)
     assert response.status_code == 405
+    assert response.headers["Allow"] == ", ".join(sorted(KNOWN[path][0]))
     assert re.fullmatch(r"req_[0-9a-f]+", response.headers["X-Request-Id"])
     async with gateway.client(gateway.token) as client:
         assert (await client.head("/v1/nothing")).status_code == 404
@@ -138,3 +143,35 @@ async def test_request_ids_are_unique(gateway: Gateway) -> None:
     async with gateway.client(gateway.token) as client:
         ids = {(await client.get("/v1/key")).headers["X-Request-Id"] for _ in range(5)}
     assert len(ids) == 5
+
+
+def _concrete(rule: str) -> str:
+    """A path a rule matches: each variable becomes ``x`` (an ``any`` its first choice)."""
+    path = re.sub(r"<any\(([^,)]+)[^>]*>", r"\1", rule)
+    return re.sub(r"<[^>]+>", "x", path)
+
+
+async def test_every_405_carries_allow(gateway: Gateway) -> None:
+    """RFC 9110: a 405 names the path's methods, on every route of the app (admin and
+    dashboard too): exactly the methods that are not answered 405 there."""
+    routes: dict[str, set[str]] = {}
+    for rule in gateway_rules(gateway):
+        routes.setdefault(_concrete(rule.rule), set()).update((rule.methods or set()) - {"HEAD"})
+    assert "/admin/keys/x/rotate" in routes
+    async with gateway.client(ADMIN_TOKEN) as client:
+        for path, declared in routes.items():
+            answers = {m: await client.request(m, path) for m in (*METHODS, "HEAD")}
+            served = {m for m, answer in answers.items() if answer.status_code != 405}
+            assert declared <= served, (path, declared, served)
+            for method, answer in answers.items():
+                if answer.status_code == 405:
+                    assert answer.headers["Allow"] == ", ".join(sorted(served)), (method, path)
+            assert "HEAD" not in served, path
+
+
+def gateway_rules(gateway: Gateway) -> list[Rule]:
+    return [
+        rule
+        for rule in create_app(gateway.runtime).url_map.iter_rules()
+        if "/static/" not in rule.rule
+    ]

@@ -212,6 +212,38 @@ async def test_the_openai_client_raises_the_in_band_timeout(gw: Gateway) -> None
     assert caught.value.type == "api_error"
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [(CHAT, chat_body(stream=True)), (RESP, responses_body(stream=True))],
+    ids=["chat", "responses"],
+)
+async def test_a_deadline_shorter_than_the_keepalive_interval_is_still_in_band(
+    nursery: trio.Nursery, tmp_path: Path, path: str, body: dict[str, Any]
+) -> None:
+    """request_timeout_s 1 under the default 15 s keep-alive: the deadline passes before
+    the first keep-alive and before any chunk. The stream opens (200) with the in-band
+    request_timeout, as the spec says of every streamed call, instead of an HTTP 504."""
+    config = make_config(tmp_path, request_timeout_s=1.0)
+    assert config.server.keepalive_s > 1.0
+    gw = await start_gateway(nursery, config)
+    slow(gw, 5.0)
+    try:
+        with trio.fail_after(4):
+            response, lines = await stream_lines(gw, path, body)
+    finally:
+        gw.stop.set()
+    events = [orjson.loads(item) for item in data_of(lines) if item != "[DONE]"]
+    if path == CHAT:
+        assert data_of(lines)[-1] == "[DONE]"
+        assert [event["error"]["code"] for event in events] == ["request_timeout"]
+    else:
+        assert events[-1]["type"] == "response.failed"
+        assert events[-1]["response"]["error"]["code"] == "request_timeout"
+    assert 0.9 <= lines[-1][0] < 2.0
+    row = await record(gw, response.headers["X-Request-Id"])
+    assert (row["http_status"], row["error_code"]) == (200, "request_timeout")
+
+
 # -- the non-streamed deadline ---------------------------------------------------------------
 
 

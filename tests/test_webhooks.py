@@ -45,6 +45,7 @@ class Receiver:
     hang: bool = False
     requests: int = 0
     arrived: trio.Event = field(default_factory=trio.Event)
+    requested: trio.Event = field(default_factory=trio.Event)
 
     async def serve(self, *, task_status: trio.TaskStatus[Receiver]) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
@@ -73,6 +74,7 @@ class Receiver:
                 else:
                     return
             self.requests += 1
+            self.requested.set()
             if self.hang:
                 await trio.sleep_forever()
             if self.refused < self.fail_first:
@@ -151,6 +153,12 @@ async def org_with_webhook(
     return org_id, secret
 
 
+async def quiet(gw: Gateway) -> None:
+    """Every settlement so far checked, every event it made delivered: nothing more comes."""
+    with trio.fail_after(15):
+        await gw.runtime.alerts.wait_quiet()
+
+
 async def spend(gw: Gateway, token: str, text: str = TEXT) -> None:
     body = {
         "model": "live-chat",
@@ -174,7 +182,7 @@ async def test_each_daily_cap_threshold_is_delivered_once_and_signed(
     for _ in range(2):
         await spend(gw, key["token"])  # 75 %, then 100 %: 80 and 100 cross
     await receiver.wait_for(3)
-    await trio.sleep(0.3)  # nothing more arrives
+    await quiet(gw)  # nothing more arrives
     events = receiver.events()
     key_events = sorted(
         (e["data"]["threshold_pct"], e["data"]["metric"])
@@ -199,10 +207,10 @@ async def test_credit_thresholds(gw: Gateway, receiver: Receiver) -> None:
     key = await gw.create_key(org_id=org_id, mode="live")
     for _ in range(80):  # each call bills its usage; 80 % needs room for one reservation
         await spend(gw, key["token"], "billed call")
+        await quiet(gw)
         credits = [e for e in receiver.events().values() if e["data"]["metric"] == "credits"]
         if len(credits) == 2:
             break
-        await trio.sleep(0.02)
     await receiver.wait_for(2)
     pcts = sorted(e["data"]["threshold_pct"] for e in receiver.events().values())
     assert pcts[:2] == [50, 80]
@@ -219,11 +227,10 @@ async def test_organisation_budget_thresholds(gw: Gateway, receiver: Receiver) -
     keys = [await gw.create_key(org_id=org_id, mode="live") for _ in range(2)]
     for n in range(80):  # the keys take turns: the budget is the organisation's
         await spend(gw, keys[n % 2]["token"], "billed call")
+        await quiet(gw)
         if len(receiver.events()) == 2:
             break
-        await trio.sleep(0.02)
     await receiver.wait_for(2)
-    await trio.sleep(0.3)
     events = sorted(receiver.events().values(), key=lambda e: e["data"]["threshold_pct"])
     assert [e["data"]["threshold_pct"] for e in events] == [50, 80]
     month = time.strftime("%Y-%m", time.gmtime())
@@ -262,10 +269,8 @@ async def test_a_pending_event_is_delivered_after_a_restart(
     )
     await spend(first, key["token"])
     with trio.fail_after(10):
-        while receiver.refused < 1:
-            await trio.sleep(0.05)
-    first.stop.set()
-    await trio.sleep(0.3)
+        await receiver.requested.wait()
+    await first.aclose()
     receiver.fail_first = 0
     again = await start_gateway(nursery, config)
     try:
@@ -277,7 +282,7 @@ async def test_a_pending_event_is_delivered_after_a_restart(
         # the restarted server goes on from there: 80 and 100 are new, 50 is not again
         await spend(again, key["token"])
         await receiver.wait_for(3)
-        await trio.sleep(0.3)
+        await quiet(again)
         events = receiver.events()
         assert sorted(e["data"]["threshold_pct"] for e in events.values()) == [50, 80, 100]
         assert len(receiver.deliveries) == 3  # the 50 % event was delivered exactly once
@@ -288,7 +293,7 @@ async def test_a_pending_event_is_delivered_after_a_restart(
 async def test_orgs_without_a_webhook_get_no_events(gw: Gateway, receiver: Receiver) -> None:
     key = await gw.create_key(mode="live", caps={"usd_day": worst_case() / NANOS_PER_USD})
     await spend(gw, key["token"])
-    await trio.sleep(0.3)
+    await quiet(gw)
     assert receiver.deliveries == []
 
 
@@ -298,7 +303,7 @@ async def test_monthly_cap_thresholds_name_the_month(gw: Gateway, receiver: Rece
     key = await gw.create_key(org_id=org_id, mode="live", caps={"usd_month": cap})
     await spend(gw, key["token"])  # 50 % of the month; no daily cap, no daily event
     await receiver.wait_for(1)
-    await trio.sleep(0.3)
+    await quiet(gw)
     (event,) = receiver.events().values()
     month = time.strftime("%Y-%m", time.gmtime())
     assert event["data"] == {
@@ -325,8 +330,7 @@ async def test_a_stuck_receiver_does_not_hold_up_others(
     good_key = await gw.create_key(org_id=good_org, mode="live", caps=cap)
     await spend(gw, stuck_key["token"])
     with trio.fail_after(5):
-        while stuck.requests < 1:
-            await trio.sleep(0.02)
+        await stuck.requested.wait()
     await spend(gw, good_key["token"])
     await receiver.wait_for(1, timeout=2)  # well within the stuck delivery's time limit
     (event,) = receiver.events().values()
@@ -374,3 +378,21 @@ def test_cli_org_webhook_prints_the_secret_once(tmp_path: Path) -> None:
         assert "secret" in help_text and "--gateway-url" in help_text
     finally:
         assert server.stop(signal.SIGTERM) == 0, server.stderr()
+
+
+async def test_a_failed_delivery_is_a_log_event(
+    gw: Gateway, receiver: Receiver, caplog: pytest.LogCaptureFixture
+) -> None:
+    receiver.fail_first = 1
+    org_id, secret = await org_with_webhook(gw, receiver.url)
+    key = await gw.create_key(
+        org_id=org_id, mode="live", caps={"usd_day": 2 * worst_case() / NANOS_PER_USD}
+    )
+    with caplog.at_level("INFO", logger="gateway.alerts"):
+        await spend(gw, key["token"])
+        await receiver.wait_for(1, timeout=15)  # the retry: the failure was logged before
+    events = [r for r in caplog.records if getattr(r, "svc_event", None) == "alert_delivery"]
+    [fields] = [e.svc_fields for e in events if e.svc_fields["outcome"] == "retry"]  # type: ignore[attr-defined]
+    assert fields["error"] == "HTTP 500"
+    assert (fields["org_id"], fields["attempts"]) == (org_id, 1)
+    assert receiver.url not in caplog.text and secret not in caplog.text

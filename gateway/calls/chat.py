@@ -28,7 +28,7 @@ from gateway.calls.fields import (
     COMMON_FIELDS,
     common_params,
     flag,
-    has_image,
+    forward_capabilities,
     invalid,
     is_int,
     obj,
@@ -101,18 +101,7 @@ def parse_chat(body: Any, max_output_tokens: int) -> ChatCall:
     tools = _tools(body)
     params.update(tool_params(body, tools, tool_choice(body, STRUCTURED_OUTPUT)))
     web_search = obj(body, "web_search_options")
-    needs: set[str] = set()
-    if response_format is not None:
-        params["response_format"] = response_format
-        if response_format["type"] in STRUCTURED_FORMATS:
-            needs.add("structured_output")
-    if web_search is not None:
-        params["web_search_options"] = web_search
-        needs.add("web_search")
-    if tools:
-        needs.add("tools")
-    if has_image(messages):
-        needs.add("vision")
+    needs = forward_capabilities(params, messages, tools, response_format, web_search)
     # Both budgets sent: the smaller is the ceiling (the caller asked for at most that),
     # and each must fit the key's limit; the error param is max_tokens either way.
     budget = output_budget(
@@ -127,7 +116,7 @@ def parse_chat(body: Any, max_output_tokens: int) -> ChatCall:
         stream=stream,
         include_usage=stream_options.get("include_usage") is True,
         params=params,
-        needs=frozenset(needs),
+        needs=needs,
         endpoint="chat",
     )
 

@@ -219,6 +219,29 @@ def output_budget(sent: Iterable[int | None], limit: int, param: str) -> int:
     return min(budgets, default=limit)
 
 
+def forward_capabilities(
+    params: dict[str, Any],
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    response_format: dict[str, Any] | None,
+    web_search: dict[str, Any] | None,
+) -> frozenset[str]:
+    """Forward a structured-output format and web search options in ``params`` (chat
+    names); the capabilities the call needs of its model."""
+    needs: set[str] = set()
+    if response_format is not None:
+        params["response_format"] = response_format
+        needs.add("structured_output")
+    if web_search is not None:
+        params["web_search_options"] = web_search
+        needs.add("web_search")
+    if tools:
+        needs.add("tools")
+    if has_image(messages):
+        needs.add("vision")
+    return frozenset(needs)
+
+
 def has_image(messages: list[dict[str, Any]]) -> bool:
     return any(
         isinstance(part, dict) and part.get("type") in IMAGE_PARTS

@@ -36,7 +36,7 @@ from gateway.calls.fields import (
     COMMON_FIELDS,
     common_params,
     flag,
-    has_image,
+    forward_capabilities,
     invalid,
     obj,
     output_budget,
@@ -104,17 +104,7 @@ def parse_responses(body: Any, max_output_tokens: int) -> ChatCall:
     response_format = _text_format(body)
     tools, web_search = _tools(body.get("tools"))
     params.update(tool_params(body, tools, choice))
-    needs: set[str] = set()
-    if response_format is not None:
-        params["response_format"] = response_format
-        needs.add("structured_output")
-    if web_search is not None:
-        params["web_search_options"] = web_search
-        needs.add("web_search")
-    if tools:
-        needs.add("tools")
-    if has_image(messages):
-        needs.add("vision")
+    needs = forward_capabilities(params, messages, tools, response_format, web_search)
     budget = output_budget(
         (positive_int(body, "max_output_tokens"),), max_output_tokens, "max_output_tokens"
     )
@@ -124,7 +114,7 @@ def parse_responses(body: Any, max_output_tokens: int) -> ChatCall:
         max_tokens=budget,
         stream=stream,
         params=params,
-        needs=frozenset(needs),
+        needs=needs,
         endpoint="responses",
     )
 

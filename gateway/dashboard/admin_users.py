@@ -53,8 +53,7 @@ async def change_user(user_id: str, action: str) -> Response:
 
 async def reset_password(user_id: str) -> Response:
     _authorize()
-    raw = await request.get_data(cache=True)
-    body = await read_json_object() if raw.strip() else {}
+    body = await read_json_object(empty_ok=True)
     if unknown := sorted(set(body) - {"password"}):
         raise GatewayError("invalid_request", f"Unknown field {unknown[0]!r}.", unknown[0])
     row, password = await users.reset_password(runtime(), state(), user_id, body.get("password"))

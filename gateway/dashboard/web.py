@@ -19,7 +19,7 @@ from gateway.dashboard import sessions
 from gateway.dashboard.state import state
 from gateway.dashboard.users import EDITORS, SignInRefused, sign_in
 from gateway.errors import GatewayError
-from gateway.http import runtime
+from gateway.http import read_form, runtime
 from gateway.store import dashboard as ops
 
 bp = Blueprint(
@@ -100,7 +100,7 @@ async def form_user() -> tuple[User, MultiDict[str, str]]:
     """The user of a state-changing POST, and its form, once the CSRF token and the role
     are checked."""
     user = await page_user()
-    form = await request.form
+    form = await read_form()
     if not sessions.csrf_ok(await state().secret(), user.session_id, form.get("csrf_token")):
         raise _csrf_refusal()
     if not user.can_edit:
@@ -205,7 +205,7 @@ async def login_form() -> Response:
 
 @bp.post("/login")
 async def login() -> Response:
-    form = await request.form
+    form = await read_form()
     secret = await state().secret()
     if not sessions.csrf_ok(
         secret, request.cookies.get(sessions.LOGIN_COOKIE), form.get("csrf_token")
@@ -243,7 +243,7 @@ async def login() -> Response:
 @bp.post("/logout")
 async def logout() -> Response:
     user = await page_user()
-    form = await request.form
+    form = await read_form()
     if not sessions.csrf_ok(await state().secret(), user.session_id, form.get("csrf_token")):
         raise _csrf_refusal()
     await runtime().store.write(ops.delete_session, user.session_id)

@@ -30,6 +30,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from gateway.tracing import TraceContext
+
 
 @dataclass(frozen=True, slots=True)
 class Usage:
@@ -42,6 +44,19 @@ class Usage:
     def __post_init__(self) -> None:
         if not self.total_tokens:
             object.__setattr__(self, "total_tokens", self.prompt_tokens + self.completion_tokens)
+
+    @classmethod
+    def reported(cls, data: Any) -> Usage | None:
+        """The usage an OpenAI-shaped ``usage`` object reports; None when it is not one."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            return cls(
+                prompt_tokens=int(data.get("prompt_tokens") or 0),
+                completion_tokens=int(data.get("completion_tokens") or 0),
+            )
+        except (TypeError, ValueError):
+            return None
 
     def as_dict(self) -> dict[str, int]:
         """OpenAI's ``usage`` object of a chat completion."""
@@ -63,6 +78,8 @@ class ProviderRequest:
     upstream_model: str
     body: dict[str, Any]
     api_key: str | None = None
+    #: the call's W3C trace, sent upstream as ``traceparent`` (and ``tracestate``)
+    trace: TraceContext | None = None
     request_id: str = ""
 
 
@@ -93,6 +110,7 @@ class Provider(Protocol):
         inputs: list[Any],
         dimensions: int | None,
         api_key: str | None,
+        trace: TraceContext | None = None,
     ) -> EmbeddingResult:
         """Embed each input (a string or a token array); ``None`` dimensions: the model's own."""
         ...

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
 from gateway.config import Config
 from gateway.providers.base import Provider
 from gateway.providers.mock import MockProvider
 from gateway.providers.openai import OpenAIProvider
 
 
-def build_providers(config: Config, mock: MockProvider) -> dict[str, Provider]:
-    """One provider object per configured provider; kind mock shares the one mock."""
+def build_providers(
+    config: Config, mock: MockProvider, secrets: Callable[[], Iterable[str]] = tuple
+) -> dict[str, Provider]:
+    """One provider object per configured provider; kind mock shares the one mock.
+    ``secrets`` gives the credentials to cut out of upstream error text."""
     providers: dict[str, Provider] = {}
     for provider in config.providers:
         if provider.kind == "mock":
             providers[provider.name] = mock
         else:
-            providers[provider.name] = OpenAIProvider(provider)
+            providers[provider.name] = OpenAIProvider(provider, secrets)
     return providers

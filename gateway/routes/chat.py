@@ -23,14 +23,16 @@ from gateway.idempotency import Claim
 from gateway.keys import KeyRecord
 from gateway.lifecycle import Call
 from gateway.pipeline import CHAT, RESPONSES, Endpoint
+from gateway.runtime import Runtime
 
 #: what a route does with a prepared call: call the provider, answer
 Run = Callable[[Call, Endpoint, Any], Awaitable[Response]]
 
 
 async def serve_call(endpoint: Endpoint, run: Run) -> Response:
-    record = authenticate()
-    await require_scope(record, endpoint.scope)
+    rt = runtime()
+    record = authenticate(rt)
+    await require_scope(rt, record, endpoint.scope)
     try:
         idem_key = idempotency.header_value() if endpoint.idempotent else None
         # the whole body is read before step 3 takes an in-flight slot: a client that
@@ -39,18 +41,23 @@ async def serve_call(endpoint: Endpoint, run: Run) -> Response:
     except GatewayError:
         # a malformed header or body is a refused request like any other: it counts in
         # the key's request window (and may be its 429), though no call follows
-        await admit(record, take_slot=False)
+        await admit(rt, record, take_slot=False)
         raise
-    call = partial(_call, endpoint, run, record, body)
+    call = partial(_call, rt, endpoint, run, record, body)
     if idem_key is None:
         return await call(None)
-    return await idempotency.serve(record, endpoint.name, idem_key, body, call)
+    return await idempotency.serve(rt, record, endpoint.name, idem_key, body, call)
 
 
 async def _call(
-    endpoint: Endpoint, run: Run, record: KeyRecord, body: dict[str, Any], claim: Claim | None
+    rt: Runtime,
+    endpoint: Endpoint,
+    run: Run,
+    record: KeyRecord,
+    body: dict[str, Any],
+    claim: Claim | None,
 ) -> Response:
-    async with pipeline.open_call(runtime(), record, request_id(), endpoint, claim) as call:
+    async with pipeline.open_call(rt, record, request_id(), endpoint, claim) as call:
         parsed = await pipeline.prepare(call, endpoint, body, request.headers.get("X-Svc-Tags"))
         return await run(call, endpoint, parsed)
 

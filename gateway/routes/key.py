@@ -6,8 +6,8 @@ from typing import Any
 
 from quart import Quart, Response
 
-from gateway.admission import admit, unavailable
-from gateway.auth import authenticate
+from gateway.admission import unavailable
+from gateway.auth import admit_reader
 from gateway.catalog import nanos_to_usd, usd_to_nanos
 from gateway.http import json_response, runtime
 from gateway.keys import KeyRecord, iso, key_ref
@@ -42,7 +42,7 @@ async def key_view(record: KeyRecord) -> dict[str, Any]:
             usd_month=usd_to_nanos(caps.usd_month) if caps.usd_month is not None else None,
         )
     except ShardUnavailable:
-        raise unavailable() from None
+        raise unavailable(rt) from None
     view = record.public(rt.clock.now())
     view["usage"] = {"day": _window(status.day), "month": _window(status.month)}
     view["rate_limit"] = {
@@ -58,8 +58,7 @@ async def key_view(record: KeyRecord) -> dict[str, Any]:
 
 
 async def get_key() -> Response:
-    record = authenticate()
-    await admit(record, take_slot=False)
+    record = await admit_reader(runtime(), None)
     return json_response(await key_view(record))
 
 

@@ -15,12 +15,10 @@ from typing import Any
 import orjson
 from quart import Quart, Response, request
 
-from gateway.admission import admit
-from gateway.auth import authenticate, require_scope
+from gateway.auth import admit_reader
 from gateway.catalog import Model
 from gateway.errors import GatewayError, retry_hint
 from gateway.http import json_response, runtime
-from gateway.keys import KeyRecord
 from gateway.policy import callable_models, model_not_found
 
 PUBLIC_CACHE_SECONDS = 300
@@ -30,7 +28,7 @@ async def list_models() -> Response:
     rt = runtime()
     if "Authorization" not in request.headers:
         return _public(rt.catalog.listing)
-    record = await _admitted()
+    record = await admit_reader(rt, "inference")
     return json_response(rt.catalog.listing(callable_models(rt, record)))
 
 
@@ -38,15 +36,8 @@ async def retrieve_model(model_id: str) -> Response:
     rt = runtime()
     if "Authorization" not in request.headers:
         return _public(lambda: _find(rt.catalog.models.values(), model_id).public())
-    record = await _admitted()
+    record = await admit_reader(rt, "inference")
     return json_response(_find(callable_models(rt, record), model_id).public())
-
-
-async def _admitted() -> KeyRecord:
-    record = authenticate()
-    await require_scope(record, "inference")
-    await admit(record, take_slot=False)
-    return record
 
 
 def _find(visible: Iterable[Model], name: str) -> Model:

@@ -14,8 +14,7 @@ from typing import Any
 
 from quart import Quart, Response, request
 
-from gateway.admission import admit
-from gateway.auth import authenticate, require_scope
+from gateway.auth import admit_reader
 from gateway.errors import GatewayError
 from gateway.http import json_response, read_json_object, runtime
 from gateway.keys import KeyRecord
@@ -28,10 +27,9 @@ MAX_LIMIT = 100
 
 async def _manager() -> KeyRecord:
     """The key whose sub-keys the caller manages: itself, or its successor if rotated."""
-    caller = authenticate()
-    await require_scope(caller, "keys:manage")
-    await admit(caller, take_slot=False)
-    return runtime().keyring.successor(caller)
+    rt = runtime()
+    caller = await admit_reader(rt, "keys:manage")
+    return rt.keyring.successor(caller)
 
 
 def _own_child(manager: KeyRecord, key_id: str) -> KeyRecord:

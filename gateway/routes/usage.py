@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from quart import Quart, Response, request
 
-from gateway.admission import admit
-from gateway.auth import authenticate, require_scope
+from gateway.auth import admit_reader
 from gateway.catalog import nanos_to_usd
 from gateway.errors import GatewayError
 from gateway.http import json_response, runtime
@@ -30,10 +29,7 @@ EMPTY = {"requests": 0, "input_tokens": 0, "output_tokens": 0, "billed": 0, "set
 
 
 async def _reader() -> KeyRecord:
-    record = authenticate()
-    await require_scope(record, "usage:read")
-    await admit(record, take_slot=False)
-    return record
+    return await admit_reader(runtime(), "usage:read")
 
 
 def request_view(row: dict[str, Any]) -> dict[str, Any]:
@@ -59,6 +55,7 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
         },
         "latency_ms": row["latency_ms"],
         "error": {"code": row["error_code"]} if row["error_code"] else None,
+        "trace_id": row["trace_id"],
     }
 
 

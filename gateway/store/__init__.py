@@ -36,6 +36,7 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
+from gateway.logs import event
 from gateway.store.errors import StoreError
 from gateway.store.sql import Conn
 
@@ -123,6 +124,10 @@ class Store:
         self._running = False
         #: False while the database cannot be reached (reads and writes refused)
         self.available = True
+        #: when the batch being committed started (perf_counter), None between batches
+        self._committing_since: float | None = None
+        #: called with the seconds each batch took to commit (the writer's thread)
+        self.on_commit: Callable[[float], None] | None = None
 
     # -- synchronous use, before serving -------------------------------------------------
 
@@ -223,6 +228,25 @@ class Store:
             self.backend.close(conn)
             raise StoreError(UNAVAILABLE) from None
 
+    async def answers(self, timeout_s: float) -> bool:
+        """Readiness: the writer runs, no batch has been committing for longer than
+        ``timeout_s``, the database is reachable (not :attr:`available` while the writer
+        reconnects) and a read is answered within ``timeout_s``."""
+        since = self._committing_since
+        if not self._running or not self.available:
+            return False
+        if since is not None and time.perf_counter() - since > timeout_s:
+            return False
+        with trio.move_on_after(timeout_s):
+            try:
+                await trio.to_thread.run_sync(
+                    self._read, _ping, (), limiter=self._read_limiter, abandon_on_cancel=True
+                )
+            except StoreError:
+                return False
+            return True
+        return False
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The writer task: batch, commit, wake the callers. Runs until cancelled."""
         self._running = True
@@ -255,7 +279,10 @@ class Store:
         ``_carried`` the operations to commit again (the ``must_land`` ones of a batch that
         did not commit; a writer stopped meanwhile drains them)."""
         self.available = False
-        log.error("store: the database connection was lost; reconnecting")
+        log.error(
+            "store: the database connection was lost; reconnecting",
+            extra=event("store_error", error="connection lost"),
+        )
         if not lost.committing:
             self._carried = self._refuse(self._carried)
         attempt = 0
@@ -330,6 +357,16 @@ class Store:
             pending.done.set()
 
     def _commit(self, batch: list[_Pending]) -> _Lost | None:
+        self._committing_since = started = time.perf_counter()
+        try:
+            lost = self._commit_batch(batch)
+        finally:
+            self._committing_since = None
+        if lost is None and self.on_commit is not None:
+            self.on_commit(time.perf_counter() - started)
+        return lost
+
+    def _commit_batch(self, batch: list[_Pending]) -> _Lost | None:
         """Commit ``batch`` in one transaction (on the writer's thread); a lost
         connection is returned, for :meth:`_recover`.
 
@@ -364,7 +401,9 @@ class Store:
                     self._write_conn = None
                     backend.close(conn)
                     return _Lost(token, committing)
-                log.error("store commit failed: %s", exc)
+                log.error(
+                    "store commit failed: %s", exc, extra=event("store_error", error=str(exc))
+                )
                 if backend.in_transaction(conn):
                     conn.execute("ROLLBACK", ())
                 for pending in todo:
@@ -377,3 +416,7 @@ class Store:
             if conn is not None:
                 self.backend.close(conn)
         self._read_conn = self._write_conn = self._own_conn = None
+
+
+def _ping(conn: Conn) -> None:
+    conn.execute("SELECT version FROM schema_migrations LIMIT 1", ()).fetchall()

@@ -12,6 +12,9 @@ from typing import Any
 from gateway.store import sql as sq
 from gateway.store.sql import Conn
 
+#: how long an outcome is kept (DESIGN.md: 24 hours); start-up purges older rows
+RETENTION_S = 24 * 3600
+
 
 def get(conn: Conn, key_id: str, idem_key: str) -> dict[str, Any] | None:
     return sq.select_one(

@@ -189,12 +189,18 @@ def _m004_dashboard(db: Database) -> None:
     db["requests"].create_index(["org_id", "created"])
 
 
-def _m005_pending_requests(db: Database) -> None:
+def _m005_request_trace(db: Database) -> None:
+    """Each request names the W3C trace it belongs to (the ``traceparent`` trace id),
+    so that a call can be followed from the client to the provider. Earlier rows: none."""
+    db["requests"].add_column("trace_id", str)
+
+
+def _m006_pending_requests(db: Database) -> None:
     """Start-up recovery finds the ``pending`` rows a crash left without a table scan."""
     db.execute("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'")
 
 
-def _m006_cluster(db: Database) -> None:
+def _m007_cluster(db: Database) -> None:
     """Several nodes (PostgreSQL only; the tables exist on SQLite too, unused): the node
     that wrote a request row, the live nodes, the leases of shared limits and the
     change counter (see ``gateway/store/cluster.py``)."""
@@ -202,7 +208,6 @@ def _m006_cluster(db: Database) -> None:
     db["cluster_nodes"].create(
         {"node_id": str, "epoch": int, "started_at": float, "expires_at": float}, pk="node_id"
     )
-    db["lease_limits"].create({"limit_id": str}, pk="limit_id")
     db["leases"].create(
         {"limit_id": str, "node_id": str, "amount": int, "window_end": float},
         pk=("limit_id", "node_id"),
@@ -277,7 +282,9 @@ _PG_004 = (
     "CREATE INDEX idx_requests_org_id_created ON requests (org_id, created)",
 )
 
-_PG_005 = ("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'",)
+_PG_005 = ("ALTER TABLE requests ADD COLUMN trace_id TEXT",)
+
+_PG_006 = ("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'",)
 
 #: what a change to keys, organisations, credits added or provider credentials bumps: the
 #: counter every node polls (settlement debits and last-use times do not)
@@ -288,7 +295,7 @@ _PG_BUMP = """CREATE FUNCTION cluster_bump() RETURNS trigger LANGUAGE plpgsql AS
         RETURN NULL;
     END $$"""
 
-_PG_006 = (
+_PG_007 = (
     "ALTER TABLE requests ADD COLUMN node_id TEXT",
     "CREATE INDEX requests_node_pending ON requests (node_id) WHERE status = 'pending'",
     "CREATE INDEX requests_parent_id_day ON requests (parent_id, day)",
@@ -298,7 +305,6 @@ _PG_006 = (
     """CREATE TABLE cluster_nodes (
         node_id TEXT PRIMARY KEY, epoch BIGINT, started_at DOUBLE PRECISION,
         expires_at DOUBLE PRECISION)""",
-    "CREATE TABLE lease_limits (limit_id TEXT PRIMARY KEY)",
     """CREATE TABLE leases (
         limit_id TEXT, node_id TEXT, amount BIGINT, window_end DOUBLE PRECISION,
         PRIMARY KEY (limit_id, node_id))""",
@@ -331,8 +337,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m002_webhooks, _PG_002),
     Migration(_m003_request_parent, _PG_003),
     Migration(_m004_dashboard, _PG_004),
-    Migration(_m005_pending_requests, _PG_005),
-    Migration(_m006_cluster, _PG_006),
+    Migration(_m005_request_trace, _PG_005),
+    Migration(_m006_pending_requests, _PG_006),
+    Migration(_m007_cluster, _PG_007),
 )
 
 

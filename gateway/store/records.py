@@ -16,10 +16,6 @@ def create_org(conn: Conn, org: dict[str, Any]) -> dict[str, Any]:
     return org
 
 
-def get_org(conn: Conn, org_id: str) -> dict[str, Any] | None:
-    return sq.select_one(conn, "orgs", "WHERE id = ?", (org_id,))
-
-
 def list_orgs(conn: Conn) -> list[dict[str, Any]]:
     return sq.select(conn, "orgs", "ORDER BY created_at")
 

@@ -38,6 +38,15 @@ def due_events(conn: Conn, now: float, limit: int) -> list[dict[str, Any]]:
     )
 
 
+def undelivered_count(conn: Conn) -> int:
+    """Events neither delivered nor given up: due now, or waiting for a retry."""
+    row = sq.query(
+        conn,
+        "SELECT COUNT(*) AS n FROM webhook_events WHERE delivered_at IS NULL AND given_up = 0",
+    )[0]
+    return int(row["n"])
+
+
 def mark_delivered(conn: Conn, event_id: str, at: float) -> None:
     conn.execute("UPDATE webhook_events SET delivered_at = ? WHERE id = ?", (at, event_id))
 

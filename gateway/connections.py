@@ -1,0 +1,246 @@
+"""Open client connections: a cap on them, and the descriptor limit it must fit in.
+
+Why: every connection holds a file descriptor, and hypercorn accepts without bound. A
+thousand clients that trickle their requests exhausted the process's descriptors
+(EMFILE), and then every endpoint, the catalog included, timed out. Here:
+
+- :func:`serve_http` runs hypercorn's trio worker loop (plain HTTP, the only transport
+  the gateway serves) over listeners that accept a connection only while fewer than
+  ``[server] max_connections`` are open. Past the cap the next ``accept`` waits: the
+  kernel's listen backlog holds the new client until a connection closes, and the
+  process never runs out of descriptors.
+- :func:`connection_cap` raises the soft descriptor limit to the hard one at start and
+  lowers the cap (with a warning) when even that cannot hold it beside the upstream
+  connection pools and the server's own files.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from functools import partial
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.config import Sockets
+from hypercorn.events import Event, Updated
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import AppWrapper, ConnectionState
+from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr
+
+from gateway.config import Config
+
+log = logging.getLogger("gateway.connections")
+
+#: how long a closing connection reads what its client still sends (see _linger)
+LINGER_S = 2.0
+#: descriptors kept for everything but client and upstream connections: the database
+#: and its journal, the lock file, listeners, stdio, webhook deliveries, logs
+RESERVED_DESCRIPTORS = 128
+
+
+def raise_descriptor_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit; the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        hard = max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            log.warning("could not raise the descriptor limit from %d to %d", soft, hard)
+    return soft
+
+
+def connection_cap(config: Config) -> int:
+    """``max_connections``, or fewer when the descriptor limit cannot hold that many
+    beside the upstream pools (each provider's ``max_connections``) and the reserve."""
+    wanted = config.server.max_connections
+    upstream = sum(p.max_connections for p in config.providers if p.kind != "mock")
+    room = raise_descriptor_limit() - upstream - RESERVED_DESCRIPTORS
+    if room < wanted:
+        cap = max(room, 1)
+        log.warning(
+            "max_connections %d does not fit the descriptor limit: serving at most %d",
+            wanted,
+            cap,
+        )
+        return cap
+    return wanted
+
+
+class _CountedStream(trio.abc.HalfCloseableStream):
+    """A client connection that gives its place back when closed (once).
+
+    Its sends are serialised, EOF included: hypercorn sends answers under a lock but
+    half-closes without it, from the reading task, when a client keeps sending after an
+    answer that closes the connection (a refused trickling body); the answer's last
+    send then failed with BusyResourceError, logged as an error of the app.
+    """
+
+    def __init__(self, stream: trio.SocketStream, release: Callable[[], None]) -> None:
+        self.stream = stream
+        self.socket = stream.socket  # hypercorn reads the peer and local addresses
+        self._release: Callable[[], None] | None = release
+        self._sending = trio.Lock()
+        self._eof_sent = False
+        self._receiving = False
+        self._client_closed = trio.Event()
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        async with self._sending:
+            await self.stream.send_all(data)
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self.stream.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
+        self._receiving = True
+        try:
+            data = await self.stream.receive_some(max_bytes)
+        finally:
+            self._receiving = False
+        if not data:
+            self._client_closed.set()
+        return data
+
+    async def send_eof(self) -> None:
+        async with self._sending:
+            await self.stream.send_eof()
+            self._eof_sent = True
+
+    async def aclose(self) -> None:
+        try:
+            if self._eof_sent:
+                await self._linger()
+        finally:
+            try:
+                await self.stream.aclose()
+            finally:
+                if self._release is not None:
+                    self._release()
+                    self._release = None
+
+    async def _linger(self) -> None:
+        """After our FIN, let what the client still sends be read and dropped until it
+        closes, for at most ``LINGER_S``: a socket closed with unread bytes answers them
+        with a reset, which can destroy the answer the client has not read yet (a 408 or
+        401 to a client still sending its body). Hypercorn's reading task, when it still
+        reads, drops them itself; else they are read here."""
+        with trio.move_on_after(LINGER_S):
+            if self._receiving:
+                await self._client_closed.wait()
+                return
+            with suppress(
+                trio.BrokenResourceError, trio.BusyResourceError, trio.ClosedResourceError
+            ):
+                while await self.stream.receive_some(65536):
+                    pass
+
+
+class _Connection(TCPServer):
+    """hypercorn's connection, ended as soon as the client is gone.
+
+    Once its read loop ends (the client closed or reset the connection), hypercorn
+    still waits for the connection's idle timer (``keep_alive_timeout``, 30 s) before it
+    closes the socket: a client that connects and leaves held a descriptor, and a
+    place under the cap, for that long. The timer is stopped instead, so the socket is
+    closed at once (a request still in progress was already told of the disconnect),
+    and an answer that finishes after that does not start it again.
+    """
+
+    client_gone = False
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        self.client_gone = True
+        await self.idle_task.stop()
+
+    async def protocol_send(self, event: Event) -> None:
+        if self.client_gone and isinstance(event, Updated) and event.idle:
+            return  # an answer finishing after the client left: no timer to wait for
+        await super().protocol_send(event)
+
+
+class CappedListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
+    """Accepts only while the shared limiter has a place for one more connection."""
+
+    def __init__(self, listener: trio.SocketListener, limiter: trio.CapacityLimiter) -> None:
+        self.listener = listener
+        self.limiter = limiter
+
+    async def accept(self) -> trio.abc.HalfCloseableStream:
+        place = object()
+        await self.limiter.acquire_on_behalf_of(place)
+        try:
+            stream = await self.listener.accept()
+        except BaseException:
+            self.limiter.release_on_behalf_of(place)
+            raise
+        return _CountedStream(stream, partial(self.limiter.release_on_behalf_of, place))
+
+    async def aclose(self) -> None:
+        await self.listener.aclose()
+
+
+async def serve_http(
+    app: AppWrapper,
+    config: HyperConfig,
+    sockets: Sockets,
+    max_connections: int,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """hypercorn's ``trio.run.worker_serve`` for plain HTTP, over capped listeners.
+
+    Same order: the app's lifespan starts, the listeners serve until
+    ``shutdown_trigger`` returns, connections in progress get ``graceful_timeout``, then
+    the lifespan ends. Reports the bound URLs through ``task_status``.
+    """
+    lifespan_state: dict[str, object] = {}
+    lifespan = Lifespan(app, config, lifespan_state)
+    context = WorkerContext(None)
+    limiter = trio.CapacityLimiter(max_connections)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as server_nursery:
+            listeners = [
+                CappedListener(trio.SocketListener(trio.socket.from_stdlib_socket(sock)), limiter)
+                for sock in sockets.insecure_sockets
+            ]
+            binds = [
+                f"http://{repr_socket_addr(sock.family, sock.getsockname())}"
+                for sock in sockets.insecure_sockets
+            ]
+            for bind in binds:
+                await config.log.info(f"Running on {bind} (CTRL + C to quit)")
+            task_status.started(binds)
+            handler = partial(_Connection, app, config, context, ConnectionState(lifespan_state))
+            try:
+                async with trio.open_nursery(strict_exception_groups=True) as nursery:
+                    nursery.start_soon(raise_shutdown, shutdown_trigger)
+                    nursery.start_soon(
+                        partial(
+                            trio.serve_listeners,
+                            handler,
+                            listeners,
+                            handler_nursery=server_nursery,
+                        )
+                    )
+                    await trio.sleep_forever()
+            except BaseExceptionGroup as error:
+                _, others = error.split(ShutdownError)
+                if others is not None:
+                    raise others from None
+            finally:
+                await context.terminated.set()
+                server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()

@@ -1,0 +1,60 @@
+"""W3C Trace Context: the ``traceparent`` a call carries from the client to the provider.
+
+    traceparent: 00-<trace-id: 32 hex>-<parent-id: 16 hex>-<flags: 2 hex>
+
+A valid header's trace id (and flags, and ``tracestate``) is kept; the gateway is a
+participant in the trace, so the header it sends upstream names its own span as the
+parent (a new parent id per request). An absent or malformed header starts a new trace
+(not sampled: flags ``00``). The trace id is in the request's log line and its record.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
+
+# lower-case hex only; version ff is invalid; a future version may carry more fields
+_TRACEPARENT = re.compile(
+    r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[^\s]*)?", re.ASCII
+)
+_ZERO_TRACE = "0" * 32
+_ZERO_PARENT = "0" * 16
+#: the W3C limit on tracestate: 32 members of at most 256 characters, so 512 is generous
+MAX_TRACESTATE = 512
+
+
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    trace_id: str
+    span_id: str
+    flags: str = "00"
+    tracestate: str | None = None
+
+    def traceparent(self) -> str:
+        """The header sent upstream: this trace, with the gateway's span as parent."""
+        return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
+
+    def headers(self) -> dict[str, str]:
+        headers = {"traceparent": self.traceparent()}
+        if self.tracestate:
+            headers["tracestate"] = self.tracestate
+        return headers
+
+
+def from_headers(traceparent: str | None, tracestate: str | None = None) -> TraceContext:
+    """The trace of a request: its own when ``traceparent`` is valid, else a new one."""
+    span = secrets.token_hex(8)
+    match = _TRACEPARENT.fullmatch(traceparent.strip()) if traceparent else None
+    if match is not None:
+        version, trace_id, parent_id, flags, rest = match.groups()
+        valid = (
+            version != "ff"
+            and (version != "00" or rest is None)
+            and trace_id != _ZERO_TRACE
+            and parent_id != _ZERO_PARENT
+        )
+        if valid:
+            state = tracestate if tracestate and len(tracestate) <= MAX_TRACESTATE else None
+            return TraceContext(trace_id, span, flags, state)
+    return TraceContext(secrets.token_hex(16), span)
