@@ -11,6 +11,9 @@ headroom during a race: a cap of k worst-case reservations and a half admits exa
 from __future__ import annotations
 
 import itertools
+import re
+import shutil
+import subprocess
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -23,7 +26,7 @@ import pytest
 import trio
 
 from tests.fake_upstream import FakeUpstream
-from tests.pg_cluster import Cluster
+from tests.pg_cluster import Cluster, free_port
 from tests.procs import ADMIN_TOKEN, Server, base_env, start_server
 
 pytestmark = pytest.mark.timeout(150)
@@ -54,6 +57,7 @@ input_usd_per_mtok = 0.0
 output_usd_per_mtok = {price}
 """
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+HAPROXY_CFG = Path(__file__).parent.parent / "deploy" / "haproxy.cfg"
 _names = itertools.count()
 
 
@@ -91,6 +95,10 @@ async def nodes(
         upstream.release.set()
         for server in started:
             await trio.to_thread.run_sync(server.stop)
+
+
+def urls(nodes: list[Server]) -> list[str]:
+    return [server.url for server in nodes]
 
 
 def db_of(nodes: list[Server]) -> str:
@@ -147,23 +155,22 @@ def body(marker: str, faults: str = "hold") -> dict[str, Any]:
 
 
 async def race(
-    nodes: list[Server], tokens: list[str], upstream: FakeUpstream, faults: str = "hold"
+    urls: list[str], tokens: list[str], upstream: FakeUpstream, faults: str = "hold"
 ) -> Counter[tuple[int, str]]:
-    """CALLS concurrent calls, round-robin over the nodes (and over ``tokens``); the
-    admitted ones are held at the upstream until every call is answered or held."""
+    """CALLS concurrent calls, round-robin over the nodes' ``urls`` (and over
+    ``tokens``); the admitted ones are held at the upstream until every call is answered
+    or held."""
     answers: Counter[tuple[int, str]] = Counter()
     refused = 0
     upstream.release = trio.Event()
     seen = upstream.calls
     limits = httpx.Limits(max_connections=CALLS + 10)
-    clients = [
-        httpx.AsyncClient(base_url=server.url, timeout=60.0, limits=limits) for server in nodes
-    ]
+    clients = [httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) for url in urls]
 
     async def one(i: int) -> None:
         nonlocal refused
         token = tokens[i % len(tokens)]
-        response = await clients[i % len(nodes)].post(
+        response = await clients[i % len(urls)].post(
             "/v1/chat/completions",
             json=body(f"r{i:03d}", faults),
             headers={"Authorization": f"Bearer {token}"},
@@ -207,7 +214,7 @@ async def test_a_daily_cap_admits_exactly_k_across_three_nodes(
     nodes: list[Server], upstream: FakeUpstream
 ) -> None:
     token = await live_key(nodes, await org_id(nodes[0]), usd_day=(K + 0.5) * WORST_CASE / 1e9)
-    answers = await race(nodes, [token], upstream)
+    answers = await race(urls(nodes), [token], upstream)
     assert answers == {(200, "ok"): K, (402, "key_cap_exceeded"): CALLS - K}
     got = books(db_of(nodes))
     assert got["pending"] == 0
@@ -232,7 +239,7 @@ async def test_a_parent_and_its_sub_keys_share_one_cap_across_nodes(
             children.append(made.json()["token"])
     for child in children:
         await seen_everywhere(nodes, child)
-    answers = await race(nodes, [parent, *children], upstream)
+    answers = await race(urls(nodes), [parent, *children], upstream)
     assert answers == {(200, "ok"): K, (402, "key_cap_exceeded"): CALLS - K}
 
 
@@ -241,7 +248,7 @@ async def test_an_orgs_credits_admit_exactly_k_across_nodes(
 ) -> None:
     org = await org_id(nodes[2], credits_usd=(K + 0.5) * WORST_CASE / 1e9)
     token = await live_key(nodes, org, at=2)
-    answers = await race(nodes, [token], upstream)
+    answers = await race(urls(nodes), [token], upstream)
     assert answers == {(200, "ok"): K, (402, "insufficient_credits"): CALLS - K}
     got = books(db_of(nodes))
     assert got["pending"] == 0 and got["debited"] <= (K + 0.5) * WORST_CASE
@@ -260,7 +267,7 @@ async def test_a_keys_rpm_admits_exactly_rpm_in_a_clock_minute_across_nodes(
             await trio.sleep(0.2)
     minute = time.time() // 60
     token = await live_key(nodes, org, rpm=rpm)
-    answers = await race(nodes, [token], upstream, faults="delay=0")
+    answers = await race(urls(nodes), [token], upstream, faults="delay=0")
     assert time.time() // 60 == minute, "the race crossed a clock minute"
     reads = len(nodes)
     assert answers == {(200, "ok"): rpm - reads, (429, "rate_limited"): CALLS - rpm + reads}
@@ -365,3 +372,39 @@ async def test_the_database_briefly_unreachable_stops_and_resumes_every_node(
                 await trio.sleep(0.2)
     got = books(db_of(nodes))
     assert got["pending"] == 0 and got["billed"] == got["debited"]
+
+
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed")
+async def test_the_shipped_haproxy_config_in_front_of_three_nodes(
+    tmp_path: Path, nodes: list[Server], upstream: FakeUpstream
+) -> None:
+    """deploy/haproxy.cfg with its ports changed to this test's: the cap race through it
+    (a family hashed to one node) admits exactly k."""
+    port = free_port()
+    config = HAPROXY_CFG.read_text().replace("127.0.0.1:8000", f"127.0.0.1:{port}")
+    for n, server in enumerate(nodes, start=1):
+        config = config.replace(f"127.0.0.1:808{n}", re.sub(r"^http://", "", server.url))
+    (tmp_path / "haproxy.cfg").write_text(config)
+    proxy = subprocess.Popen(
+        ["haproxy", "-db", "-f", str(tmp_path / "haproxy.cfg")],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        front = f"http://127.0.0.1:{port}"
+        with trio.fail_after(10):
+            while True:
+                try:
+                    async with httpx.AsyncClient(base_url=front) as client:
+                        if (await client.get("/readyz")).status_code == 200:
+                            break
+                except httpx.TransportError:
+                    pass
+                await trio.sleep(0.1)
+        org = await org_id(nodes[0])
+        token = await live_key(nodes, org, usd_day=(K + 0.5) * WORST_CASE / 1e9)
+        answers = await race([front], [token], upstream)
+        assert answers == {(200, "ok"): K, (402, "key_cap_exceeded"): CALLS - K}
+    finally:
+        proxy.terminate()
+        proxy.wait(timeout=10)
