@@ -10,7 +10,10 @@ nursery:
   registration found gone (a live node swept it) ends the process: its leases and
   pending rows have been taken over, and a supervisor restarts it afresh;
 - sweeps every ``lease_s / 4``: nodes whose registration expired lose their leases and
-  their pending rows are settled by recovery (:func:`gateway.store.cluster.sweep`);
+  their pending rows are settled by recovery (:func:`gateway.store.cluster.sweep`). Not
+  in the first ``lease_s / 2`` after this node could not reach the database: every node
+  lost it too, maybe, and each gets the time to renew (an expired registration that was
+  not swept is renewed, its leases intact) before it is taken for dead;
 - gives back, every ``lease_s / 4``, the unused leases not used for ``lease_s / 2``;
 - polls the change counter every :data:`POLL_S` and reloads keys, organisations and
   provider credentials when it moved: a change made on any node (revocation, disable,
@@ -64,6 +67,8 @@ class Node:
         self._admit_until = 0.0
         self._refilling: defaultdict[str, trio.Lock] = defaultdict(trio.Lock)
         self._version = 0
+        #: time.monotonic() of the first renewal after the database was last unreachable
+        self._reachable_since = time.monotonic()
 
     # -- start-up (synchronous, before the store writer runs) ---------------------------
 
@@ -154,6 +159,7 @@ class Node:
                 )
             except StoreError:
                 log.warning("node %s: cannot renew its leases (database unreachable)", self.node_id)
+                self._reachable_since = float("inf")
                 continue
             if not renewed:
                 self._admit_until = 0.0
@@ -162,12 +168,15 @@ class Node:
                     " stopping (a supervisor restarts it as a fresh node)"
                 )
             self._admit_until = self._fence_at(sent)
+            self._reachable_since = min(self._reachable_since, sent)
 
     async def _chores(self) -> None:
         while True:
             await trio.sleep(self.lease_s / 4)
             try:
                 await self.give_back(self.rt.clock.now() - self.lease_s / 2)
+                if time.monotonic() - self._reachable_since < self.lease_s / 2:
+                    continue  # after an outage every node first gets its chance to renew
                 swept = await self.rt.store.transact(ops.sweep, self.rt.clock.now())
             except StoreError:
                 continue

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import re
 import shutil
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -334,6 +335,12 @@ async def test_kill_9_of_a_node_under_load_keeps_the_books(
     assert got["pending"] == 0
     assert got["settled"] <= cap
     assert got["billed"] == got["debited"]
+    # the key's spend as a surviving node reports it is the records' settled sum
+    async with httpx.AsyncClient(
+        base_url=nodes[2].url, headers={"Authorization": f"Bearer {token}"}
+    ) as http:
+        day = (await http.get("/v1/key")).json()["usage"]["day"]
+    assert round(day["spent_usd"] * 1e9) == got["settled"] and day["reserved_usd"] == 0
     recorded = {r["tags"] for r in rows(db, "SELECT tags->>'call' AS tags FROM requests")}
     received = {
         str(m["content"]).split()[1]
@@ -364,6 +371,8 @@ async def test_the_database_briefly_unreachable_stops_and_resumes_every_node(
             assert refused.status_code == 503, refused.text
             assert refused.json()["error"]["code"] == "admission_unavailable"
             assert int(refused.headers["Retry-After"]) > 0
+            async with httpx.AsyncClient(base_url=server.url) as http:
+                assert (await http.get("/readyz")).status_code == 503
     finally:
         await trio.to_thread.run_sync(pg_cluster.start)
     with trio.fail_after(LEASE_S * 3):
@@ -408,3 +417,56 @@ async def test_the_shipped_haproxy_config_in_front_of_three_nodes(
     finally:
         proxy.terminate()
         proxy.wait(timeout=10)
+
+
+async def test_a_stalled_node_is_fenced_and_its_leases_taken_over(
+    nodes: list[Server], upstream: FakeUpstream
+) -> None:
+    """A node stopped (SIGSTOP) past its lease: a live node sweeps it (its held call's
+    pending row settled by recovery); resumed, it admits nothing and exits, while the
+    others serve; its late settlement changes nothing."""
+    token = await live_key(nodes, await org_id(nodes[0]), usd_day=1000)
+    headers = {"Authorization": f"Bearer {token}"}
+    db = db_of(nodes)
+    upstream.release = trio.Event()
+    stalled = nodes[2]
+    answers: list[int] = []
+
+    async def held_call() -> None:
+        async with httpx.AsyncClient(base_url=stalled.url, headers=headers, timeout=30) as http:
+            try:
+                async with http.stream("POST", "/v1/chat/completions", json=body("s1")) as response:
+                    await response.aread()
+                answers.append(response.status_code)
+            except httpx.TransportError:
+                answers.append(0)  # the node exited first
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(held_call)
+        await upstream.wait_until(lambda: upstream.calls >= 1)  # in flight, held upstream
+        stalled.proc.send_signal(signal.SIGSTOP)
+        try:
+            with trio.fail_after(LEASE_S * 4):  # expired, then swept by a live node
+                while rows(db, "SELECT 1 FROM cluster_nodes WHERE node_id = 'n2'"):
+                    await trio.sleep(0.2)
+            (row,) = rows(db, "SELECT status, settled_usd_nanos FROM requests")
+            assert row["status"] == "interrupted" and row["settled_usd_nanos"] == WORST_CASE
+            upstream.release.set()
+            async with httpx.AsyncClient(base_url=stalled.url, headers=headers) as http:
+                stalled.proc.send_signal(signal.SIGCONT)
+                try:
+                    late = await http.post("/v1/chat/completions", json=body("s2", "delay=0"))
+                    assert late.status_code == 503, late.text
+                except httpx.TransportError:
+                    pass  # it exited first
+        finally:
+            stalled.proc.send_signal(signal.SIGCONT)
+    with trio.fail_after(10):
+        assert await trio.to_thread.run_sync(stalled.proc.wait) != 0
+    async with httpx.AsyncClient(base_url=nodes[0].url, headers=headers) as http:
+        served = await http.post("/v1/chat/completions", json=body("s3", "delay=0"))
+        assert served.status_code == 200, served.text
+    # the stalled node's late settlement of its held call changed nothing
+    first = rows(db, "SELECT status, settled_usd_nanos FROM requests ORDER BY created LIMIT 1")
+    assert first[0]["status"] == "interrupted" and first[0]["settled_usd_nanos"] == WORST_CASE
+    assert books(db)["pending"] == 0

@@ -70,10 +70,13 @@ def register(conn: Conn, node_id: str, lease_s: float) -> Registration:
 
 
 def renew(conn: Conn, node_id: str, epoch: int, lease_s: float) -> bool:
-    """Extend the registration (and so every lease of the node); False when it is gone."""
+    """Extend the registration (and so every lease of the node); False when it is gone.
+
+    A registration that expired but was not swept is extended too: its leases were never
+    given to anyone (a sweep drops them with the registration, in one transaction, and
+    holds the row meanwhile), and the node admitted nothing while it was fenced."""
     cursor = conn.execute(
-        f"UPDATE cluster_nodes SET expires_at = {NOW} + ?"
-        f" WHERE node_id = ? AND epoch = ? AND expires_at > {NOW}",
+        f"UPDATE cluster_nodes SET expires_at = {NOW} + ? WHERE node_id = ? AND epoch = ?",
         (lease_s, node_id, epoch),
     )
     return cursor.rowcount == 1

@@ -101,6 +101,25 @@ def settled_spend(conn: Conn, day: str, month: str) -> list[dict[str, Any]]:
     )
 
 
+def key_windows(conn: Conn, key_id: str, day: str, month: str) -> dict[str, int]:
+    """A key's day and month spend as the records hold it (its family's, for a parent):
+    settled, and reserved by calls in flight (several nodes: every node's)."""
+    return sq.query(
+        conn,
+        "SELECT"
+        " COALESCE(SUM(CASE WHEN day = ? AND status != 'pending' THEN settled_usd_nanos"
+        " ELSE 0 END), 0) AS day_spent,"
+        " COALESCE(SUM(CASE WHEN day = ? AND status = 'pending' THEN reserved_usd_nanos"
+        " ELSE 0 END), 0) AS day_reserved,"
+        " COALESCE(SUM(CASE WHEN status != 'pending' THEN settled_usd_nanos ELSE 0 END), 0)"
+        " AS month_spent,"
+        " COALESCE(SUM(CASE WHEN status = 'pending' THEN reserved_usd_nanos ELSE 0 END), 0)"
+        " AS month_reserved"
+        " FROM requests WHERE (key_id = ? OR parent_id = ?) AND month = ?",
+        (day, day, key_id, key_id, month),
+    )[0]
+
+
 #: the status of a request row while its call is in flight (before it is settled)
 PENDING = "pending"
 #: the status recovery gives a pending row whose process is gone
