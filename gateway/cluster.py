@@ -17,7 +17,8 @@ nursery:
 - gives back, every ``lease_s / 4``, the unused leases not used for ``lease_s / 2``;
 - polls the change counter every :data:`POLL_S` and reloads keys, organisations and
   provider credentials when it moved: a change made on any node (revocation, disable,
-  rotation, caps, policy, credits added) is seen by every node within
+  rotation, caps, policy, credits added, a model switched off or on) is seen by every
+  node within
   ``POLL_S`` plus a reload.
 
 Refills (:meth:`Node.refill`) run when a shard answers :class:`shards.LeaseShort`: one
@@ -100,6 +101,7 @@ class Node:
                 extra=event("recovery", calls=calls),
             )
         self._version = self.rt.store.call(ops.version)
+        self.switch_models(self.rt.store.call(ops.model_switches))
         log.info("node %s registered (lease %.1f s)", self.node_id, self.lease_s)
 
     def renew_now(self) -> None:
@@ -218,7 +220,7 @@ class Node:
 
     async def reload(self) -> None:
         """What other nodes changed: keys, organisations (policy, budget), credits
-        added, provider credentials."""
+        added, provider credentials, model switches."""
         store, rt = self.rt.store, self.rt
         rt.keyring.load(await store.read(records.all_keys))
         rt.load_orgs(
@@ -228,3 +230,13 @@ class Node:
         )
         for row in await store.read(records.list_provider_credentials):
             rt.byok[(row["org_id"], row["provider"])] = row["api_key_env"]
+        self.switch_models(await store.read(ops.model_switches))
+
+    def switch_models(self, switches: dict[str, bool]) -> None:
+        """The operator's model switches, as every node applies them."""
+        for model_id, enabled in switches.items():
+            self.rt.catalog.set_enabled(model_id, enabled)
+
+    async def switch_model(self, model_id: str, enabled: bool) -> None:
+        """Store a model's switch for every node (this one applies it itself)."""
+        await self.rt.store.write(ops.switch_model, model_id, enabled, self.rt.clock.now())

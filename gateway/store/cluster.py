@@ -6,7 +6,8 @@
   headroom the node holds: unused or reserved by its calls in flight. For every limit,
   at every commit: posted spend + the sum of its leases ≤ the limit.
 - ``cluster_version``: a counter bumped by triggers on every change to keys,
-  organisations, credits added and provider credentials; nodes poll it.
+  organisations, credits added, provider credentials and model switches
+  (``model_switches``: ``/admin/models`` for every node); nodes poll it.
 
 A refill is one short transaction: a transaction-level advisory lock on the limit id
 serialises the refills of one limit; the headroom is read in ONE statement (one
@@ -221,3 +222,19 @@ def recover_orphans(conn: Conn) -> dict[str, int]:
 def version(conn: Conn) -> int:
     rows = sq.query(conn, "SELECT version FROM cluster_version WHERE id = 1")
     return rows[0]["version"] if rows else 0
+
+
+def switch_model(conn: Conn, model_id: str, enabled: bool, now: float) -> None:
+    """An operator's switch of a model, for every node (``/admin/models``)."""
+    sq.upsert(
+        conn,
+        "model_switches",
+        {"model_id": model_id, "enabled": int(enabled), "changed_at": now},
+    )
+
+
+def model_switches(conn: Conn) -> dict[str, bool]:
+    return {
+        row["model_id"]: bool(row["enabled"])
+        for row in sq.query(conn, "SELECT model_id, enabled FROM model_switches")
+    }

@@ -213,6 +213,9 @@ def _m007_cluster(db: Database) -> None:
         pk=("limit_id", "node_id"),
     )
     db["cluster_version"].create({"id": int, "version": int}, pk="id")
+    db["model_switches"].create(
+        {"model_id": str, "enabled": int, "changed_at": float}, pk="model_id"
+    )
 
 
 _PG_001 = (
@@ -286,8 +289,8 @@ _PG_005 = ("ALTER TABLE requests ADD COLUMN trace_id TEXT",)
 
 _PG_006 = ("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'",)
 
-#: what a change to keys, organisations, credits added or provider credentials bumps: the
-#: counter every node polls (settlement debits and last-use times do not)
+#: what a change to keys, organisations, credits added, provider credentials or a model's
+#: switch bumps: the counter every node polls (settlement debits and last-use times do not)
 _PG_BUMP = """CREATE FUNCTION cluster_bump() RETURNS trigger LANGUAGE plpgsql AS $$
     BEGIN
         INSERT INTO cluster_version (id, version) VALUES (1, 1)
@@ -310,6 +313,8 @@ _PG_007 = (
         PRIMARY KEY (limit_id, node_id))""",
     "CREATE INDEX leases_node_id ON leases (node_id)",
     "CREATE TABLE cluster_version (id INTEGER PRIMARY KEY, version BIGINT)",
+    """CREATE TABLE model_switches (
+        model_id TEXT PRIMARY KEY, enabled INTEGER, changed_at DOUBLE PRECISION)""",
     _PG_BUMP,
     """CREATE TRIGGER keys_changed AFTER INSERT OR DELETE OR UPDATE OF status, caps,
         scopes, allowed_models, required_tags, default_tags, data_mode, byok, expires_at,
@@ -321,6 +326,8 @@ _PG_007 = (
         FOR EACH ROW WHEN (NEW.amount_nanos > 0) EXECUTE FUNCTION cluster_bump()""",
     """CREATE TRIGGER provider_credentials_changed AFTER INSERT OR UPDATE OR DELETE
         ON provider_credentials FOR EACH STATEMENT EXECUTE FUNCTION cluster_bump()""",
+    """CREATE TRIGGER model_switched AFTER INSERT OR UPDATE OR DELETE ON model_switches
+        FOR EACH STATEMENT EXECUTE FUNCTION cluster_bump()""",
 )
 
 
