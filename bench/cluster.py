@@ -22,7 +22,6 @@ Short: about a minute on 2 cores.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import tempfile
@@ -37,20 +36,18 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.live_upstream import BODY, UPSTREAM_KEY, config_toml, live_key, start_upstream  # noqa: E402
-from bench.stores import cpu_s, postgres_pids  # noqa: E402
+from bench.stores import cpu_s, postgres_pids, run_on_postgres  # noqa: E402
 from bench.streaming import (  # noqa: E402  # noqa: E402
     ADMIN_TOKEN,
     Server,
     percentile,
-    publish,
     run_line,
     start_server,
-    wants_write,
 )
 from gateway.store import Store  # noqa: E402
 from gateway.store import cluster as ops  # noqa: E402
 from shards import LeaseNeed  # noqa: E402
-from tests.pg_cluster import Cluster, destroy, find_bin_dir, start_cluster  # noqa: E402
+from tests.pg_cluster import Cluster  # noqa: E402
 
 SECTION = "## Several nodes on one PostgreSQL"
 CONCURRENCY = 16
@@ -250,21 +247,5 @@ def report(figures: dict[str, object], runtime_s: float, load: tuple[float, floa
     )
 
 
-def main() -> None:
-    write = wants_write(__doc__)
-    bin_dir = find_bin_dir()
-    if bin_dir is None:
-        raise SystemExit("PostgreSQL binaries (initdb, pg_ctl) not found")
-    load_before = os.getloadavg()[0]
-    started = time.monotonic()
-    cluster = start_cluster(bin_dir, durable=True)
-    try:
-        figures = trio.run(measure, cluster)
-    finally:
-        destroy(cluster)
-    load = (load_before, os.getloadavg()[0])
-    publish(report(figures, time.monotonic() - started, load), write)
-
-
 if __name__ == "__main__":
-    main()
+    run_on_postgres(__doc__, measure, report)

@@ -29,34 +29,14 @@ import trio
 from tests.fake_upstream import FakeUpstream
 from tests.pg_cluster import Cluster, free_port
 from tests.procs import ADMIN_TOKEN, Server, base_env, start_server
+from tests.test_durable_money import CONFIG, MAX_TOKENS, OUT_PRICE, WORST_CASE
 
 pytestmark = pytest.mark.timeout(150)
 
-MAX_TOKENS = 50
-OUT_PRICE = 15.0  # USD per million output tokens; input is free
-#: the worst case of every call: the output ceiling at the output price, in nano-USD
-WORST_CASE = MAX_TOKENS * round(OUT_PRICE * 1000)
 K = 7
 CALLS = 300
 LEASE_S = 3
 ROOMY = {"rpm": 100_000, "max_in_flight": 1000}
-CONFIG = """
-[server]
-request_timeout_s = 60
-
-[[providers]]
-name = "upstream"
-kind = "openai"
-base_url = "{url}"
-api_key_env = "FAKE_UPSTREAM_KEY"
-
-[[models]]
-id = "live-chat"
-provider = "upstream"
-upstream_id = "up-chat"
-input_usd_per_mtok = 0.0
-output_usd_per_mtok = {price}
-"""
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 HAPROXY_CFG = Path(__file__).parent.parent / "deploy" / "haproxy.cfg"
 _names = itertools.count()
@@ -272,6 +252,26 @@ async def test_a_keys_rpm_admits_exactly_rpm_in_a_clock_minute_across_nodes(
     assert time.time() // 60 == minute, "the race crossed a clock minute"
     reads = len(nodes)
     assert answers == {(200, "ok"): rpm - reads, (429, "rate_limited"): CALLS - rpm + reads}
+
+
+async def test_in_flight_slots_and_an_org_budget_hold_exactly_across_nodes(
+    nodes: list[Server], upstream: FakeUpstream
+) -> None:
+    """The other leased limits under the same race: a key's max_in_flight (exactly that
+    many calls held at once over the three nodes) and an organisation's monthly budget."""
+    slots = 5
+    token = await live_key(nodes, await org_id(nodes[0]), max_in_flight=slots)
+    answers = await race(urls(nodes), [token], upstream)
+    assert answers == {(200, "ok"): slots, (429, "too_many_in_flight"): CALLS - slots}
+
+    org = await org_id(nodes[1])
+    budget = {"budget_usd_month": (K + 0.5) * WORST_CASE / 1e9}
+    async with httpx.AsyncClient(base_url=nodes[1].url, headers=ADMIN) as http:
+        response = await http.put(f"/admin/orgs/{org}/policy", json=budget)
+        assert response.status_code == 200, response.text
+    token = await live_key(nodes, org, at=1)  # seen everywhere: the policy too (one reload)
+    answers = await race(urls(nodes), [token], upstream)
+    assert answers == {(200, "ok"): K, (402, "budget_exceeded"): CALLS - K}
 
 
 async def within(bound_s: float, check: Any) -> float:

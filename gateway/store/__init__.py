@@ -112,7 +112,8 @@ class Store:
         self.name = self.backend.name
         self._write_conn: Conn | None = self.backend.open_writer()
         self._read_conn: Conn | None = None
-        self._read_retry_at = 0.0
+        #: connection attribute → when it may be opened again after a failure
+        self._retry_at: dict[str, float] = {}
         self._read_limiter = trio.CapacityLimiter(1)
         #: the connection of short transactions of their own (:meth:`transact`)
         self._own_conn: Conn | None = None
@@ -183,23 +184,7 @@ class Store:
         return await trio.to_thread.run_sync(self._read, op, args, limiter=self._read_limiter)
 
     def _read(self, op: Callable[..., T], args: tuple[Any, ...]) -> T:
-        conn = self._read_conn
-        if conn is None:
-            if time.monotonic() < self._read_retry_at:
-                raise StoreError(UNAVAILABLE)
-            try:
-                conn = self._read_conn = self.backend.open_reader()
-            except StoreError:
-                self._read_retry_at = time.monotonic() + READ_RETRY_S
-                raise StoreError(UNAVAILABLE) from None
-        try:
-            return op(conn, *args)
-        except self.backend.errors as exc:
-            if not self.backend.lost(conn, exc):
-                raise
-            self._read_conn = None
-            self.backend.close(conn)
-            raise StoreError(UNAVAILABLE) from None
+        return self._on_own_conn("_read_conn", lambda conn: op(conn, *args))
 
     async def transact(self, op: Callable[..., T], *args: Any) -> T:
         """Run ``op`` now in a short transaction of its own, on a connection of its own
@@ -208,10 +193,7 @@ class Store:
         return await trio.to_thread.run_sync(self._transact, op, args, limiter=self._own_limiter)
 
     def _transact(self, op: Callable[..., T], args: tuple[Any, ...]) -> T:
-        conn = self._own_conn
-        if conn is None:
-            conn = self._own_conn = self.backend.open_reader()
-        try:
+        def run(conn: Conn) -> T:
             self.backend.begin(conn)
             try:
                 result = op(conn, *args)
@@ -221,10 +203,28 @@ class Store:
                 raise
             conn.execute("COMMIT", ())
             return result
+
+        return self._on_own_conn("_own_conn", run)
+
+    def _on_own_conn(self, slot: str, run: Callable[[Conn], T]) -> T:
+        """``run`` on the connection kept in attribute ``slot`` (opened when missing, at
+        most every READ_RETRY_S after a failure); a lost database is a StoreError."""
+        conn: Conn | None = getattr(self, slot)
+        if conn is None:
+            if time.monotonic() < self._retry_at.get(slot, 0.0):
+                raise StoreError(UNAVAILABLE)
+            try:
+                conn = self.backend.open_reader()
+            except StoreError:
+                self._retry_at[slot] = time.monotonic() + READ_RETRY_S
+                raise StoreError(UNAVAILABLE) from None
+            setattr(self, slot, conn)
+        try:
+            return run(conn)
         except self.backend.errors as exc:
             if not self.backend.lost(conn, exc):
                 raise
-            self._own_conn = None
+            setattr(self, slot, None)
             self.backend.close(conn)
             raise StoreError(UNAVAILABLE) from None
 
