@@ -195,8 +195,14 @@ class Node:
         the book first: nothing may admit against them meanwhile)."""
         returned = [(lid, self.book.reclaim(lid)) for lid in self.book.idle(before)]
         returned = [(lid, amount) for lid, amount in returned if amount > 0]
-        if returned:
+        if not returned:
+            return
+        try:
             await self.rt.store.transact(ops.give_back, self.node_id, returned)
+        except StoreError:
+            for lid, amount in returned:  # still the node's: not stranded, used again
+                self.book.give(lid, amount)
+            raise
 
     async def leave(self) -> None:
         """A node stopping: every unused lease back, its registration expired now."""
