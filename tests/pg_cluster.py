@@ -9,6 +9,7 @@ the gateway.
 
 from __future__ import annotations
 
+import glob
 import os
 import pwd
 import shutil
@@ -18,13 +19,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-BIN_DIRS = ("/usr/lib/postgresql/15/bin",)
+#: where Debian puts a PostgreSQL's programs (not on PATH), newest version first
+BIN_GLOB = "/usr/lib/postgresql/*/bin"
 TIMEOUT_S = 60.0
 
 
 def find_bin_dir() -> Path | None:
     """The directory of ``initdb`` and ``pg_ctl``, or None when PostgreSQL is absent."""
-    for name in (os.environ.get("SVC_TEST_PG_BIN"), *BIN_DIRS):
+    debian = sorted(glob.glob(BIN_GLOB), key=lambda d: int(Path(d).parent.name), reverse=True)
+    for name in (os.environ.get("SVC_TEST_PG_BIN"), *debian):
         if name and all((Path(name) / tool).exists() for tool in ("initdb", "pg_ctl", "psql")):
             return Path(name)
     found = shutil.which("initdb")

@@ -2,7 +2,8 @@
 
 Unit tests of pure parts (signing, CSRF, argon2 hashing, the throttle on an injected clock,
 formatting, the chart), and an in-process gateway on a loopback port (tests/conftest.py)
-for the admin API's users, the cookie's attributes and what a session may do.
+for the admin API's users, the cookie's attributes and what a session may do. The users,
+sessions and secrets live in the store: the module runs on both stores.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from gateway.dashboard.format import relative, usd
 from gateway.dashboard.throttle import LOCK_S, MAX_FAILURES, WINDOW_S, LoginThrottle
 from gateway.errors import GatewayError
 from tests.conftest import Gateway
+
+pytestmark = pytest.mark.both_stores
 
 SECRET = sessions.new_secret()
 PASSWORD = "a long enough passphrase"

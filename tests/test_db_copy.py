@@ -1,10 +1,12 @@
 """``svc-gateway db copy``: an embedded deployment moved to PostgreSQL serves the same books.
 
 A gateway on SQLite gets organisations, keys (a sub-key, a rotation), credits, live calls
-with tags and an Idempotency-Key, a webhook; it stops; the CLI copies its file into an
-empty PostgreSQL database; a gateway on that database answers the same ``/v1/key``,
-``/v1/usage``, ``/v1/credits`` and request records. A second copy into the now filled
-database is refused, and so is a source that does not exist.
+with tags and an Idempotency-Key, a webhook, a dashboard user signed in; it stops; the CLI
+copies its file into an empty PostgreSQL database; a gateway on that database answers the
+same ``/v1/key``, ``/v1/usage``, ``/v1/credits`` and request records, and the dashboard
+session made before the copy still holds (users, sessions and the signing secret are
+copied). A second copy into the now filled database is refused, and so is a source that
+does not exist.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from tests.conftest import Gateway, start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.pg_cluster import Cluster
 from tests.procs import assert_one_line_error, run_cli
+from tests.test_dashboard_auth import PASSWORD, admin_user, signed_in
 from tests.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 
 
@@ -87,6 +90,10 @@ async def test_copy_then_serve_from_postgresql_gives_the_same_books(
     assert rotated.is_success, rotated.text
     tokens = [rotated.json()["token"], child["token"]]
     before = await books(gw, tokens, request_ids)
+    await admin_user(gw, email="o@example.com", role="owner", password=PASSWORD)
+    async with signed_in(gw, "o@example.com") as (dashboard, answer):
+        assert answer.status_code == 303, answer.text
+        cookies = dict(dashboard.cookies)
     await gw.aclose()
 
     pg_cluster.psql("CREATE DATABASE copied")
@@ -101,10 +108,14 @@ async def test_copy_then_serve_from_postgresql_gives_the_same_books(
     tables = report["tables"]
     assert tables["requests"] == 4 and tables["keys"] >= 3 and tables["idempotency"] == 4
     assert tables["credit_ledger"] >= 3 and tables["webhooks"] == 1 and tables["orgs"] >= 1
+    assert tables["dashboard_users"] == 1 and tables["dashboard_sessions"] == 1
 
     again = await start_gateway(nursery, on(config, url))
     try:
         assert await books(again, tokens, request_ids) == before
+        async with again.client(cookies=cookies) as dashboard:
+            page = await dashboard.get("/dashboard/keys")
+        assert page.status_code == 200 and "o@example.com" in page.text
         # a retry of a copied Idempotency-Key replays, it does not call again
         calls = upstream.calls
         async with again.client(child["token"]) as client:

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from gateway.store import Store, StoreError, idempotency, records
+from gateway.store import Store, StoreError, idempotency, records, webhooks
 from gateway.store import sql as sq
 from gateway.store.migrations import MIGRATIONS
 from tests.conftest import db_for
@@ -141,3 +141,18 @@ def test_the_schema_is_at_the_last_migration_after_a_reopen(tmp_path: Path) -> N
         finally:
             store.close()
         assert sorted(row["version"] for row in versions) == list(range(1, len(MIGRATIONS) + 1))
+
+
+async def test_readiness_and_the_commit_hook(store: Store) -> None:
+    """The operations' hooks (issue 20) on either backend: the store answers a readiness
+    probe while its writer runs, and each committed batch reports its duration."""
+    commits: list[float] = []
+    store.on_commit = commits.append
+    assert not await store.answers(1.0)  # no writer yet
+    async with trio.open_nursery() as nursery:
+        await nursery.start(store.run)
+        assert await store.answers(1.0)
+        await store.write(records.open_call, request_row("req_hook"), None)
+        assert len(commits) == 1 and commits[0] >= 0
+        assert await store.read(webhooks.undelivered_count) == 0
+        nursery.cancel_scope.cancel()

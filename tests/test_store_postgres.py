@@ -20,6 +20,8 @@ import pytest
 import trio
 
 from gateway.config import Config
+from gateway.store import READ_RETRY_S, Store
+from gateway.store.sql import Conn
 from tests.conftest import start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.pg_cluster import Cluster, free_port
@@ -40,6 +42,13 @@ def pg_db(pg_cluster: Cluster) -> str:
 def rows(url: str, sql: str) -> list[dict[str, Any]]:
     with psycopg.connect(url, row_factory=psycopg.rows.dict_row) as conn:
         return conn.execute(sql).fetchall()
+
+
+async def ready_again(url: str) -> None:
+    """Wait until /readyz says ready (the store's reader reconnects on a probe)."""
+    async with httpx.AsyncClient(base_url=url) as http:
+        while (await http.get("/readyz")).status_code != 200:
+            await trio.sleep(READ_RETRY_S)
 
 
 def on(config: Config, url: str) -> Config:
@@ -163,15 +172,20 @@ async def test_the_database_stopped_and_started_under_load(
         with trio.fail_after(60):
             await upstream.wait_until(lambda: upstream.calls >= 20)
             await trio.to_thread.run_sync(pg_cluster.stop)
-            # the calls in flight wait to settle; a new one, and a read, are refused
+            # the calls in flight wait to settle; a new one, and a read, are refused, and
+            # a load balancer is told to look elsewhere
             async with httpx.AsyncClient(base_url=gw.url, headers=headers) as http:
                 probe = await http.post("/v1/chat/completions", json=body_for("probe"))
                 read = await http.get("/v1/usage")
+                unready = await http.get("/readyz")
             refusals += [probe, read]
+            assert unready.status_code == 503, unready.text
+            assert unready.json() == {"status": "unready", "reason": "store_unavailable"}
             await trio.to_thread.run_sync(pg_cluster.start)
             restarted = True
             await served_after.wait()
             await upstream.wait_until(lambda: upstream.calls >= 60)
+            await ready_again(gw.url)
         stop_load.set()
     with trio.fail_after(10):
         await gw.runtime.inflight.wait_settled()
@@ -200,3 +214,25 @@ async def test_the_database_stopped_and_started_under_load(
     assert view["usage"]["day"]["reserved_usd"] == 0
     assert credits["used_usd"] == pytest.approx(usage["totals"]["cost_usd"])
     gw.stop.set()
+
+
+def column_names(conn: Conn, table: str) -> set[str]:
+    return {column[0] for column in conn.execute(f"SELECT * FROM {table}", ()).description}
+
+
+def columns(db: str) -> dict[str, set[str]]:
+    """Each table of the database at ``db`` and its column names."""
+    store = Store(db)
+    try:
+        tables = store.call(store.backend.tables)
+        return {table: store.call(column_names, table) for table in tables}
+    finally:
+        store.close()
+
+
+def test_both_stores_have_the_same_tables_and_columns(tmp_path: Path, pg_db: str) -> None:
+    """One migration, one version on both: after the last one, every table has the same
+    columns on SQLite and on PostgreSQL."""
+    on_sqlite = columns(str(tmp_path / "g.db"))
+    assert on_sqlite == columns(pg_db)
+    assert "trace_id" in on_sqlite["requests"] and "dashboard_secrets" in on_sqlite

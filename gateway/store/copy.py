@@ -16,8 +16,9 @@ from gateway.store import Store, StoreError, is_postgres
 from gateway.store import sql as sq
 from gateway.store.sql import Conn
 
-#: tables whose rows others refer to come first
-FIRST = ("orgs", "keys")
+#: tables whose rows others refer to come first (foreign keys: keys and dashboard users
+#: name their organisation, dashboard sessions their user)
+FIRST = ("orgs", "keys", "dashboard_users")
 NOT_COPIED = frozenset({"schema_migrations"})
 
 
