@@ -74,8 +74,8 @@ class Node:
     # -- start-up (synchronous, before the store writer runs) ---------------------------
 
     def register(self) -> None:
-        """Register the node id (waiting out a registration of it that has not expired:
-        a restart of the same node), then settle what dead nodes left."""
+        """Register the node id, waiting out a registration of it that has not expired
+        (a restart of the same node); StoreError when it is held by a live node."""
         deadline = time.monotonic() + self.lease_s + REGISTER_MARGIN_S
         while True:
             sent = time.monotonic()
@@ -90,6 +90,11 @@ class Node:
             time.sleep(min(registration.held_s, 1.0))
         self.epoch = registration.epoch
         self._admit_until = self._fence_at(sent)
+        log.info("node %s registered (lease %.1f s)", self.node_id, self.lease_s)
+
+    def recover(self) -> None:
+        """Start-up: settle what dead nodes left (their registrations expired) and the
+        rows no registered node covers; take the current changes."""
         swept = self.rt.store.call(ops.sweep, self.rt.clock.now())
         orphans = self.rt.store.call(ops.recover_orphans)
         calls = swept["calls"] + orphans["calls"]
@@ -102,7 +107,6 @@ class Node:
             )
         self._version = self.rt.store.call(ops.version)
         self.switch_models(self.rt.store.call(ops.model_switches))
-        log.info("node %s registered (lease %.1f s)", self.node_id, self.lease_s)
 
     def renew_now(self) -> None:
         """Renew at once (start-up, before the store writer runs)."""

@@ -36,7 +36,7 @@ from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers
 from gateway.ratelimit import PublicCatalogLimiter
 from gateway.readiness import Readiness
-from gateway.store import Store, is_postgres, records
+from gateway.store import Store, StoreError, is_postgres, records
 from gateway.store import idempotency as idempotency_ops
 from shards import ShardPool, SystemClock
 from shards.clock import Clock
@@ -101,12 +101,19 @@ class Runtime:
     def open(cls, config: Config, clock: Clock | None = None) -> Runtime:
         """The runtime over its store; the state is loaded by the start-up work."""
         store = Store(config.server.db)
-        return cls(
+        runtime = cls(
             config=config,
             store=store,
             clock=clock or SystemClock(),
             admin_token=os.environ.get("SVC_ADMIN_TOKEN") or None,
         )
+        if runtime.cluster is not None:
+            try:
+                runtime.cluster.register()
+            except StoreError:
+                store.close()
+                raise
+        return runtime
 
     async def start_up(self) -> None:
         """The start-up work: the rebuild from the store, then the demo bootstrap (if
@@ -126,7 +133,7 @@ class Runtime:
     def load(self) -> None:
         """Rebuild the in-memory state from the store (start-up only), after recovery."""
         if self.cluster is not None:
-            self.cluster.register()
+            self.cluster.recover()
         else:
             self.recover()
         self.load_orgs(
