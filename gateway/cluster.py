@@ -38,7 +38,7 @@ from gateway.catalog import nanos_to_usd
 from gateway.logs import event
 from gateway.store import StoreError, records
 from gateway.store import cluster as ops
-from shards import Admission, LeaseShort, ReserveRefusal
+from shards import Admission, LeaseNeed, LeaseShort, ReserveRefusal
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -128,23 +128,33 @@ class Node:
     async def refill(self, short: LeaseShort) -> Admission | ReserveRefusal | None:
         """Refill every limit ``short`` names; the refusal of the first one the database
         cannot cover, or None (ask the shard again). StoreError: the database is gone."""
-        now = self.rt.clock.now()
         for need, refusal in zip(short.needs, short.refusals, strict=True):
-            async with self._refilling[need.limit_id]:
-                deficit = self.book.deficit(need)
-                if not deficit:
-                    continue  # a refill for another call covered it meanwhile
-                try:
-                    grant = await self.rt.store.transact(
-                        ops.refill, self.node_id, self.epoch, need._replace(amount=deficit)
-                    )
-                except ops.Fenced:
-                    self._admit_until = 0.0
-                    raise StoreError("this node's leases expired") from None
-                if grant < deficit:
-                    return refusal
-                self.book.grant(need.limit_id, grant, now)
+            lock = self._refilling[need.limit_id]
+            try:
+                async with lock:
+                    covered = await self._refill_one(need)
+            finally:
+                if not lock.locked() and not lock.statistics().tasks_waiting:
+                    self._refilling.pop(need.limit_id, None)  # one lock per limit in use
+            if not covered:
+                return refusal
         return None
+
+    async def _refill_one(self, need: LeaseNeed) -> bool:
+        deficit = self.book.deficit(need)
+        if not deficit:
+            return True  # a refill for another call covered it meanwhile
+        try:
+            grant = await self.rt.store.transact(
+                ops.refill, self.node_id, self.epoch, need._replace(amount=deficit)
+            )
+        except ops.Fenced:
+            self._admit_until = 0.0
+            raise StoreError("this node's leases expired") from None
+        if grant < deficit:
+            return False
+        self.book.grant(need.limit_id, grant, self.rt.clock.now())
+        return True
 
     # -- background ---------------------------------------------------------------------
 
