@@ -185,8 +185,9 @@ def start_server(
     if line is None:
         fail(f"server exited during start-up with status {proc.wait(timeout=5)}")
     info = json.loads(line)
-    if "error" in info:  # refused under --json: the error object, then the exit
-        fail(f"server refused to start: {info['error']['message']}")
+    if "error" in info:  # refused under --json: the error object, then its line and exit
+        status = proc.wait(timeout=5)
+        fail(f"server refused to start (status {status}): {info['error']['message']}")
     url = info["url"]
     assert url.startswith("http://127.0.0.1:"), url
     port = int(url.rsplit(":", 1)[1])
