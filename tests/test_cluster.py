@@ -157,7 +157,10 @@ async def race(
             headers={"Authorization": f"Bearer {token}"},
         )
         ok = response.status_code == 200
-        answers[(response.status_code, "ok" if ok else response.json()["error"]["code"])] += 1
+        code = "ok" if ok else response.text  # (an error body names its code)
+        if not ok and response.headers.get("content-type", "").startswith("application/json"):
+            code = response.json()["error"]["code"]
+        answers[(response.status_code, code)] += 1
         if not ok:
             refused += 1
             upstream._notify()
