@@ -23,8 +23,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import orjson
@@ -51,6 +53,7 @@ CONCURRENT_CALLS_EACH = 40
 WRITERS = 64
 WRITES_EACH = 40
 TICKS = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
 
 
 @dataclass
@@ -266,8 +269,14 @@ def report(results: dict[str, Figures], runtime_s: float, load: tuple[float, flo
     )
 
 
-def main() -> None:
-    write = wants_write(__doc__)
+def run_on_postgres(
+    doc: str,
+    measure: Callable[[Cluster], Awaitable[T]],
+    report: Callable[[T, float, tuple[float, float]], str],
+) -> None:
+    """A bench's main: a throwaway durable PostgreSQL cluster around ``measure``, then its
+    ``report`` (with the runtime and load) printed and published."""
+    write = wants_write(doc)
     bin_dir = find_bin_dir()
     if bin_dir is None:
         raise SystemExit("PostgreSQL binaries (initdb, pg_ctl) not found")
@@ -283,4 +292,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_on_postgres(__doc__, measure, report)

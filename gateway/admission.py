@@ -4,22 +4,26 @@ Step 3 (:func:`admit`) counts the request and takes an in-flight slot for model 
 step 8 (:func:`reserve`) reserves the worst case; step 10 (:func:`settle`) resolves it.
 A shard that cannot answer in time is a 503 admission_unavailable: nothing is ever
 admitted unchecked. Every function takes the runtime as an argument: a stream pump
-settles outside any request.
+settles outside any request. With several nodes the shard admits against leased headroom
+and a step it cannot cover is refilled first (:func:`_ask`, :mod:`gateway.cluster`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from contextlib import suppress
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from quart import g
 
 from gateway.catalog import usd_to_nanos
 from gateway.errors import GatewayError
 from gateway.keys import KeyRecord, key_ref
+from gateway.store import StoreError
 from shards import (
     Admission,
     AdmitRequest,
+    LeaseShort,
     Reservation,
     ReserveRequest,
     SettleRequest,
@@ -30,6 +34,9 @@ if TYPE_CHECKING:
     from gateway.runtime import Runtime
 
 ADMISSION_RETRY_AFTER = 1
+#: how many times a step is refilled and asked again before it is a 503
+_REFILLS = 8
+T = TypeVar("T")
 
 
 def unavailable(rt: Runtime) -> GatewayError:
@@ -63,7 +70,9 @@ async def count_request(rt: Runtime, record: KeyRecord) -> None:
         await rt.pool.admit(_admit_request(rt, record, take_slot=False))
 
 
-def _admit_request(rt: Runtime, record: KeyRecord, *, take_slot: bool) -> AdmitRequest:
+def _admit_request(
+    rt: Runtime, record: KeyRecord, *, take_slot: bool, leased: bool = False
+) -> AdmitRequest:
     org = rt.orgs.get(record.org_id)
     ref = key_ref(record)
     return AdmitRequest.build(
@@ -74,15 +83,36 @@ def _admit_request(rt: Runtime, record: KeyRecord, *, take_slot: bool) -> AdmitR
         max_in_flight=record.caps.max_in_flight,
         take_slot=take_slot,
         org_rpm=org.policy.get("org_rpm") if org else None,
+        key_id=record.id if leased else None,
     )
+
+
+async def _ask(rt: Runtime, ask: Callable[[T], Awaitable[Any]], request: T) -> Any:
+    """The shard's verdict on ``request``. With leases (several nodes), a LeaseShort is
+    refilled and asked again, or becomes the refusal of the limit that has no headroom
+    left; a fenced node, or a database that cannot refill, is a 503."""
+    node = rt.cluster
+    if node is not None and not node.admitting():
+        raise unavailable(rt)
+    try:
+        verdict = await ask(request)
+        for _ in range(_REFILLS):
+            if not isinstance(verdict, LeaseShort):
+                return verdict
+            assert node is not None
+            refusal = await node.refill(verdict)
+            if refusal is not None:
+                return refusal
+            verdict = await ask(request)
+    except (ShardUnavailable, StoreError):
+        raise unavailable(rt) from None
+    raise unavailable(rt)  # other calls of this node took every refill first
 
 
 async def admit(rt: Runtime, record: KeyRecord, *, take_slot: bool) -> Admission:
     """Step 3. On success the rate-limit headers are attached to every later answer."""
-    try:
-        admission = await rt.pool.admit(_admit_request(rt, record, take_slot=take_slot))
-    except ShardUnavailable:
-        raise unavailable(rt) from None
+    request = _admit_request(rt, record, take_slot=take_slot, leased=rt.cluster is not None)
+    admission: Admission = await _ask(rt, rt.pool.admit, request)
     if not admission.ok:
         if admission.scope in ("org", "platform"):
             # a limit above the key's: the key was admitted, so its headers apply
@@ -128,11 +158,10 @@ async def reserve(
         parent_usd_month=_usd(parent.caps.usd_month) if parent else None,
         org_cost=org_cost,
         check_credits=record.mode == "live",
+        key_id=record.id if rt.cluster is not None else None,
+        parent_id=parent.id if parent is not None else None,
     )
-    try:
-        verdict = await rt.pool.reserve(request)
-    except ShardUnavailable:
-        raise unavailable(rt) from None
+    verdict = await _ask(rt, rt.pool.reserve, request)
     if isinstance(verdict, Reservation):
         return verdict
     rt.metrics.refused(verdict.code)
@@ -171,5 +200,6 @@ async def settle(
             reservation=reservation,
             cap_amount=cap_amount,
             billed_amount=billed_amount,
+            key_id=record.id if rt.cluster is not None else None,
         )
     )

@@ -148,7 +148,8 @@ def serve(
     """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog,
     and on a new database a demo organisation with a sandbox key.
 
-    One server per database: a second one on the same database is refused."""
+    One server per SQLite database (a second one is refused); on PostgreSQL every
+    server is a node of one deployment (``[cluster]``)."""
     try:
         config = load_config(config_path, host=host, port=port, db=db)
     except ConfigError as exc:

@@ -8,7 +8,8 @@ Environment overrides (all optional): ``SVC_SERVER_HOST``, ``SVC_SERVER_PORT``,
 ``SVC_SERVER_DB``, ``SVC_SERVER_REQUEST_TIMEOUT_S``, ``SVC_SERVER_KEEPALIVE_S``,
 ``SVC_SERVER_SHARDS``, ``SVC_SERVER_PLATFORM_RPM``, ``SVC_SERVER_ROTATION_GRACE_S``,
 ``SVC_SERVER_LOG_FORMAT``, ``SVC_SERVER_LOG_LEVEL``, ``SVC_SERVER_METRICS_TOKEN``,
-``SVC_SERVER_SHUTDOWN_GRACE_S``, ``SVC_SERVER_BODY_TIMEOUT_S``, ``SVC_SERVER_MAX_CONNECTIONS``.
+``SVC_SERVER_SHUTDOWN_GRACE_S``, ``SVC_SERVER_BODY_TIMEOUT_S``, ``SVC_SERVER_MAX_CONNECTIONS``;
+``SVC_CLUSTER_NODE_ID``, ``SVC_CLUSTER_LEASE_S``.
 
 Every problem is a :class:`ConfigError` whose message names the offending key; the CLI
 prints it on one line and exits with status 2.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import socket
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -107,9 +109,24 @@ class ModelConfig:
     aliases: tuple[str, ...] = ()
 
 
+def _default_node_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """``[cluster]``: several nodes on one PostgreSQL database (ignored on SQLite)."""
+
+    #: names the node in leases, request rows and logs (default: host name and pid)
+    node_id: str = field(default_factory=_default_node_id)
+    #: a lease (and the node's registration) lasts this long without a renewal
+    lease_s: float = 10.0
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
     providers: tuple[ProviderConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
     source: str | None = None
@@ -360,18 +377,43 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
     )
 
 
+def _parse_cluster(table: object) -> ClusterConfig:
+    if not isinstance(table, dict):
+        raise ConfigError("cluster: must be a table")
+    types: dict[str, type | tuple[type, ...]] = {"node_id": str, "lease_s": (int, float)}
+    _check_unknown(table, set(types), "cluster")
+    values = {k: _take(table, k, "cluster", kind) for k, kind in types.items() if k in table}
+    cluster = replace(ClusterConfig(), **values)
+    _validate_cluster(cluster)
+    return cluster
+
+
+def _validate_cluster(cluster: ClusterConfig) -> None:
+    if not cluster.node_id.strip():
+        raise ConfigError("cluster.node_id: must not be empty")
+    if cluster.lease_s < 1:
+        raise ConfigError("cluster.lease_s: must be at least 1")
+
+
 def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     """Validate a parsed TOML document into a :class:`Config`."""
-    _check_unknown(data, {"server", "providers", "models"}, "config")
+    _check_unknown(data, {"server", "cluster", "providers", "models"}, "config")
     server_table = data.get("server", {})
     if not isinstance(server_table, dict):
         raise ConfigError("server: must be a table")
     server = _parse_server(server_table)
+    cluster = _parse_cluster(data.get("cluster", {}))
     provider_tables = data.get("providers")
     model_tables = data.get("models")
     if provider_tables is None and model_tables is None:
         base = default_config()
-        return Config(server=server, providers=base.providers, models=base.models, source=source)
+        return Config(
+            server=server,
+            cluster=cluster,
+            providers=base.providers,
+            models=base.models,
+            source=source,
+        )
     if not isinstance(provider_tables, list) or not provider_tables:
         raise ConfigError("providers: at least one [[providers]] table is required")
     if not isinstance(model_tables, list) or not model_tables:
@@ -392,7 +434,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
                 raise ConfigError(f"models[{i}].aliases: {alias!r} is the id of a model")
     if sum(1 for m in models if m.kind == "embedding") > 1:
         raise ConfigError("models: at most one model of kind embedding is served")
-    return Config(server=server, providers=providers, models=models, source=source)
+    return Config(server=server, cluster=cluster, providers=providers, models=models, source=source)
 
 
 _ENV_SERVER: dict[str, type] = {
@@ -455,4 +497,21 @@ def load_config(
     if flagged:
         server = replace(server, **flagged)
         _validate_server(server)
-    return replace(config, server=server)
+    return replace(config, server=server, cluster=_env_cluster(config.cluster, env))
+
+
+def _env_cluster(cluster: ClusterConfig, environ: dict[str, str]) -> ClusterConfig:
+    """``SVC_CLUSTER_NODE_ID`` and ``SVC_CLUSTER_LEASE_S`` (several nodes often share
+    one config file and differ only by their environment)."""
+    if "SVC_CLUSTER_NODE_ID" in environ:
+        cluster = replace(cluster, node_id=environ["SVC_CLUSTER_NODE_ID"])
+    if "SVC_CLUSTER_LEASE_S" in environ:
+        try:
+            lease_s = float(environ["SVC_CLUSTER_LEASE_S"])
+        except ValueError:
+            raise ConfigError("SVC_CLUSTER_LEASE_S: expected float") from None
+        if not math.isfinite(lease_s):
+            raise ConfigError("SVC_CLUSTER_LEASE_S: must be a finite number")
+        cluster = replace(cluster, lease_s=lease_s)
+    _validate_cluster(cluster)
+    return cluster

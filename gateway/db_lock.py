@@ -7,8 +7,8 @@ The kernel drops the lock when the process ends, however it ends; on the way out
 holder also removes the file (a start that fails leaves nothing beside the database),
 which is why a lock is only taken on a file that is still the one at that path. Nothing
 to lock: ``:memory:``, a missing directory (the store then says so), or a PostgreSQL URL
-(there the store's writer holds an advisory lock for the server's life:
-:mod:`gateway.store.postgres`).
+(there any number of servers run as nodes that lease their share of every limit:
+:mod:`gateway.cluster`).
 """
 
 from __future__ import annotations

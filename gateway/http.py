@@ -7,7 +7,6 @@ buffer): only a handler that has authenticated the request reads one.
 from __future__ import annotations
 
 import json
-import secrets
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qsl
 
@@ -17,6 +16,7 @@ from werkzeug.datastructures import MultiDict
 
 from gateway.bodies import gate_of
 from gateway.errors import GatewayError
+from gateway.keys import new_id
 
 if TYPE_CHECKING:
     from gateway.runtime import Runtime
@@ -28,7 +28,7 @@ INT64_MAX = 2**63 - 1
 
 
 def new_request_id() -> str:
-    return f"req_{secrets.token_hex(12)}"
+    return new_id("req")
 
 
 def runtime() -> Runtime:

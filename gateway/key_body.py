@@ -12,9 +12,9 @@ from gateway.errors import GatewayError
 from gateway.keys import CAP_FIELDS, Caps, parse_iso
 
 MAX_NAME = 200
-#: caps that always hold a limit; the others may be null (unlimited)
-_ALWAYS_LIMITED = ("rpm", "max_in_flight", "max_output_tokens")
-_USD_CAPS = ("usd_day", "usd_month")
+#: caps that always hold a positive limit; the others may be null (unlimited) or 0
+ALWAYS_LIMITED = ("rpm", "max_in_flight", "max_output_tokens")
+USD_CAPS = ("usd_day", "usd_month")
 #: the largest amount of money any field takes, in USD, and the largest count
 MAX_USD = 1_000_000_000
 MAX_COUNT = 2**53 - 1
@@ -85,11 +85,11 @@ def parse_caps(raw: Any, base: Caps) -> Caps:
         param = f"caps.{field}"
         if field not in CAP_FIELDS:
             raise GatewayError("invalid_request", f"Unknown cap {field!r}.", param=param)
-        integer = field not in _USD_CAPS
+        integer = field not in USD_CAPS
         checked = number({param: value}, param, integer=integer)
-        if checked is None and field in _ALWAYS_LIMITED:
+        if checked is None and field in ALWAYS_LIMITED:
             raise GatewayError("invalid_request", f"{param} cannot be unlimited.", param)
-        if integer and checked == 0 and field != "tpm":
+        if checked == 0 and field in ALWAYS_LIMITED:
             raise GatewayError("invalid_request", f"{param} must be positive.", param)
         values[field] = checked
     return Caps(**values)

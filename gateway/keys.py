@@ -25,6 +25,8 @@ from shards import KeyRef
 SCOPES = ("inference", "embeddings", "usage:read", "keys:manage")
 DATA_MODES = ("standard", "zero_retention", "confidential")
 ENVIRONMENTS = ("production", "staging", "development", "test")
+#: the public status of a key: ``active`` or why it no longer authenticates
+KEY_STATUSES = ("active", "disabled", "revoked", "expired")
 MODES = {"live": "svc_live_", "sandbox": "svc_test_"}
 
 _BASE36 = string.digits + string.ascii_lowercase
@@ -228,8 +230,16 @@ def parse_iso(text: str) -> float:
     return moment.timestamp()
 
 
+ID_BYTES = 12
+
+
 def new_id(kind: str) -> str:
-    return f"{kind}_{secrets.token_hex(12)}"
+    return f"{kind}_{secrets.token_hex(ID_BYTES)}"
+
+
+def id_pattern(kind: str) -> str:
+    """The regular expression of every id :func:`new_id` makes for ``kind``."""
+    return f"^{kind}_[0-9a-f]{{{2 * ID_BYTES}}}$"
 
 
 def key_ref(record: KeyRecord) -> KeyRef:

@@ -42,7 +42,7 @@ from gateway.keys import KeyRecord
 from gateway.providers.base import Provider, Usage
 from gateway.settlement import Ending, Settlement, ending_for, settle_amounts
 from gateway.store import StoreError, records
-from shards import Admission, Reservation
+from shards import Admission, Reservation, posted
 
 if TYPE_CHECKING:
     from gateway.idempotency import Claim
@@ -249,6 +249,7 @@ class Call:
                     self._ledger_row(settlement),
                     (self.record.id, claim.idem_key) if claim is not None else None,
                     self._claim_outcome(http_status, error_code, answer),
+                    self._lease_use(settlement),
                     must_land=True,  # a database that went away: wait for it, never drop
                 )
             await admission.settle(
@@ -263,6 +264,15 @@ class Call:
         self.runtime.alerts.notice(self.record, settlement.cap_nanos)
         call_settled(self, settlement, usage, error_code)
         return settlement
+
+    def _lease_use(self, settlement: Settlement) -> tuple[str, list[tuple[str, int]]] | None:
+        """Several nodes: this node's id and what the settlement posts out of its leases."""
+        node = self.runtime.cluster
+        if node is None:
+            return None
+        hold = self.hold
+        taken = hold.reservation.leases if hold is not None else ()
+        return node.node_id, posted(taken, settlement.cap_nanos, settlement.billed_nanos)
 
     def _pending_row(self, hold: Hold) -> dict[str, Any]:
         """The request row of a call about to be asked: what it holds, nothing settled."""
@@ -291,6 +301,7 @@ class Call:
             "error_code": None,
             "mode": self.record.mode,
             "trace_id": self.exchange.trace.trace_id if self.exchange else None,
+            "node_id": self.runtime.cluster.node_id if self.runtime.cluster else None,
         }
 
     def _settled_values(

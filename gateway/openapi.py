@@ -14,10 +14,22 @@ from functools import cache
 from typing import Any
 
 from gateway import __version__
-from gateway.calls.chat import CHAT_FIELDS
-from gateway.calls.responses import RESPONSES_FIELDS
 from gateway.errors import CATALOG, SHOULD_RETRY, error_type, retry_hint
-from gateway.subkeys import FIELDS as SUB_KEY_FIELDS
+from gateway.keys import DATA_MODES, ENVIRONMENTS, KEY_STATUSES, SCOPES, id_pattern
+from gateway.request_schemas import (
+    CHAT_REQUEST,
+    EMBEDDINGS_REQUEST,
+    IDEMPOTENCY_HEADER,
+    KEYS_QUERY,
+    RESPONSES_REQUEST,
+    SUB_KEY_PATCH,
+    SUB_KEY_REQUEST,
+    TAG_MAP,
+    TAGS_HEADER,
+    USAGE_QUERY,
+    obj,
+    path_param,
+)
 
 JSON = "application/json"
 
@@ -26,53 +38,51 @@ def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
 
 
-def _obj(props: dict[str, Any], required: tuple[str, ...] = (), closed: bool = False) -> dict:
-    schema: dict[str, Any] = {"type": "object", "properties": props}
-    if required:
-        schema["required"] = list(required)
-    if closed:
-        schema["additionalProperties"] = False
-    return schema
-
-
-def _request(
-    table: frozenset[str], described: dict[str, Any], required: tuple[str, ...]
-) -> dict[str, Any]:
-    """A closed request schema with exactly the fields of the parser's ``table``: those
-    not ``described`` are refused whatever their value (400 unsupported_parameter)."""
-    unknown = set(described) - table
-    if unknown:
-        raise ValueError(f"fields the parser does not accept: {sorted(unknown)}")
-    props = dict(described)
-    props.update((name, REFUSED) for name in sorted(table - set(described)))
-    return _obj(props, required, closed=True)
-
-
-#: a field the server knows and refuses whatever its value, null included
-REFUSED = {"not": {}, "description": "Refused whatever its value: 400 unsupported_parameter."}
-#: connectors, hitl_approvals: they need a user session, so only an empty value passes
-SESSION_ONLY = {
-    "anyOf": [
-        {"type": "null"},
-        {"type": "array", "maxItems": 0},
-        {"type": "object", "maxProperties": 0},
-        {"const": ""},
-    ],
-    "description": "Needs a user session: a non-empty value is 400 "
-    "connectors_require_user_session.",
-}
-FALSE_ONLY = {"enum": [False, None]}
-STRING_MAP = {"type": "object", "additionalProperties": {"type": "string", "maxLength": 200}}
-POSITIVE = {"type": "integer", "minimum": 1}
+STRING = {"type": "string"}
+COUNT = {"type": "integer", "minimum": 0}
 USD = {"type": "number", "minimum": 0}
+USD_OR_NULL = {"type": ["number", "null"], "minimum": 0}
+TIMESTAMP = {"type": "string", "format": "date-time"}
+TIMESTAMP_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
+USAGE_TOTALS = {
+    "requests": COUNT,
+    "input_tokens": COUNT,
+    "output_tokens": COUNT,
+    "cost_usd": USD,
+    "settled_usd": USD,
+}
 
+KEY = {
+    "object": {"const": "api_key"},
+    "id": {"type": "string", "pattern": id_pattern("key")},
+    "name": STRING,
+    "prefix": STRING,
+    "status": {"enum": list(KEY_STATUSES)},
+    "mode": {"enum": ["live", "sandbox"]},
+    "environment": {"enum": list(ENVIRONMENTS)},
+    "data_mode": {"enum": list(DATA_MODES)},
+    "scopes": {"type": "array", "items": {"enum": list(SCOPES)}},
+    "allowed_model_keys": {"type": ["array", "null"], "items": STRING},
+    "caps": _ref("Caps"),
+    "required_tags": TAG_MAP,
+    "default_tags": TAG_MAP,
+    "expires_at": TIMESTAMP_OR_NULL,
+    "last_used_at": TIMESTAMP_OR_NULL,
+    "created_at": TIMESTAMP,
+    "byok": {"type": "boolean"},
+    "parent_id": {"type": ["string", "null"]},
+    "org_id": STRING,
+}
+
+# Answers: the members a client can rely on are required; the objects stay open (the spec
+# lets answers grow: "further fields").
 SCHEMAS: dict[str, Any] = {
-    "Error": _obj(
+    "Error": obj(
         {
-            "error": _obj(
+            "error": obj(
                 {
-                    "message": {"type": "string"},
-                    "type": {"type": "string"},
+                    "message": STRING,
+                    "type": STRING,
                     "code": {"type": "string", "enum": sorted(CATALOG)},
                     "param": {"type": ["string", "null"]},
                 },
@@ -82,212 +92,91 @@ SCHEMAS: dict[str, Any] = {
         },
         ("error",),
     ),
-    "Svc": _obj(
+    "Svc": obj(
         {
-            "request_id": {"type": "string", "pattern": "^req_[0-9a-f]+$"},
-            "policy": _obj(
+            "request_id": {"type": "string", "pattern": id_pattern("req")},
+            "policy": obj(
                 {
                     "decisions": {
                         "type": "array",
-                        "items": _obj(
-                            {"rule": {"type": "string"}, "verdict": {"const": "deny"}},
-                            ("rule", "verdict"),
+                        "items": obj(
+                            {"rule": STRING, "verdict": {"const": "deny"}}, ("rule", "verdict")
                         ),
                     }
                 }
             ),
-            "ignored_parameters": {"type": "array", "items": {"type": "string"}},
+            "ignored_parameters": {"type": "array", "items": STRING},
         }
     ),
-    "Message": _obj(
+    "ChatCompletionRequest": CHAT_REQUEST,
+    "ResponsesRequest": RESPONSES_REQUEST,
+    "EmbeddingsRequest": EMBEDDINGS_REQUEST,
+    "SubKeyCreate": SUB_KEY_REQUEST,
+    "SubKeyPatch": SUB_KEY_PATCH,
+    "Caps": obj(
         {
-            "role": {"type": "string", "enum": ["system", "user", "assistant", "tool"]},
-            "content": {"type": ["string", "array", "null"]},
-            "name": {"type": "string"},
-            "tool_calls": {"type": "array"},
-            "tool_call_id": {"type": "string"},
+            "usd_day": USD_OR_NULL,
+            "usd_month": USD_OR_NULL,
+            "rpm": COUNT,
+            "tpm": {"type": ["integer", "null"], "minimum": 0},
+            "max_in_flight": COUNT,
+            "max_output_tokens": COUNT,
         },
-        ("role", "content"),
+        ("usd_day", "usd_month", "rpm", "tpm", "max_in_flight", "max_output_tokens"),
     ),
-    "ChatCompletionRequest": _request(
-        CHAT_FIELDS,
-        {
-            "model": {"type": "string"},
-            "messages": {"type": "array", "minItems": 1, "items": _ref("Message")},
-            "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-            "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-            "max_tokens": POSITIVE,
-            "max_completion_tokens": POSITIVE,
-            "stop": {
-                "oneOf": [
-                    {"type": "string"},
-                    {"type": "array", "maxItems": 4, "items": {"type": "string"}},
-                ]
-            },
-            "seed": {"type": "integer"},
-            "stream": {"type": "boolean"},
-            "stream_options": _obj({"include_usage": {"type": "boolean"}}),
-            "response_format": {"type": "object"},
-            "tools": {"type": "array", "items": {"type": "object"}},
-            "tool_choice": {"type": "string", "enum": ["auto", "none"]},
-            "web_search_options": {"type": "object"},
-            "metadata": STRING_MAP,
-            "svc_tags": STRING_MAP,
-            "user": {"type": "string"},
-            "parallel_tool_calls": {"type": "boolean"},
-            "service_tier": {"type": "string"},
-            "n": {"type": "integer", "minimum": 1, "maximum": 1},
-            "logprobs": FALSE_ONLY,
-            "logit_bias": {"type": ["object", "null"], "maxProperties": 0},
-            "modalities": {"anyOf": [{"type": "null"}, {"const": ["text"]}]},
-            "store": FALSE_ONLY,
-            "connectors": SESSION_ONLY,
-            "hitl_approvals": SESSION_ONLY,
-        },
-        ("model", "messages"),
-    ),
-    "ResponsesRequest": _request(
-        RESPONSES_FIELDS,
-        {
-            "model": {"type": "string"},
-            "input": {"type": ["string", "array"]},
-            "instructions": {"type": "string"},
-            "max_output_tokens": POSITIVE,
-            "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-            "top_p": {"type": "number", "minimum": 0, "maximum": 1},
-            "text": _obj(
-                {"format": {"type": "object"}, "verbosity": {"type": "string"}},
-            ),
-            "reasoning": {"type": "object"},
-            "tools": {
-                "type": "array",
-                "items": _obj(
-                    {"type": {"type": "string", "enum": ["function", "web_search"]}}, ("type",)
-                ),
-            },
-            "tool_choice": {"type": "string", "enum": ["auto", "none"]},
-            "stream": {"type": "boolean"},
-            "metadata": STRING_MAP,
-            "svc_tags": STRING_MAP,
-            "user": {"type": "string"},
-            "parallel_tool_calls": {"type": "boolean"},
-            "service_tier": {"type": "string"},
-            "include": {
-                "type": "array",
-                "items": {"type": "string", "not": {"const": "message.output_text.logprobs"}},
-            },
-            "truncation": {"enum": ["disabled", None]},
-            "store": FALSE_ONLY,
-            "background": FALSE_ONLY,
-            "connectors": SESSION_ONLY,
-            "hitl_approvals": SESSION_ONLY,
-        },
-        ("model", "input"),
-    ),
-    "EmbeddingsRequest": _obj(
-        {
-            "model": {"type": "string"},
-            "input": {
-                "oneOf": [
-                    {"type": "string"},
-                    {"type": "array", "items": {"type": "string"}},
-                    {"type": "array", "items": {"type": "array", "items": {"type": "integer"}}},
-                ]
-            },
-            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
-            "dimensions": POSITIVE,
-        },
-        ("model", "input"),
-    ),
-    "Caps": _obj(
-        {
-            "usd_day": {"type": ["number", "null"], "minimum": 0},
-            "usd_month": {"type": ["number", "null"], "minimum": 0},
-            "rpm": POSITIVE,
-            "tpm": {"type": ["integer", "null"], "minimum": 1},
-            "max_in_flight": POSITIVE,
-            "max_output_tokens": POSITIVE,
-        }
-    ),
-    "SubKeyCreate": _request(
-        SUB_KEY_FIELDS,
-        {
-            "name": {"type": "string", "minLength": 1},
-            "scopes": {
-                "type": "array",
-                "items": {"type": "string", "enum": ["inference", "embeddings", "usage:read"]},
-            },
-            "caps": _ref("Caps"),
-            "allowed_models": {"type": "array", "minItems": 1, "items": {"type": "string"}},
-            "required_tags": STRING_MAP,
-            "default_tags": STRING_MAP,
-            "data_mode": {"type": "string", "enum": ["standard", "zero_retention", "confidential"]},
-            "expires_at": {"type": ["string", "null"], "format": "date-time"},
-            "mode": {"type": "string"},
-            "environment": {"type": "string"},
-            "byok": {"type": "boolean"},
-        },
-        ("name",),
-    ),
-    "SubKeyPatch": _obj({"disabled": {"type": "boolean"}}, ("disabled",), closed=True),
-    "Key": _obj(
-        {
-            "id": {"type": "string"},
-            "name": {"type": "string"},
-            "prefix": {"type": "string"},
-            "status": {"type": "string", "enum": ["active", "disabled", "revoked", "expired"]},
-            "mode": {"type": "string", "enum": ["live", "sandbox"]},
-            "environment": {"type": "string"},
-            "data_mode": {"type": "string"},
-            "scopes": {"type": "array", "items": {"type": "string"}},
-            "allowed_model_keys": {"type": ["array", "null"], "items": {"type": "string"}},
-            "caps": _ref("Caps"),
-            "required_tags": STRING_MAP,
-            "default_tags": STRING_MAP,
-            "expires_at": {"type": ["string", "null"]},
-            "last_used_at": {"type": ["string", "null"]},
-            "parent_id": {"type": ["string", "null"]},
-        },
-        ("id", "name", "prefix", "status", "mode", "scopes", "caps"),
-    ),
-    "SpendWindow": _obj(
+    "Key": obj(KEY, tuple(KEY)),  # every member, always
+    "SpendWindow": obj(
         {
             "spent_usd": USD,
             "reserved_usd": USD,
-            "limit_usd": {"type": ["number", "null"]},
+            "limit_usd": USD_OR_NULL,
             "remaining_usd": {"type": ["number", "null"]},
-            "resets_at": {"type": "string"},
+            "resets_at": TIMESTAMP,
         },
         ("spent_usd", "reserved_usd", "limit_usd", "remaining_usd", "resets_at"),
     ),
     "KeySelf": {
         "allOf": [
             _ref("Key"),
-            _obj(
+            obj(
                 {
-                    "usage": _obj(
+                    "usage": obj(
                         {"day": _ref("SpendWindow"), "month": _ref("SpendWindow")},
                         ("day", "month"),
                     ),
-                    "rate_limit": _obj(
+                    "rate_limit": obj(
                         {
-                            "requests_per_minute": {"type": "integer"},
-                            "requests_this_minute": {"type": "integer"},
-                            "tokens_per_minute": {"type": ["integer", "null"]},
-                            "max_in_flight": {"type": "integer"},
-                            "in_flight": {"type": "integer"},
-                        }
+                            "requests_per_minute": COUNT,
+                            "requests_this_minute": COUNT,
+                            "tokens_per_minute": {"type": ["integer", "null"], "minimum": 0},
+                            "tokens_this_minute": COUNT,
+                            "max_in_flight": COUNT,
+                            "in_flight": COUNT,
+                        },
+                        (
+                            "requests_per_minute",
+                            "requests_this_minute",
+                            "tokens_per_minute",
+                            "max_in_flight",
+                            "in_flight",
+                        ),
                     ),
-                    "sub_key_count": {"type": "integer"},
+                    "sub_key_count": COUNT,
                 },
                 ("usage", "rate_limit", "sub_key_count"),
             ),
         ]
     },
     "KeyWithToken": {
-        "allOf": [_ref("Key"), _obj({"token": {"type": "string"}}, ("token",))],
+        "allOf": [
+            _ref("Key"),
+            obj({"token": {"type": "string", "pattern": "^svc_(live|test)_"}}, ("token",)),
+        ],
     },
-    "KeyList": _obj(
+    "RevokedKey": {
+        "allOf": [_ref("Key"), obj({"deleted": {"const": True}}, ("deleted",))],
+    },
+    "KeyList": obj(
         {
             "object": {"const": "list"},
             "data": {"type": "array", "items": _ref("Key")},
@@ -295,13 +184,13 @@ SCHEMAS: dict[str, Any] = {
         },
         ("object", "data", "has_more"),
     ),
-    "Model": _obj(
+    "Model": obj(
         {
-            "id": {"type": "string"},
+            "id": STRING,
             "object": {"const": "model"},
             "created": {"type": "integer"},
-            "owned_by": {"type": "string"},
-            "kind": {"type": "string", "enum": ["chat", "embedding"]},
+            "owned_by": STRING,
+            "kind": {"enum": ["chat", "embedding"]},
             "tools": {"type": "boolean"},
             "structured_output": {"type": "boolean"},
             "vision": {"type": "boolean"},
@@ -310,100 +199,176 @@ SCHEMAS: dict[str, Any] = {
             "byok_available": {"type": "boolean"},
             "pricing": {"type": "object"},
         },
-        ("id", "object", "created", "owned_by"),
+        (
+            "id",
+            "object",
+            "created",
+            "owned_by",
+            "tools",
+            "structured_output",
+            "vision",
+            "zero_retention_available",
+            "byok_available",
+        ),
     ),
-    "ModelList": _obj(
+    "ModelList": obj(
         {"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Model")}},
         ("object", "data"),
     ),
-    "ChatCompletion": _obj(
+    "ChatCompletion": obj(
         {
-            "id": {"type": "string"},
+            "id": STRING,
             "object": {"const": "chat.completion"},
             "created": {"type": "integer"},
-            "model": {"type": "string"},
-            "choices": {"type": "array", "items": {"type": "object"}},
-            "usage": {"type": "object"},
+            "model": STRING,
+            "choices": {
+                "type": "array",
+                "minItems": 1,
+                "items": obj(
+                    {
+                        "index": COUNT,
+                        "message": obj(
+                            {
+                                "role": {"const": "assistant"},
+                                "content": {"type": ["string", "null"]},
+                                "tool_calls": {"type": "array", "items": {"type": "object"}},
+                                "refusal": {"type": ["string", "null"]},
+                            },
+                            ("role", "content"),
+                        ),
+                        "finish_reason": {"type": ["string", "null"]},
+                    },
+                    ("index", "message", "finish_reason"),
+                ),
+            },
+            "usage": obj(
+                {"prompt_tokens": COUNT, "completion_tokens": COUNT, "total_tokens": COUNT},
+                ("prompt_tokens", "completion_tokens", "total_tokens"),
+            ),
             "svc": _ref("Svc"),
         },
         ("id", "object", "created", "model", "choices"),
     ),
-    "Response": _obj(
+    "Response": obj(
         {
-            "id": {"type": "string"},
+            "id": STRING,
             "object": {"const": "response"},
-            "status": {"type": "string"},
-            "model": {"type": "string"},
-            "output": {"type": "array"},
-            "usage": {"type": ["object", "null"]},
+            "created_at": {"type": "integer"},
+            "status": STRING,
+            "model": STRING,
+            "output": {"type": "array", "items": obj({"type": STRING}, ("type",))},
+            "usage": {
+                "anyOf": [
+                    {"type": "null"},
+                    obj(
+                        {"input_tokens": COUNT, "output_tokens": COUNT, "total_tokens": COUNT},
+                        ("input_tokens", "output_tokens", "total_tokens"),
+                    ),
+                ]
+            },
             "svc": _ref("Svc"),
         },
-        ("id", "object", "model", "output"),
+        ("id", "object", "status", "model", "output"),
     ),
-    "EmbeddingList": _obj(
+    "EmbeddingList": obj(
         {
             "object": {"const": "list"},
-            "data": {"type": "array", "items": {"type": "object"}},
-            "model": {"type": "string"},
-            "usage": {"type": "object"},
+            "data": {
+                "type": "array",
+                "items": obj(
+                    {
+                        "object": {"const": "embedding"},
+                        "index": COUNT,
+                        "embedding": {
+                            "oneOf": [{"type": "array", "items": {"type": "number"}}, STRING],
+                            "description": "Numbers, or base64 of float32 values",
+                        },
+                    },
+                    ("object", "index", "embedding"),
+                ),
+            },
+            "model": STRING,
+            "usage": obj(
+                {"prompt_tokens": COUNT, "total_tokens": COUNT},
+                ("prompt_tokens", "total_tokens"),
+            ),
+            "svc": _ref("Svc"),
         },
-        ("object", "data", "model"),
+        ("object", "data", "model", "usage"),
     ),
-    "Usage": _obj(
+    "Usage": obj(
         {
-            "object": {"type": "string"},
+            "object": {"const": "usage"},
             "start": {"type": "string", "format": "date"},
             "end": {"type": "string", "format": "date"},
             "group_by": {"type": ["string", "null"]},
-            "totals": {"type": "object"},
-            "data": {"type": "array", "items": {"type": "object"}},
+            "totals": obj(USAGE_TOTALS, tuple(USAGE_TOTALS)),
+            "data": {
+                "type": "array",
+                "items": obj(
+                    {"group": {"type": ["string", "null"]}, **USAGE_TOTALS},
+                    ("group", *USAGE_TOTALS),
+                ),
+            },
         },
-        ("start", "end", "totals", "data"),
+        ("object", "start", "end", "group_by", "totals", "data"),
     ),
-    "Credits": _obj(
+    "Credits": obj(
         {
+            "object": {"const": "credits"},
+            "org_id": STRING,
             "balance_usd": {"type": "number"},
             "reserved_usd": USD,
             "available_usd": {"type": "number"},
             "purchased_usd": USD,
             "used_usd": USD,
         },
-        ("balance_usd", "reserved_usd", "available_usd", "purchased_usd", "used_usd"),
+        ("object", "balance_usd", "reserved_usd", "available_usd", "purchased_usd", "used_usd"),
     ),
-    "RequestRecord": _obj(
+    "RequestRecord": obj(
         {
-            "id": {"type": "string"},
+            "id": {"type": "string", "pattern": id_pattern("req")},
             "object": {"const": "request"},
-            "created": {"type": "string"},
-            "endpoint": {"type": "string"},
-            "model": {"type": "string"},
-            "provider": {"type": "string"},
-            "key_id": {"type": "string"},
-            "mode": {"type": "string", "enum": ["live", "sandbox"]},
-            "status": {"type": "string", "enum": ["succeeded", "failed", "cancelled"]},
+            "created": TIMESTAMP,
+            "endpoint": STRING,
+            "model": STRING,
+            "provider": {"type": ["string", "null"]},
+            "key_id": STRING,
+            "mode": {"enum": ["live", "sandbox"]},
+            "status": {"enum": ["succeeded", "failed", "cancelled"]},
             "http_status": {"type": "integer"},
             "stream": {"type": "boolean"},
-            "tags": STRING_MAP,
+            "tags": TAG_MAP,
             "usage": {"type": ["object", "null"]},
-            "cost": _obj(
+            "cost": obj(
                 {
                     "estimated_usd": USD,
                     "reserved_usd": USD,
                     "settled_usd": USD,
                     "billed_usd": USD,
                 },
-                ("settled_usd",),
+                ("estimated_usd", "reserved_usd", "settled_usd", "billed_usd"),
             ),
-            "latency_ms": {"type": "number"},
-            "error": {"type": ["object", "null"]},
+            "latency_ms": {"type": ["number", "null"]},
+            "error": {"anyOf": [{"type": "null"}, obj({"code": STRING}, ("code",))]},
             "trace_id": {
                 "type": ["string", "null"],
                 "description": "The W3C trace id of the call (its traceparent).",
             },
         },
-        ("id", "cost"),
+        ("id", "object", "created", "endpoint", "model", "status", "cost"),
     ),
 }
+
+#: one server-sent event of a streamed call (``stream: true``): its data a JSON object, or
+#: ``[DONE]`` closing a chat completions stream; keep-alive comments are no events
+SSE_EVENT = obj(
+    {
+        "event": STRING,
+        "data": {"anyOf": [{"const": "[DONE]"}, {"type": "string", "pattern": "^\\{"}]},
+    },
+    ("data",),
+)
 
 # -- operations --------------------------------------------------------------------------
 
@@ -454,26 +419,7 @@ _MODEL_CALL = (
 )
 _KEYS = (*_SCOPED, *_BODY, "not_found", "child_exceeds_parent", "model_not_in_catalog")
 
-_IDEMPOTENCY = {
-    "name": "Idempotency-Key",
-    "in": "header",
-    "description": "Idempotent retry: the same key and body replay the stored answer.",
-    "schema": {"type": "string", "minLength": 1, "maxLength": 255},
-}
-_TAGS = {
-    "name": "X-Svc-Tags",
-    "in": "header",
-    "description": "Tags: k=v,k2=v2 (values percent-encoded).",
-    "schema": {"type": "string"},
-}
-
-
-def _path_param(name: str) -> dict[str, Any]:
-    return {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-
-
-def _query(name: str, schema: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "in": "query", "required": False, "schema": schema}
+_IDEMPOTENCY, _TAGS = IDEMPOTENCY_HEADER, TAGS_HEADER
 
 
 # (method, path, scope, summary, request schema, 2xx status, answer schema, codes, params)
@@ -483,7 +429,7 @@ OPERATIONS: tuple[tuple[Any, ...], ...] = (
     ("get", "/v1/models/{model_id}", "inference (none without a key)",
      "One model of the catalog, by its id (which may hold a /) or an alias", None, 200,
      "Model", ("invalid_api_key", "scope_denied", "rate_limited", "model_not_found",
-     "internal_error"), (_path_param("model_id"),)),
+     "internal_error"), (path_param("model_id"),)),
     ("post", "/v1/chat/completions", "inference", "Chat completion, streamed or not",
      "ChatCompletionRequest", 200, "ChatCompletion", (*_MODEL_CALL, "validation_failed",
      "invalid_messages"), (_IDEMPOTENCY, _TAGS)),
@@ -497,23 +443,20 @@ OPERATIONS: tuple[tuple[Any, ...], ...] = (
      _ANY_KEY, ()),
     ("get", "/v1/keys", "keys:manage", "The caller's sub-keys", None, 200, "KeyList",
      (*_SCOPED, "invalid_request"),
-     (_query("limit", {"type": "integer", "minimum": 1, "maximum": 100}),
-      _query("after", {"type": "string"}))),
+     KEYS_QUERY),
     ("post", "/v1/keys", "keys:manage", "Create a sub-key (its token is shown once)",
      "SubKeyCreate", 201, "KeyWithToken", _KEYS, ()),
     ("patch", "/v1/keys/{key_id}", "keys:manage", "Disable or re-enable a sub-key",
-     "SubKeyPatch", 200, "Key", (*_KEYS, "key_revoked"), (_path_param("key_id"),)),
-    ("delete", "/v1/keys/{key_id}", "keys:manage", "Revoke a sub-key", None, 200, "Key",
-     (*_SCOPED, "not_found"), (_path_param("key_id"),)),
+     "SubKeyPatch", 200, "Key", (*_KEYS, "key_revoked"), (path_param("key_id", "key"),)),
+    ("delete", "/v1/keys/{key_id}", "keys:manage", "Revoke a sub-key", None, 200, "RevokedKey",
+     (*_SCOPED, "not_found"), (path_param("key_id", "key"),)),
     ("get", "/v1/usage", "usage:read", "Usage totals and groups", None, 200, "Usage",
      (*_SCOPED, "invalid_request"),
-     (_query("start", {"type": "string", "format": "date"}),
-      _query("end", {"type": "string", "format": "date"}),
-      _query("group_by", {"type": "string", "pattern": "^(day|model|key|tag:.+)$"}))),
+     USAGE_QUERY),
     ("get", "/v1/credits", "usage:read", "The organisation's credits", None, 200, "Credits",
      _SCOPED, ()),
     ("get", "/v1/requests/{request_id}", "usage:read", "One request record", None, 200,
-     "RequestRecord", (*_SCOPED, "not_found"), (_path_param("request_id"),)),
+     "RequestRecord", (*_SCOPED, "not_found"), (path_param("request_id", "req"),)),
 )  # fmt: skip
 
 _ANSWER_HEADERS = {
@@ -577,7 +520,7 @@ def _operation(row: tuple[Any, ...]) -> dict[str, Any]:
     method, path, scope, summary, body, status, answer, codes, params = row
     content: dict[str, Any] = {JSON: {"schema": _ref(answer)}}
     if path in ("/v1/chat/completions", "/v1/responses"):
-        content["text/event-stream"] = {"schema": {"type": "string"}}
+        content["text/event-stream"] = {"schema": SSE_EVENT}
     op: dict[str, Any] = {
         "operationId": method + "_" + re.sub(r"[^a-z0-9]+", "_", path[len("/v1/") :]).strip("_"),
         "summary": summary,

@@ -45,13 +45,18 @@ class Readiness:
             self.phase = Phase.READY
 
 
-def unready_reason(phase: Phase, shards_running: bool, store_answers: bool) -> str | None:
+def unready_reason(
+    phase: Phase, shards_running: bool, store_answers: bool, fenced: bool = False
+) -> str | None:
     """Why the server is not ready (None: it is). The phase comes first: while starting
-    or stopping, the parts' state says nothing more."""
+    or stopping, the parts' state says nothing more. A node of several that could not
+    renew its leases is ``fenced`` (it admits nothing)."""
     if phase is not Phase.READY:
         return phase.value
     if not shards_running:
         return "shard_down"
     if not store_answers:
         return "store_unavailable"
+    if fenced:
+        return "fenced"
     return None

@@ -15,13 +15,14 @@ import os
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
 from gateway import __version__
 from gateway.alerts import Alerts
 from gateway.catalog import Catalog, Model, nanos_to_usd, usd_to_nanos
+from gateway.cluster import Node
 from gateway.config import Config
 from gateway.errors import GatewayError
 from gateway.inflight import InFlight
@@ -35,7 +36,7 @@ from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers
 from gateway.ratelimit import PublicCatalogLimiter
 from gateway.readiness import Readiness
-from gateway.store import Store, records
+from gateway.store import Store, StoreError, is_postgres, records
 from gateway.store import idempotency as idempotency_ops
 from shards import ShardPool, SystemClock
 from shards.clock import Clock
@@ -93,17 +94,26 @@ class Runtime:
         self.demo = self.config.source is None
         #: the sandbox key made by the start-up work on an empty database (shown once)
         self.demo_token: str | None = None
+        #: this process as one of several nodes (a PostgreSQL store), else None
+        self.cluster: Node | None = Node(self) if is_postgres(self.config.server.db) else None
 
     @classmethod
     def open(cls, config: Config, clock: Clock | None = None) -> Runtime:
         """The runtime over its store; the state is loaded by the start-up work."""
         store = Store(config.server.db)
-        return cls(
+        runtime = cls(
             config=config,
             store=store,
             clock=clock or SystemClock(),
             admin_token=os.environ.get("SVC_ADMIN_TOKEN") or None,
         )
+        if runtime.cluster is not None:
+            try:
+                runtime.cluster.register()
+            except StoreError:
+                store.close()
+                raise
+        return runtime
 
     async def start_up(self) -> None:
         """The start-up work: the rebuild from the store, then the demo bootstrap (if
@@ -122,14 +132,15 @@ class Runtime:
 
     def load(self) -> None:
         """Rebuild the in-memory state from the store (start-up only), after recovery."""
-        self.recover()
-        for row in self.store.call(records.list_orgs):
-            org = Org.from_row(row)
-            self.orgs[org.id] = org
-        balances = self.store.call(records.org_balances)
-        billed = self.store.call(records.org_billed, self._month())
-        for org in self.orgs.values():
-            self._load_org_account(org, balances.get(org.id, {}), billed.get(org.id, 0))
+        if self.cluster is not None:
+            self.cluster.recover()
+        else:
+            self.recover()
+        self.load_orgs(
+            self.store.call(records.list_orgs),
+            self.store.call(records.org_balances),
+            self.store.call(records.org_billed, self.month()),
+        )
         self.keyring.load(self.store.call(records.all_keys))
         self.store.call(idempotency_ops.purge, self.clock.now() - idempotency_ops.RETENTION_S)
         self.alerts.load()
@@ -149,6 +160,8 @@ class Runtime:
             record = self.keyring.get(key_id)
             if record is not None:
                 self.pool.load_spend(record.id, record.family_id, day_nanos, month_nanos)
+        if self.cluster is not None:
+            self.cluster.renew_now()  # the rebuild may have taken a good part of a lease
 
     def recover(self) -> None:
         """Settle the calls a crash left in flight, before the rebuild counts spend.
@@ -168,6 +181,19 @@ class Runtime:
                 extra=event("recovery", calls=calls, settled_usd=usd),
             )
 
+    def load_orgs(
+        self,
+        rows: list[dict[str, Any]],
+        balances: dict[str, dict[str, int]],
+        billed: dict[str, int],
+    ) -> None:
+        """Organisations and their accounts as the store has them (start-up, and a
+        node's reload after another node changed them)."""
+        for row in rows:
+            org = Org.from_row(row)
+            self.orgs[org.id] = org
+            self._load_org_account(org, balances.get(org.id, {}), billed.get(org.id, 0))
+
     def _load_org_account(self, org: Org, balance: dict[str, int], billed: int = 0) -> None:
         budget = org.policy.get("budget_usd_month")
         self.pool.set_org(
@@ -177,7 +203,7 @@ class Runtime:
             billed_month_nanos=billed,
         )
 
-    def _month(self) -> str:
+    def month(self) -> str:
         return datetime.fromtimestamp(self.clock.now(), UTC).strftime("%Y-%m")
 
     # -- organisations ---------------------------------------------------------------------

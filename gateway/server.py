@@ -155,6 +155,8 @@ async def serve(
                         await _settle_in_flight(runtime)
                         await runtime.keyring.flush_last_used()
                         await runtime.alerts.aclose()  # before the store writer stops
+                        if runtime.cluster is not None:
+                            await runtime.cluster.leave()
                 root.cancel_scope.cancel()
 
             binds = await root.start(http)
@@ -163,6 +165,8 @@ async def serve(
             await root.start(runtime.store.run)
             await root.start(runtime.pool.run)
             await root.start(runtime.alerts.run)
+            if runtime.cluster is not None:
+                await root.start(runtime.cluster.run)
             root.start_soon(_flush_last_used, runtime)
             started.set()
             readiness.ready()

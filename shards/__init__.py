@@ -27,6 +27,7 @@ limits mean unlimited.
 from .actor import ShardUnavailable
 from .clock import Clock, FakeClock, NonDecreasingClock, SystemClock
 from .keys import KeyRef, KeyState
+from .leases import LeaseBook, LeaseNeed, LeaseShort, lease_size, posted
 from .messages import (
     BUDGET_EXCEEDED,
     INSUFFICIENT_CREDITS,
@@ -71,6 +72,9 @@ __all__ = [
     "KeyState",
     "KeyStatus",
     "KeyStatusRequest",
+    "LeaseBook",
+    "LeaseNeed",
+    "LeaseShort",
     "NonDecreasingClock",
     "OrgSnapshot",
     "PoolStatistics",
@@ -84,10 +88,12 @@ __all__ = [
     "SystemClock",
     "day_resets_at",
     "day_window",
+    "lease_size",
     "minute_resets_at",
     "minute_window",
     "month_resets_at",
     "month_window",
+    "posted",
     "seconds_until_minute_reset",
     "shard_index",
 ]

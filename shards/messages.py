@@ -121,6 +121,8 @@ class AdmitRequest(NamedTuple):
     #: model calls take an in-flight slot; reads (GET /v1/key, usage...) do not
     take_slot: bool = True
     org_rpm: int | None = None
+    #: with leases (several nodes): the key's id, which names its leases
+    key_id: str | None = None
 
 
 @keyword_only
@@ -163,6 +165,9 @@ class ReserveRequest(NamedTuple):
     #: nano-USD reserved against org credits and budget (0 for sandbox keys)
     org_cost: int = 0
     check_credits: bool = True
+    #: with leases (several nodes): the key's and its parent's ids, naming their leases
+    key_id: str | None = None
+    parent_id: str | None = None
 
 
 @keyword_only
@@ -184,6 +189,8 @@ class Reservation(NamedTuple):
     day: int
     #: the month window (year * 12 + month - 1, UTC) it was made in
     month: int
+    #: with leases: what it took of them (:class:`~shards.leases.LeaseNeed`)
+    leases: tuple[Any, ...] = ()
 
 
 @keyword_only
@@ -220,6 +227,8 @@ class SettleRequest(NamedTuple):
     cap_amount: int = 0
     #: nano-USD debited from org credits and counted in its budget (≤ reserved)
     billed_amount: int = 0
+    #: with leases: the key's id (a slot goes back to its lease)
+    key_id: str | None = None
 
 
 # -------------------------------------------------------------------- reads

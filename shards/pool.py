@@ -49,6 +49,7 @@ import trio
 from .actor import Shard, ShardUnavailable, Watchdog
 from .clock import Clock, NonDecreasingClock, SystemClock
 from .keys import KeyRef
+from .leases import LeaseBook, LeaseShort
 from .messages import (
     Admission,
     AdmitRequest,
@@ -116,6 +117,16 @@ class ShardPool:
         )
         self._n = n_shards
         self._running = False
+        #: the node's leases when several nodes share the limits (:meth:`use_leases`)
+        self.leases: LeaseBook | None = None
+
+    def use_leases(self) -> LeaseBook:
+        """Admit every request that names its key (``key_id``) against leases from now
+        on (several nodes on one database); returns the pool's book."""
+        self.leases = LeaseBook()
+        for shard in self._shards:
+            shard.state.leases = self.leases
+        return self.leases
 
     @property
     def n_shards(self) -> int:
@@ -170,12 +181,12 @@ class ShardPool:
     # of awaiting it in one of their own: one coroutine and frame fewer per step. They
     # route by the shard index the caller's ref gave it.
 
-    def admit(self, req: AdmitRequest) -> Awaitable[Admission]:
+    def admit(self, req: AdmitRequest) -> Awaitable[Admission | LeaseShort]:
         """Step 3 (await it): count the request, check rpm (key, org, platform),
         take a slot."""
         return self._shards[req.shard].call(req)
 
-    def reserve(self, req: ReserveRequest) -> Awaitable[Reservation | ReserveRefusal]:
+    def reserve(self, req: ReserveRequest) -> Awaitable[Reservation | ReserveRefusal | LeaseShort]:
         """Step 8 (await it): count tpm, then reserve key + parent + org
         all-or-nothing."""
         return self._shards[req.shard].call(req)

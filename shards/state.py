@@ -70,6 +70,7 @@ from .keys import (
     roll_minute,
     roll_spend,
 )
+from .leases import LeaseBook, LeaseNeed, LeaseShort, admit_needs, posted, reserve_needs
 from .messages import (
     BUDGET_EXCEEDED,
     INSUFFICIENT_CREDITS,
@@ -146,6 +147,8 @@ class ShardState:
         #: pending: the settlement finds the states without looking them up again
         self.pending: dict[int, tuple[Reservation, KeyState, KeyState | None]] = {}
         self._ids = ids if ids is not None else itertools.count(1)
+        #: the pool's leases when several nodes share the limits (else None)
+        self.leases: LeaseBook | None = None
 
     def key_ref(self, key_id: str, family_id: str) -> KeyRef:
         """The key's ref, created (with a blank state) on first use.
@@ -162,9 +165,20 @@ class ShardState:
 
     # -- step 3 -----------------------------------------------------------------
 
-    def admit(self, req: AdmitRequest) -> Admission:
+    def admit(self, req: AdmitRequest) -> Admission | LeaseShort:
         t = self._clock.now()
         minute = int(t // MINUTE_S)
+        book, needs = self.leases, None
+        if book is not None and req.key_id is not None:
+            needs = admit_needs(req, minute, self.orgs.platform_rpm)
+            if short := book.short(needs):
+                return _admit_short(short, req.rpm, (minute + 1) * MINUTE_S - int(t))
+        admission = self._admit(req, t, minute)
+        if needs is not None and admission.ok:
+            book.take(needs, t)  # type: ignore[union-attr]
+        return admission
+
+    def _admit(self, req: AdmitRequest, t: float, minute: int) -> Admission:
         key = req.key
         roll_minute(key, minute)
         key[REQUESTS] = count = key[REQUESTS] + 1
@@ -203,7 +217,7 @@ class ShardState:
 
     # -- step 8 -----------------------------------------------------------------
 
-    def reserve(self, req: ReserveRequest) -> Reservation | ReserveRefusal:
+    def reserve(self, req: ReserveRequest) -> Reservation | ReserveRefusal | LeaseShort:
         cost, org_cost, tokens = req.cost, req.org_cost, req.tokens
         if cost < 0 or org_cost < 0 or tokens < 0:
             raise ValueError(f"negative amount in {req!r}")
@@ -211,6 +225,11 @@ class ShardState:
         if parent is key:
             raise ValueError("a key is its own parent")
         t = self._clock.now()
+        book, needs = self.leases, None
+        if book is not None and req.key_id is not None:
+            needs = reserve_needs(req, t, self.orgs.get(req.org_id).budget)
+            if short := book.short(needs):
+                return _reserve_short(short, req.key_id, seconds_until_minute_reset(t))
         minute = int(t // MINUTE_S)
         roll_minute(key, minute)
         counted = key[TOKENS] + tokens
@@ -243,6 +262,8 @@ class ShardState:
             parent[MONTH_PENDING] += cost
         org.pending += org_cost
         org.month_pending += org_cost
+        if needs is not None:
+            book.take(needs, t)  # type: ignore[union-attr]
         res = Reservation.build(
             id=next(self._ids),
             org_id=req.org_id,
@@ -252,6 +273,7 @@ class ShardState:
             org_nanos=org_cost,
             day=day,
             month=month,
+            leases=tuple(needs) if needs else (),
         )
         self.pending[res.id] = (res, key, parent)
         return res
@@ -271,11 +293,15 @@ class ShardState:
                 holder[IN_FLIGHT] -= 1
             else:
                 logger.error("shard %d: settle released a slot its key did not hold", self.index)
+            if self.leases is not None and req.key_id is not None:
+                self.leases.give(f"s:{req.key_id}:0", 1)
         if entry is None:
             return
         res, key, parent = entry
         cap = _clamp(req.cap_amount, res.key_nanos, res, "cap_amount")
         billed = _clamp(req.billed_amount, res.org_nanos, res, "billed_amount")
+        if res.leases and self.leases is not None:
+            _give_back(self.leases, res.leases, cap, billed)
         t = self._clock.now()
         day = int(t // DAY_S)
         month = month_of_day(day)
@@ -331,6 +357,65 @@ class ShardState:
         roll_spend(key, day, month_of_day(day))
         key[DAY_POSTED] = day_spent
         key[MONTH_POSTED] = month_spent
+
+
+def _give_back(book: LeaseBook, taken: tuple[LeaseNeed, ...], cap: int, billed: int) -> None:
+    """A settled reservation's leases: the part of the spend not posted goes back (the
+    posted part leaves the lease in the database, with the settlement)."""
+    reserved = {need.limit_id: need.amount for need in taken}
+    for limit_id, amount in posted(taken, cap, billed):
+        book.give(limit_id, reserved[limit_id] - amount)
+
+
+_ADMIT_SHORT = {"r": "key", "o": "org", "p": "platform"}
+
+
+def _admit_short(short: tuple[LeaseNeed, ...], rpm: int, reset: int) -> LeaseShort:
+    refusals = []
+    for need in short:
+        if need.kind == "s":
+            code, retry, scope = TOO_MANY_IN_FLIGHT, _IN_FLIGHT_RETRY_AFTER, "key"
+        else:
+            scope = _ADMIT_SHORT[need.kind]
+            code, retry = RATE_LIMITED, reset if scope == "key" else _ORG_RETRY_AFTER
+        refusals.append(
+            Admission.build(
+                ok=False,
+                code=code,
+                retry_after=retry,
+                scope=scope,
+                limit_requests=rpm,
+                remaining_requests=0,
+                reset_requests_s=reset,
+                slot_taken=False,
+            )
+        )
+    return LeaseShort(short, tuple(refusals))
+
+
+_RESERVE_SHORT = {
+    "d": (KEY_CAP_EXCEEDED, "usd_day"),
+    "m": (KEY_CAP_EXCEEDED, "usd_month"),
+    "c": (INSUFFICIENT_CREDITS, "credits"),
+    "b": (BUDGET_EXCEEDED, "budget_month"),
+}
+
+
+def _reserve_short(short: tuple[LeaseNeed, ...], key_id: str, reset: int) -> LeaseShort:
+    refusals = []
+    for need in short:
+        if need.kind == "t":
+            refusal = ReserveRefusal.build(
+                code=RATE_LIMITED, scope="key", limit="tpm", retry_after=reset
+            )
+        else:
+            code, limit = _RESERVE_SHORT[need.kind]
+            scope: Scope = "org" if need.kind in "cb" else "key"
+            if need.kind in "dm" and need.subject != key_id:
+                scope = "parent"
+            refusal = ReserveRefusal.build(code=code, scope=scope, limit=limit)
+        refusals.append(refusal)
+    return LeaseShort(short, tuple(refusals))
 
 
 def _clamp(amount: int, reserved: int, res: Reservation, what: str) -> int:

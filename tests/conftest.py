@@ -42,6 +42,8 @@ from shards import FakeClock
 from shards.clock import Clock
 from tests.fake_upstream import FakeUpstream
 from tests.pg_cluster import Cluster, destroy, find_bin_dir, start_cluster
+from tests.procs import ADMIN_TOKEN as PROCS_ADMIN_TOKEN
+from tests.procs import Server, start_server
 
 ADMIN_TOKEN = "test-admin-token"
 BACKENDS = ("sqlite", "postgres")
@@ -215,6 +217,37 @@ async def clocked_gateway(
     gw = await start_gateway(nursery, make_config(tmp_path), clock=clock)
     yield gw
     gw.stop.set()
+
+
+@pytest.fixture(scope="module")
+def fuzz_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A ``serve`` process of the embedded default (the mock provider), for a module of
+    fuzzing tests: generated requests from another process, as a client would send."""
+    proc = start_server(tmp_path_factory.mktemp("fuzz"))
+    try:
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture(scope="module")
+def fuzz_token(fuzz_server: Server) -> str:
+    """A sandbox key of the demo organisation with every scope, and limits a fuzzing run
+    cannot reach (no 429 noise); its output budget stays small (64) so that generated
+    budgets meet the limit too."""
+    admin = {"Authorization": f"Bearer {PROCS_ADMIN_TOKEN}"}
+    with httpx.Client(base_url=fuzz_server.url, headers=admin) as client:
+        org_id = client.get("/admin/orgs").json()["data"][0]["id"]
+        body = {
+            "org_id": org_id,
+            "name": "fuzz",
+            "mode": "sandbox",
+            "keys_manage": True,
+            "caps": {"rpm": 1_000_000, "max_in_flight": 100, "max_output_tokens": 64},
+        }
+        response = client.post("/admin/keys", json=body)
+        assert response.status_code == 201, response.text
+        return response.json()["token"]
 
 
 __all__ = [

@@ -68,7 +68,14 @@ async def start(tmp_path: Path, upstream: FakeUpstream, **env: str) -> Server:
         "--config",
         str(config),
         db=db_for(tmp_path, "g.db"),
-        env=base_env(FAKE_UPSTREAM_KEY="sk-upstream", **env),
+        # on PostgreSQL every start is the same node with a short lease: a restart after
+        # SIGKILL waits the dead registration out, then recovers its rows before serving
+        env=base_env(
+            FAKE_UPSTREAM_KEY="sk-upstream",
+            SVC_CLUSTER_NODE_ID="durable",
+            SVC_CLUSTER_LEASE_S="2",
+            **env,
+        ),
     )
     return await trio.to_thread.run_sync(run)
 

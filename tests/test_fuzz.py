@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -24,7 +23,7 @@ from hypothesis import strategies as st
 from gateway.config import default_config
 from gateway.errors import CATALOG, error_type
 from gateway.openapi import ALSO_AT, document
-from tests.procs import ADMIN_TOKEN, Server, start_server
+from tests.procs import Server
 
 EXAMPLES = 120
 FUZZ = settings(
@@ -111,33 +110,6 @@ def dumps(value: Any) -> bytes:
     return json.dumps(value).encode()
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    proc = start_server(tmp_path_factory.mktemp("fuzz"))
-    try:
-        yield proc
-    finally:
-        proc.stop()
-
-
-@pytest.fixture(scope="module")
-def token(server: Server) -> str:
-    """A sandbox key with every scope and limits the run cannot reach (no 429 noise)."""
-    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    with httpx.Client(base_url=server.url, headers=admin) as client:
-        org_id = client.get("/admin/orgs").json()["data"][0]["id"]
-        body = {
-            "org_id": org_id,
-            "name": "fuzz",
-            "mode": "sandbox",
-            "keys_manage": True,
-            "caps": {"rpm": 1_000_000, "max_in_flight": 100, "max_output_tokens": 64},
-        }
-        response = client.post("/admin/keys", json=body)
-        assert response.status_code == 201, response.text
-        return response.json()["token"]
-
-
 def body_strategy(op: dict[str, Any]) -> st.SearchStrategy[bytes | None]:
     request_body = op.get("requestBody")
     if request_body is None:
@@ -202,7 +174,10 @@ def check_answer(method: str, path: str, response: httpx.Response) -> None:
 @pytest.mark.parametrize(
     ("method", "path", "op"), OPERATIONS, ids=[f"{m} {p}" for m, p, _ in OPERATIONS]
 )
-def test_fuzz_operation(server: Server, token: str, method: str, path: str, op: dict) -> None:
+def test_fuzz_operation(
+    fuzz_server: Server, fuzz_token: str, method: str, path: str, op: dict
+) -> None:
+    server, token = fuzz_server, fuzz_token
     segment = st.text(
         st.characters(min_codepoint=33, max_codepoint=126, exclude_characters="/?#%"),
         min_size=1,

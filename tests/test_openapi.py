@@ -5,13 +5,17 @@ from __future__ import annotations
 import re
 
 import httpx
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openapi_spec_validator import validate
 
 from gateway.app import create_app
 from gateway.calls.chat import CHAT_FIELDS
 from gateway.calls.responses import RESPONSES_FIELDS
+from gateway.calls.tags import parse_header
 from gateway.errors import CATALOG
 from gateway.openapi import ALSO_AT, document
+from gateway.request_schemas import TAGS_HEADER
 from gateway.subkeys import FIELDS as SUB_KEY_FIELDS
 from tests.conftest import Gateway
 
@@ -127,3 +131,12 @@ def test_closed_request_schemas_list_exactly_the_fields_the_parsers_accept() -> 
     for name, table in tables.items():
         assert schemas[name]["additionalProperties"] is False
         assert set(schemas[name]["properties"]) == table, name
+
+
+@settings(max_examples=300, database=None, deadline=None)
+@given(st.from_regex(TAGS_HEADER["schema"]["pattern"], fullmatch=True))
+def test_every_tag_header_the_document_allows_is_read(header: str) -> None:
+    """The pattern is no looser than the parser (tests/test_schemathesis.py checks the
+    other way, against the server): every value it matches parses, none is refused."""
+    tags = parse_header(header)
+    assert len(tags) <= 16

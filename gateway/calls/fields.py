@@ -40,6 +40,8 @@ COMMON_FIELDS = frozenset(
 )
 # Image content parts, in chat (image_url) and responses (input_image) terms.
 IMAGE_PARTS = ("image_url", "input_image")
+#: sampling numbers forwarded on both endpoints, each from 0 to its bound (both included)
+SAMPLING = {"temperature": 2, "top_p": 1}
 
 
 def is_int(value: Any) -> bool:
@@ -177,10 +179,7 @@ def common_params(body: dict[str, Any]) -> dict[str, Any]:
     """temperature and top_p (forwarded); user and service_tier checked, never forwarded
     ("accepted, no effect"): a caller can neither change the upstream's price tier nor
     hand the upstream an end-user id."""
-    found = {
-        "temperature": number(body, "temperature", 2),
-        "top_p": number(body, "top_p", 1),
-    }
+    found = {name: number(body, name, high) for name, high in SAMPLING.items()}
     string(body, "user")
     string(body, "service_tier")
     return {name: value for name, value in found.items() if value is not None}

@@ -162,7 +162,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
 
 def _message(item: dict[str, Any], index: int) -> dict[str, Any]:
     role = item.get("role")
-    if role not in INPUT_ROLES:
+    if not isinstance(role, str) or role not in INPUT_ROLES:  # a list is no key of a dict
         raise _unreadable(f"input[{index}].role must be user, assistant, system or developer.")
     content = item.get("content")
     if not isinstance(content, str):

@@ -214,12 +214,17 @@ async def list_models() -> Response:
 
 
 async def model_action(model_id: str, action: str) -> Response:
-    """Switch a model off (calls answer 503 model_unavailable) or on, until a restart."""
+    """Switch a model off (calls answer 503 model_unavailable) or on, until a restart
+    (with several nodes: on every node, stored until switched back)."""
     _authorize()
-    model = runtime().catalog.set_enabled(model_id, action == "enable")
+    rt = runtime()
+    enabled = action == "enable"
+    model = rt.catalog.set_enabled(model_id, enabled)
     if model is None:
         raise GatewayError("not_found", f"No model {model_id}.")
-    return json_response({**model.public(), "enabled": action == "enable"})
+    if rt.cluster is not None:
+        await rt.cluster.switch_model(model_id, enabled)
+    return json_response({**model.public(), "enabled": enabled})
 
 
 def register(app: Quart) -> None:

@@ -2,7 +2,8 @@
 
 /healthz answers 200 ``{"status":"ok"}`` while the process serves at all. /readyz
 answers 200 ``{"status":"ready"}`` only when the server is past start-up, not stopping,
-every shard actor runs and the store answers within a bound; otherwise 503
+every shard actor runs, the store answers within a bound and (several nodes) the node
+holds fresh leases; otherwise 503
 ``{"status":"unready","reason":...}`` with the first reason found (see
 :mod:`gateway.readiness`).
 """
@@ -30,7 +31,8 @@ async def readyz() -> Response:
     store_answers = (
         phase is Phase.READY and shards_running and await rt.store.answers(STORE_TIMEOUT_S)
     )
-    reason = unready_reason(phase, shards_running, store_answers)
+    fenced = rt.cluster is not None and not rt.cluster.admitting()
+    reason = unready_reason(phase, shards_running, store_answers, fenced)
     if reason is None:
         return json_response({"status": "ready"}, headers=NO_STORE)
     return json_response({"status": "unready", "reason": reason}, 503, headers=NO_STORE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from quart import Quart, Response
@@ -11,6 +12,7 @@ from gateway.auth import admit_reader
 from gateway.catalog import nanos_to_usd, usd_to_nanos
 from gateway.http import json_response, runtime
 from gateway.keys import KeyRecord, iso, key_ref
+from gateway.store import StoreError, records
 from shards import ShardUnavailable, SpendWindow
 
 
@@ -43,8 +45,11 @@ async def key_view(record: KeyRecord) -> dict[str, Any]:
         )
     except ShardUnavailable:
         raise unavailable(rt) from None
+    day, month = status.day, status.month
+    if rt.cluster is not None:  # every node's spend: the records'
+        day, month = await _cluster_windows(record, day, month)
     view = record.public(rt.clock.now())
-    view["usage"] = {"day": _window(status.day), "month": _window(status.month)}
+    view["usage"] = {"day": _window(day), "month": _window(month)}
     view["rate_limit"] = {
         "requests_per_minute": status.rpm,
         "requests_this_minute": status.requests_this_minute,
@@ -55,6 +60,30 @@ async def key_view(record: KeyRecord) -> dict[str, Any]:
     }
     view["sub_key_count"] = len(rt.keyring.children(record.id))
     return view
+
+
+async def _cluster_windows(
+    record: KeyRecord, day: SpendWindow, month: SpendWindow
+) -> tuple[SpendWindow, SpendWindow]:
+    """Several nodes: the spend windows as the records hold them (settled, and reserved
+    by the calls in flight on every node), with the caps and resets the shard gave."""
+    rt = runtime()
+    now = datetime.fromtimestamp(rt.clock.now(), UTC)
+    try:
+        got = await rt.store.read(
+            records.key_windows, record.id, now.strftime("%Y-%m-%d"), now.strftime("%Y-%m")
+        )
+    except StoreError:
+        raise unavailable(rt) from None
+
+    def window(shard: SpendWindow, spent: int, reserved: int) -> SpendWindow:
+        left = None if shard.limit is None else max(0, shard.limit - spent - reserved)
+        return shard._replace(spent=spent, reserved=reserved, remaining=left)
+
+    return (
+        window(day, got["day_spent"], got["day_reserved"]),
+        window(month, got["month_spent"], got["month_reserved"]),
+    )
 
 
 async def get_key() -> Response:

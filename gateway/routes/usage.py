@@ -68,15 +68,20 @@ async def get_request(request_id: str) -> Response:
 
 
 async def credits_view(rt: Runtime, org_id: str) -> dict[str, Any]:
-    """The organisation's credits: its account in the shards, its ledger's totals."""
+    """The organisation's credits: its account in the shards, its ledger's totals. With
+    several nodes the balance is the ledger's (every node's debits), the reserved amount
+    this node's."""
     account = rt.pool.org_snapshot(org_id)
     ledger = (await rt.store.read(records.org_balances)).get(org_id, {})
+    balance = account.balance
+    if rt.cluster is not None:
+        balance = ledger.get("purchased", 0) - ledger.get("used", 0)
     return {
         "object": "credits",
         "org_id": org_id,
-        "balance_usd": nanos_to_usd(account.balance),
+        "balance_usd": nanos_to_usd(balance),
         "reserved_usd": nanos_to_usd(account.reserved),
-        "available_usd": nanos_to_usd(account.available),
+        "available_usd": nanos_to_usd(balance - account.reserved),
         "purchased_usd": nanos_to_usd(ledger.get("purchased", 0)),
         "used_usd": nanos_to_usd(ledger.get("used", 0)),
     }

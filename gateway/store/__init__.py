@@ -112,8 +112,12 @@ class Store:
         self.name = self.backend.name
         self._write_conn: Conn | None = self.backend.open_writer()
         self._read_conn: Conn | None = None
-        self._read_retry_at = 0.0
+        #: connection attribute → when it may be opened again after a failure
+        self._retry_at: dict[str, float] = {}
         self._read_limiter = trio.CapacityLimiter(1)
+        #: the connection of short transactions of their own (:meth:`transact`)
+        self._own_conn: Conn | None = None
+        self._own_limiter = trio.CapacityLimiter(1)
         self._write_limiter = trio.CapacityLimiter(1)
         self._send, self._receive = trio.open_memory_channel[_Pending](BATCH * 4)
         #: writes to commit again after a lost connection, before any new one
@@ -180,21 +184,47 @@ class Store:
         return await trio.to_thread.run_sync(self._read, op, args, limiter=self._read_limiter)
 
     def _read(self, op: Callable[..., T], args: tuple[Any, ...]) -> T:
-        conn = self._read_conn
+        return self._on_own_conn("_read_conn", lambda conn: op(conn, *args))
+
+    async def transact(self, op: Callable[..., T], *args: Any) -> T:
+        """Run ``op`` now in a short transaction of its own, on a connection of its own
+        (a lease refill: it must not wait behind a batch, nor hold a batch's locks).
+        A lost database is a :class:`StoreError`; an error of ``op`` rolls back."""
+        return await trio.to_thread.run_sync(self._transact, op, args, limiter=self._own_limiter)
+
+    def _transact(self, op: Callable[..., T], args: tuple[Any, ...]) -> T:
+        def run(conn: Conn) -> T:
+            self.backend.begin(conn)
+            try:
+                result = op(conn, *args)
+            except BaseException:
+                if self.backend.in_transaction(conn):
+                    conn.execute("ROLLBACK", ())
+                raise
+            conn.execute("COMMIT", ())
+            return result
+
+        return self._on_own_conn("_own_conn", run)
+
+    def _on_own_conn(self, slot: str, run: Callable[[Conn], T]) -> T:
+        """``run`` on the connection kept in attribute ``slot`` (opened when missing, at
+        most every READ_RETRY_S after a failure); a lost database is a StoreError."""
+        conn: Conn | None = getattr(self, slot)
         if conn is None:
-            if time.monotonic() < self._read_retry_at:
+            if time.monotonic() < self._retry_at.get(slot, 0.0):
                 raise StoreError(UNAVAILABLE)
             try:
-                conn = self._read_conn = self.backend.open_reader()
+                conn = self.backend.open_reader()
             except StoreError:
-                self._read_retry_at = time.monotonic() + READ_RETRY_S
+                self._retry_at[slot] = time.monotonic() + READ_RETRY_S
                 raise StoreError(UNAVAILABLE) from None
+            setattr(self, slot, conn)
         try:
-            return op(conn, *args)
+            return run(conn)
         except self.backend.errors as exc:
             if not self.backend.lost(conn, exc):
                 raise
-            self._read_conn = None
+            setattr(self, slot, None)
             self.backend.close(conn)
             raise StoreError(UNAVAILABLE) from None
 
@@ -382,10 +412,10 @@ class Store:
         return None
 
     def close(self) -> None:
-        for conn in (self._read_conn, self._write_conn):
+        for conn in (self._read_conn, self._write_conn, self._own_conn):
             if conn is not None:
                 self.backend.close(conn)
-        self._read_conn = self._write_conn = None
+        self._read_conn = self._write_conn = self._own_conn = None
 
 
 def _ping(conn: Conn) -> None:

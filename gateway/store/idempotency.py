@@ -46,6 +46,10 @@ def settle(conn: Conn, key_id: str, idem_key: str, outcome: dict[str, Any] | Non
         sq.update(conn, "idempotency", {"key_id": key_id, "idem_key": idem_key}, outcome)
 
 
-def interrupt_running(conn: Conn) -> None:
-    """Recovery: every claim whose call was in flight when its process died."""
-    conn.execute("UPDATE idempotency SET state = ? WHERE state = ?", (INTERRUPTED, RUNNING))
+def interrupt_running(conn: Conn, requests: str = "", params: tuple[Any, ...] = ()) -> None:
+    """Recovery: every claim whose call was in flight when its process died (or only
+    those of the request ids the query ``requests`` selects)."""
+    where = f" AND request_id IN ({requests})" if requests else ""
+    conn.execute(
+        f"UPDATE idempotency SET state = ? WHERE state = ?{where}", (INTERRUPTED, RUNNING, *params)
+    )

@@ -200,6 +200,24 @@ def _m006_pending_requests(db: Database) -> None:
     db.execute("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'")
 
 
+def _m007_cluster(db: Database) -> None:
+    """Several nodes (PostgreSQL only; the tables exist on SQLite too, unused): the node
+    that wrote a request row, the live nodes, the leases of shared limits and the
+    change counter (see ``gateway/store/cluster.py``)."""
+    db["requests"].add_column("node_id", str)
+    db["cluster_nodes"].create(
+        {"node_id": str, "epoch": int, "started_at": float, "expires_at": float}, pk="node_id"
+    )
+    db["leases"].create(
+        {"limit_id": str, "node_id": str, "amount": int, "window_end": float},
+        pk=("limit_id", "node_id"),
+    )
+    db["cluster_version"].create({"id": int, "version": int}, pk="id")
+    db["model_switches"].create(
+        {"model_id": str, "enabled": int, "changed_at": float}, pk="model_id"
+    )
+
+
 _PG_001 = (
     """CREATE TABLE orgs (
         id TEXT COLLATE "C" PRIMARY KEY, name TEXT, residency TEXT, policy TEXT,
@@ -271,6 +289,47 @@ _PG_005 = ("ALTER TABLE requests ADD COLUMN trace_id TEXT",)
 
 _PG_006 = ("CREATE INDEX requests_pending ON requests (id) WHERE status = 'pending'",)
 
+#: what a change to keys, organisations, credits added, provider credentials or a model's
+#: switch bumps: the counter every node polls (settlement debits and last-use times do not)
+_PG_BUMP = """CREATE FUNCTION cluster_bump() RETURNS trigger LANGUAGE plpgsql AS $$
+    BEGIN
+        INSERT INTO cluster_version (id, version) VALUES (1, 1)
+        ON CONFLICT (id) DO UPDATE SET version = cluster_version.version + 1;
+        RETURN NULL;
+    END $$"""
+
+_PG_007 = (
+    "ALTER TABLE requests ADD COLUMN node_id TEXT",
+    "CREATE INDEX requests_node_pending ON requests (node_id) WHERE status = 'pending'",
+    "CREATE INDEX requests_parent_id_day ON requests (parent_id, day)",
+    "CREATE INDEX requests_key_id_month ON requests (key_id, month)",
+    "CREATE INDEX requests_parent_id_month ON requests (parent_id, month)",
+    "CREATE INDEX requests_org_id_month ON requests (org_id, month)",
+    """CREATE TABLE cluster_nodes (
+        node_id TEXT PRIMARY KEY, epoch BIGINT, started_at DOUBLE PRECISION,
+        expires_at DOUBLE PRECISION)""",
+    """CREATE TABLE leases (
+        limit_id TEXT, node_id TEXT, amount BIGINT, window_end DOUBLE PRECISION,
+        PRIMARY KEY (limit_id, node_id))""",
+    "CREATE INDEX leases_node_id ON leases (node_id)",
+    "CREATE TABLE cluster_version (id INTEGER PRIMARY KEY, version BIGINT)",
+    """CREATE TABLE model_switches (
+        model_id TEXT PRIMARY KEY, enabled INTEGER, changed_at DOUBLE PRECISION)""",
+    _PG_BUMP,
+    """CREATE TRIGGER keys_changed AFTER INSERT OR DELETE OR UPDATE OF status, caps,
+        scopes, allowed_models, required_tags, default_tags, data_mode, byok, expires_at,
+        rotated_to, parent_id, fingerprint ON keys
+        FOR EACH STATEMENT EXECUTE FUNCTION cluster_bump()""",
+    """CREATE TRIGGER orgs_changed AFTER INSERT OR UPDATE OR DELETE ON orgs
+        FOR EACH STATEMENT EXECUTE FUNCTION cluster_bump()""",
+    """CREATE TRIGGER credits_added AFTER INSERT ON credit_ledger
+        FOR EACH ROW WHEN (NEW.amount_nanos > 0) EXECUTE FUNCTION cluster_bump()""",
+    """CREATE TRIGGER provider_credentials_changed AFTER INSERT OR UPDATE OR DELETE
+        ON provider_credentials FOR EACH STATEMENT EXECUTE FUNCTION cluster_bump()""",
+    """CREATE TRIGGER model_switched AFTER INSERT OR UPDATE OR DELETE ON model_switches
+        FOR EACH STATEMENT EXECUTE FUNCTION cluster_bump()""",
+)
+
 
 @dataclass(frozen=True, slots=True)
 class Migration:
@@ -287,6 +346,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m004_dashboard, _PG_004),
     Migration(_m005_request_trace, _PG_005),
     Migration(_m006_pending_requests, _PG_006),
+    Migration(_m007_cluster, _PG_007),
 )
 
 

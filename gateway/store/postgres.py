@@ -3,10 +3,9 @@
 - ``?`` placeholders become psycopg's ``%s``; rows are dicts; a JSONB column is read as
   its text and a ``SUM`` of BIGINTs (NUMERIC in PostgreSQL) as an int, so the portable
   operations of :mod:`gateway.store.sql` see what SQLite gives them.
-- The writer's connection holds a session advisory lock for its whole life: one server
-  (one writer) per database, as SQLite's lock file. Taken again after a reconnect before
-  anything is written; refused while another holder has it.
-- Migrations run under a second advisory lock, so two processes starting at once
+- Any number of servers (nodes) may share the database: each registers itself and leases
+  its share of every shared limit (:mod:`gateway.store.cluster`).
+- Migrations run under an advisory lock, so two processes starting at once
   cannot both migrate.
 - A batch notes its transaction id: when the connection is lost during COMMIT, the
   writer asks the database, once back, whether that transaction committed.
@@ -29,7 +28,6 @@ from gateway.store.sql import Conn, Dialect
 
 #: advisory lock keys (two int4): "SVGW" and what is locked
 _LOCK_CLASS = 0x53564757
-_SERVER_LOCK = 1
 _MIGRATION_LOCK = 2
 CONNECT_TIMEOUT_S = 3
 
@@ -103,21 +101,9 @@ class PostgresBackend:
         raw.adapters.register_loader("numeric", _SumAsInt)
         return _wrap(raw)
 
-    def _lock_server(self, conn: Conn) -> None:
-        row = conn.execute(
-            "SELECT pg_try_advisory_lock(?, ?) AS ok", (_LOCK_CLASS, _SERVER_LOCK)
-        ).fetchall()[0]
-        if not row["ok"]:
-            conn.raw.close()
-            raise StoreError(
-                f"another svc-gateway server is running on the database {self.name}"
-                " (it holds the database's advisory lock); one server per database"
-            )
-
     def open_writer(self) -> Conn:
         conn = self._connect()
         try:
-            self._lock_server(conn)
             conn.execute("SELECT pg_advisory_lock(?, ?)", (_LOCK_CLASS, _MIGRATION_LOCK))
             try:
                 migrate_postgres(conn)
@@ -129,13 +115,7 @@ class PostgresBackend:
         return conn
 
     def reconnect_writer(self) -> Conn:
-        conn = self._connect()
-        try:
-            self._lock_server(conn)
-        except psycopg.Error as exc:
-            conn.raw.close()
-            raise StoreError(f"cannot use the database {self.name}: {exc}") from None
-        return conn
+        return self._connect()
 
     def open_reader(self) -> Conn:
         return self._connect()

@@ -101,6 +101,25 @@ def settled_spend(conn: Conn, day: str, month: str) -> list[dict[str, Any]]:
     )
 
 
+def key_windows(conn: Conn, key_id: str, day: str, month: str) -> dict[str, int]:
+    """A key's day and month spend as the records hold it (its family's, for a parent):
+    settled, and reserved by calls in flight (several nodes: every node's)."""
+    return sq.query(
+        conn,
+        "SELECT"
+        " COALESCE(SUM(CASE WHEN day = ? AND status != 'pending' THEN settled_usd_nanos"
+        " ELSE 0 END), 0) AS day_spent,"
+        " COALESCE(SUM(CASE WHEN day = ? AND status = 'pending' THEN reserved_usd_nanos"
+        " ELSE 0 END), 0) AS day_reserved,"
+        " COALESCE(SUM(CASE WHEN status != 'pending' THEN settled_usd_nanos ELSE 0 END), 0)"
+        " AS month_spent,"
+        " COALESCE(SUM(CASE WHEN status = 'pending' THEN reserved_usd_nanos ELSE 0 END), 0)"
+        " AS month_reserved"
+        " FROM requests WHERE (key_id = ? OR parent_id = ?) AND month = ?",
+        (day, day, key_id, key_id, month),
+    )[0]
+
+
 #: the status of a request row while its call is in flight (before it is settled)
 PENDING = "pending"
 #: the status recovery gives a pending row whose process is gone
@@ -122,36 +141,66 @@ def settle_call(
     ledger: dict[str, Any] | None,
     claim: tuple[str, str] | None,
     outcome: dict[str, Any] | None,
+    leases: tuple[str, list[tuple[str, int]]] | None = None,
 ) -> None:
     """A call's settlement: its row's final state, its credit debit when it was billed,
-    and the outcome of its Idempotency-Key ``claim`` (None: dropped): one transaction."""
-    sq.update(conn, "requests", {"id": request_id}, values)
+    and the outcome of its Idempotency-Key ``claim`` (None: dropped): one transaction.
+
+    With ``leases`` (several nodes: the node's id and what the settlement posts out of
+    each of its leases): the posted amounts leave the node's leases, and a row that is
+    no longer pending (a live node recovered it: this node was taken for dead) is left
+    as recovery settled it, its debit and claim outcome dropped.
+    """
+    if leases is not None:
+        if not sq.update(conn, "requests", {"id": request_id, "status": PENDING}, values):
+            return
+        leave_leases(conn, *leases)
+    else:
+        sq.update(conn, "requests", {"id": request_id}, values)
     if ledger is not None:
         sq.insert(conn, "credit_ledger", ledger)
     if claim is not None:
         idempotency.settle(conn, *claim, outcome)
 
 
-def recover_pending(conn: Conn) -> dict[str, int]:
+def leave_leases(conn: Conn, node_id: str, amounts: list[tuple[str, int]]) -> None:
+    """Take ``amounts`` out of the node's leases (posted by a settlement, or given back)."""
+    for limit_id, amount in amounts:
+        conn.execute(
+            "UPDATE leases SET amount = amount - ? WHERE limit_id = ? AND node_id = ?",
+            (amount, limit_id, node_id),
+        )
+
+
+def recover_pending(conn: Conn, only: str = "", params: tuple[Any, ...] = ()) -> dict[str, int]:
     """Settle every ``pending`` row (its process is gone) by the settlement table's row
     "anything else without reported usage": the full reservation counts against the
     caps of the call's day and month, nothing is billed (no ledger row); the record says
     ``interrupted``, ``service_unavailable``. Their Idempotency-Key claims say so too.
 
+    With ``only`` (an SQL condition, and its ``params``): only the rows it selects (the
+    rows a dead node left, when several nodes share the database).
+
     Returns how many rows, and the nano-USD they now count.
     """
     # the literal 'pending' (not a bound parameter) lets SQLite use the partial index
+    where = f"status = '{PENDING}'" + (f" AND {only}" if only else "")
     found = sq.query(
         conn,
         "SELECT COUNT(*) AS calls, COALESCE(SUM(reserved_usd_nanos), 0) AS nanos"
-        f" FROM requests WHERE status = '{PENDING}'",
+        f" FROM requests WHERE {where}",
+        params,
     )[0]
+    if only:
+        idempotency.interrupt_running(conn, f"SELECT id FROM requests WHERE {where}", params)
+    else:
+        idempotency.interrupt_running(conn)
     conn.execute(
         f"UPDATE requests SET status = '{INTERRUPTED}', error_code = 'service_unavailable',"
         " http_status = 503, settled_usd_nanos = reserved_usd_nanos, billed_usd_nanos = 0"
-        f" WHERE status = '{PENDING}'"
+        f" WHERE {where}",
+        params,
     )
-    idempotency.interrupt_running(conn)
     return {"calls": found["calls"], "nanos": found["nanos"]}
 
 

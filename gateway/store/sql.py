@@ -36,6 +36,7 @@ PRIMARY_KEYS = {
     "dashboard_users": ("id",),
     "dashboard_sessions": ("id",),
     "dashboard_secrets": ("name",),
+    "model_switches": ("model_id",),
 }
 
 
