@@ -206,8 +206,9 @@ async def test_past_max_connections_a_client_waits_for_a_free_place(tmp_path: Pa
         host, port = srv.url.removeprefix("http://").rsplit(":", 1)
         request = f"GET /v1/models HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
         idle = [await trio.open_tcp_stream(host, int(port)) for _ in range(cap)]
-        await idle[0].send_all(request)  # the server holds them: one answers
-        assert status_of(await read_answer(idle[0])) == 200
+        for stream in idle:  # every one answered: the server has accepted and holds them all
+            await stream.send_all(request)
+            assert status_of(await read_answer(stream)) == 200
         descriptors = sockets_of(srv.proc.pid)
         waiting = await trio.open_tcp_stream(host, int(port))  # the kernel's backlog
         async with waiting:
