@@ -4,12 +4,15 @@ and the three failures."""
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
+from pathlib import Path
 
 import pytest
 import trio
+import trustme
 
 from gateway.config import ProviderConfig
 from gateway.providers.base import ProviderRequest
@@ -41,9 +44,12 @@ async def _request(stream: trio.SocketStream, buffer: bytearray) -> bytes | None
 
 
 @asynccontextmanager
-async def server(answer: Answer) -> AsyncIterator[tuple[str, list[bytes], list[int]]]:
+async def server(
+    answer: Answer, tls: ssl.SSLContext | None = None
+) -> AsyncIterator[tuple[str, list[bytes], list[int]]]:
     """A loopback server: ``answer(stream, request)`` per request, True to keep the
-    connection. Yields its URL, the requests received and each connection's request count."""
+    connection; over TLS with ``tls``. Yields its URL, the requests received and each
+    connection's request count."""
     requests: list[bytes] = []
     per_connection: list[int] = []
 
@@ -62,9 +68,14 @@ async def server(answer: Answer) -> AsyncIterator[tuple[str, list[bytes], list[i
                 return  # the client reset it (closed with an answer unread)
 
     async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
-        port = listeners[0].socket.getsockname()[1]
-        yield f"http://127.0.0.1:{port}/v1", requests, per_connection
+        if tls is None:
+            serve = partial(trio.serve_tcp, handle, 0, host="127.0.0.1")
+        else:
+            serve = partial(trio.serve_ssl_over_tcp, handle, 0, tls, host="127.0.0.1")
+        listeners = await nursery.start(serve)
+        sock = getattr(listeners[0], "transport_listener", listeners[0]).socket
+        scheme = "http" if tls is None else "https"
+        yield f"{scheme}://127.0.0.1:{sock.getsockname()[1]}/v1", requests, per_connection
         nursery.cancel_scope.cancel()
 
 
@@ -218,3 +229,29 @@ async def test_a_stream_with_any_line_ends_cut_anywhere_is_read_whole() -> None:
         chunks = [chunk async for chunk in provider.stream(request)]
         await provider.aclose()
     assert [c["choices"][0]["delta"]["content"] for c in chunks] == ["0", "1", "2"]
+
+
+async def test_https_with_a_trusted_certificate_and_refused_with_an_unknown_one(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """TLS to the upstream verifies its certificate against the system's trust store
+    (here: a throwaway CA named by SSL_CERT_FILE, which OpenSSL reads for the defaults)."""
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_context)
+    answer = canned(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    async with server(answer, tls=server_context) as (url, requests, _):
+        assert url.startswith("https://")
+        untrusted = pool(url)
+        with pytest.raises(Unreachable):
+            await untrusted.post("/x", {}, b"")
+        await untrusted.aclose()
+        assert requests == []  # nothing was sent over the refused connection
+        ca_file = tmp_path / "ca.pem"
+        ca.cert_pem.write_to_path(str(ca_file))
+        monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+        trusted = pool(url)
+        response = await trusted.post("/x", {}, b"{}")
+        assert response.status == 200 and b"".join(await body_of(response)) == b"ok"
+        await trusted.aclose()
+    assert len(requests) == 1 and requests[0].startswith(b"POST /v1/x HTTP/1.1\r\n")
