@@ -16,7 +16,14 @@ import trustme
 
 from gateway.config import ProviderConfig
 from gateway.providers.base import ProviderRequest
-from gateway.providers.http1 import HTTP1Pool, Lost, Response, TimedOut, Unreachable
+from gateway.providers.http1 import (
+    HTTP1Pool,
+    Lost,
+    Response,
+    TimedOut,
+    Unreachable,
+    proxy_for,
+)
 from gateway.providers.openai import OpenAIProvider
 
 Answer = Callable[[trio.SocketStream, bytes], Awaitable[bool]]
@@ -255,3 +262,74 @@ async def test_https_with_a_trusted_certificate_and_refused_with_an_unknown_one(
         assert response.status == 200 and b"".join(await body_of(response)) == b"ok"
         await trusted.aclose()
     assert len(requests) == 1 and requests[0].startswith(b"POST /v1/x HTTP/1.1\r\n")
+
+
+@asynccontextmanager
+async def proxy(tunnel_port: int) -> AsyncIterator[tuple[str, list[bytes]]]:
+    """A loopback proxy: ``CONNECT`` tunnels to 127.0.0.1:``tunnel_port`` whatever host it
+    names; any other request it answers itself. Yields its URL and the heads it received."""
+    heads: list[bytes] = []
+
+    async def pipe(source: trio.abc.Stream, sink: trio.abc.Stream, done: trio.Nursery) -> None:
+        try:
+            while data := await source.receive_some(65536):
+                await sink.send_all(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        done.cancel_scope.cancel()
+
+    async def handle(stream: trio.SocketStream) -> None:
+        buffer = bytearray()
+        async with stream:
+            while b"\r\n\r\n" not in buffer:
+                buffer += await stream.receive_some(65536)
+            heads.append(bytes(buffer[: buffer.index(b"\r\n\r\n") + 4]))
+            if not buffer.startswith(b"CONNECT "):
+                await stream.send_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nproxy")
+                return
+            upstream = await trio.open_tcp_stream("127.0.0.1", tunnel_port)
+            await stream.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            async with upstream, trio.open_nursery() as nursery:
+                nursery.start_soon(pipe, stream, upstream, nursery)
+                nursery.start_soon(pipe, upstream, stream, nursery)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, handle, 0, host="127.0.0.1"))
+        yield f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", heads
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_proxy_from_the_environment_tunnels_https_and_takes_plain_http(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """As httpx did: HTTPS_PROXY gets a CONNECT tunnel (with the URL's credentials), and
+    TLS to the upstream's own name goes through it; HTTP_PROXY gets the absolute URL.
+    NO_PROXY and loopback hosts go direct."""
+    ca = trustme.CA()
+    server_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("upstream.test").configure_cert(server_context)
+    ca_file = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+    answer = canned(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+    async with (
+        server(answer, tls=server_context) as (url, requests, _),
+        proxy(int(url.rsplit(":", 1)[1].split("/")[0])) as (proxy_url, heads),
+    ):
+        monkeypatch.setenv("HTTPS_PROXY", proxy_url.replace("://", "://gw:p%40ss@"))
+        monkeypatch.setenv("HTTP_PROXY", proxy_url)
+        tunnelled = pool("https://upstream.test/v1")
+        response = await tunnelled.post("/x", {}, b"{}")
+        assert b"".join(await body_of(response)) == b"ok"
+        await tunnelled.aclose()
+        forwarded = pool("http://upstream.test:8000/v1")
+        response = await forwarded.post("/x", {}, b"{}")
+        assert b"".join(await body_of(response)) == b"proxy"
+        await forwarded.aclose()
+    assert heads[0].startswith(b"CONNECT upstream.test:443 HTTP/1.1\r\n")
+    assert b"\r\nProxy-Authorization: Basic Z3c6cEBzcw==\r\n" in heads[0]  # gw:p@ss
+    assert requests[0].startswith(b"POST /v1/x HTTP/1.1\r\nHost: upstream.test\r\n")
+    assert heads[1].startswith(b"POST http://upstream.test:8000/v1/x HTTP/1.1\r\n")
+    assert proxy_for("https", "127.0.0.1") is None and proxy_for("http", "localhost") is None
+    monkeypatch.setenv("NO_PROXY", "upstream.test")
+    assert proxy_for("https", "upstream.test") is None

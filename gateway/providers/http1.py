@@ -6,7 +6,9 @@ a third of its cost per relayed stream chunk (bench/RESULTS.md). This client doe
 what the gateway asks of an upstream: a ``POST`` of a JSON body on a kept-alive
 connection (plain TCP or TLS), the status and headers of the answer, then its body whole
 or piece by piece as it arrives (``Content-Length``, chunked, or until the connection
-closes). No redirects, cookies, proxies or compression (the gateway asks for none).
+closes). No redirects, cookies or compression (the gateway asks for none). A proxy named
+by ``HTTPS_PROXY`` / ``HTTP_PROXY`` / ``ALL_PROXY`` (minus ``NO_PROXY`` and loopback hosts)
+is used as httpx used it: a ``CONNECT`` tunnel for ``https``, the absolute URL for ``http``.
 
 Failures are three exceptions, which the provider maps to its own error tree:
 
@@ -23,9 +25,13 @@ dropped when next taken.
 
 from __future__ import annotations
 
+import base64
+import ipaddress
 import ssl
+import urllib.request
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
+from typing import NamedTuple
+from urllib.parse import unquote, urlsplit
 
 import trio
 
@@ -49,6 +55,37 @@ class Lost(HTTPFailure):
 
 class TimedOut(HTTPFailure):
     """The upstream sent nothing within the read timeout."""
+
+
+class Proxy(NamedTuple):
+    host: str
+    port: int
+    #: the Proxy-Authorization value of the proxy URL's user and password, if any
+    authorization: str | None
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def proxy_for(scheme: str, host: str) -> Proxy | None:
+    """The proxy the environment names for ``scheme://host``: None for loopback hosts
+    (no proxy can reach them) and hosts that ``NO_PROXY`` lists."""
+    proxies = urllib.request.getproxies_environment()
+    url = proxies.get(scheme) or proxies.get("all")
+    if not url or _is_loopback(host) or urllib.request.proxy_bypass_environment(host, proxies):
+        return None
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    authorization = None
+    if parts.username is not None:
+        credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        authorization = "Basic " + base64.b64encode(credentials.encode()).decode("ascii")
+    return Proxy(parts.hostname or "", parts.port or 80, authorization)
 
 
 class Connection:
@@ -205,8 +242,17 @@ class HTTP1Pool:
         default_port = (parts.port is None) or parts.port == (443 if self.tls else 80)
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.host_header = host if default_port else f"{host}:{self.port}"
-        #: the path of base_url, which every request's path extends
+        self.authority = f"{host}:{self.port}"
+        self.proxy = proxy_for(parts.scheme, self.host)
+        #: what every request's path extends: base_url's path, or for plain HTTP through a
+        #: proxy, its absolute URL
         self.prefix = parts.path.rstrip("/")
+        #: lines every request's head carries besides its own headers
+        self._fixed = f"Host: {self.host_header}\r\n"
+        if self.proxy is not None and not self.tls:
+            self.prefix = f"http://{self.host_header}{self.prefix}"
+            if self.proxy.authorization:
+                self._fixed += f"Proxy-Authorization: {self.proxy.authorization}\r\n"
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self._slots = trio.Semaphore(max_connections)
@@ -224,7 +270,12 @@ class HTTP1Pool:
     async def _connect(self) -> Connection:
         try:
             with trio.fail_after(self.connect_timeout):
-                stream: trio.abc.Stream = await trio.open_tcp_stream(self.host, self.port)
+                if self.proxy is None:
+                    stream: trio.abc.Stream = await trio.open_tcp_stream(self.host, self.port)
+                else:
+                    stream = await trio.open_tcp_stream(self.proxy.host, self.proxy.port)
+                    if self.tls:
+                        await self._tunnel(stream)
                 if self.tls:
                     tls = trio.SSLStream(
                         stream,
@@ -243,6 +294,22 @@ class HTTP1Pool:
         except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
             raise Unreachable(type(exc).__name__) from None
         return Connection(stream)
+
+    async def _tunnel(self, stream: trio.abc.Stream) -> None:
+        """Ask the proxy for a tunnel to the upstream (``CONNECT``); TLS goes through it."""
+        assert self.proxy is not None
+        head = f"CONNECT {self.authority} HTTP/1.1\r\nHost: {self.authority}\r\n"
+        if self.proxy.authorization:
+            head += f"Proxy-Authorization: {self.proxy.authorization}\r\n"
+        conn = Connection(stream)
+        try:
+            await stream.send_all(f"{head}\r\n".encode("ascii"))
+            status, _ = await _read_head(conn, self.connect_timeout)
+        except HTTPFailure:
+            status = 0
+        if not 200 <= status < 300 or conn.buffer:
+            await trio.aclose_forcefully(stream)
+            raise Unreachable(f"ProxyError: CONNECT answered {status}")
 
     async def _take(self) -> Connection:
         while self._idle:
@@ -265,8 +332,7 @@ class HTTP1Pool:
         The caller must :meth:`Response.aclose` it (a ``finally``), whatever happens.
         """
         head = [
-            f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host_header}\r\n"
-            f"Content-Length: {len(body)}\r\n"
+            f"POST {self.prefix}{path} HTTP/1.1\r\n{self._fixed}Content-Length: {len(body)}\r\n"
         ]
         for name, value in headers.items():
             if not _FORBIDDEN.isdisjoint(value):
