@@ -17,7 +17,7 @@ from gateway.dashboard import users
 from gateway.dashboard.state import state
 from gateway.errors import GatewayError
 from gateway.http import json_response, read_json_object, runtime
-from gateway.routes.admin import _authorize, _org
+from gateway.routes.admin import authorize_admin, org_or_404
 from gateway.store import dashboard as ops
 
 
@@ -28,31 +28,31 @@ def _with_password(view: dict[str, object], password: str | None) -> dict[str, o
 
 
 async def create_user() -> Response:
-    _authorize()
+    authorize_admin()
     body = await read_json_object()
-    org = _org(str(body.get("org_id", "")))
+    org = org_or_404(str(body.get("org_id", "")))
     row, password = await users.create_user(runtime(), state(), org.id, body)
     return json_response(_with_password(users.user_view(row), password), 201)
 
 
 async def list_users() -> Response:
-    _authorize()
+    authorize_admin()
     org_id = request.args.get("org_id")
     if org_id is not None:
-        _org(org_id)  # an unknown organisation is a 404, not an empty list
+        org_or_404(org_id)  # an unknown organisation is a 404, not an empty list
     rows = await runtime().store.read(ops.list_users, org_id)
     return json_response({"object": "list", "data": [users.user_view(row) for row in rows]})
 
 
 async def change_user(user_id: str, action: str) -> Response:
-    _authorize()
+    authorize_admin()
     status = "disabled" if action == "disable" else "active"
     row = await users.set_status(runtime(), user_id, status)
     return json_response(users.user_view(row))
 
 
 async def reset_password(user_id: str) -> Response:
-    _authorize()
+    authorize_admin()
     body = await read_json_object(empty_ok=True)
     if unknown := sorted(set(body) - {"password"}):
         raise GatewayError("invalid_request", f"Unknown field {unknown[0]!r}.", unknown[0])

@@ -28,7 +28,9 @@ from gateway.orgs import Org, validate_policy
 from gateway.store import records
 
 
-def _authorize() -> None:
+def authorize_admin() -> None:
+    """The admin bearer, compared in constant time; without an admin token, /admin is 404.
+    Shared with the user admin API of the dashboard (`gateway/dashboard/admin_users.py`)."""
     expected = runtime().admin_token
     if expected is None:
         raise GatewayError("not_found", "No such endpoint.")
@@ -37,7 +39,7 @@ def _authorize() -> None:
         raise GatewayError("invalid_api_key", "The admin token is invalid.")
 
 
-def _org(org_id: str) -> Org:
+def org_or_404(org_id: str) -> Org:
     org = runtime().orgs.get(org_id)
     if org is None:
         raise GatewayError("not_found", f"No organization {org_id}.")
@@ -67,7 +69,7 @@ def _org_view(org: Org) -> dict[str, Any]:
 
 
 async def create_org() -> Response:
-    _authorize()
+    authorize_admin()
     body = await read_json_object()
     name = body.get("name")
     if not isinstance(name, str) or not name.strip():
@@ -87,7 +89,7 @@ async def create_org() -> Response:
 
 
 async def list_orgs() -> Response:
-    _authorize()
+    authorize_admin()
     orgs = [_org_view(org) for org in runtime().orgs.values()]
     return json_response({"object": "list", "data": orgs})
 
@@ -99,8 +101,8 @@ async def _add_credits(org: Org, nanos: int) -> None:
 
 
 async def add_credits(org_id: str) -> Response:
-    _authorize()
-    org = _org(org_id)
+    authorize_admin()
+    org = org_or_404(org_id)
     body = await read_json_object()
     amount = number(body, "add_usd")
     if not amount:
@@ -110,8 +112,8 @@ async def add_credits(org_id: str) -> Response:
 
 
 async def set_policy(org_id: str) -> Response:
-    _authorize()
-    org = _org(org_id)
+    authorize_admin()
+    org = org_or_404(org_id)
     policy = validate_policy(await read_json_object("policy"))
     rt = runtime()
     await rt.store.write(records.set_org_policy, org.id, policy)
@@ -122,8 +124,8 @@ async def set_policy(org_id: str) -> Response:
 
 
 async def set_byok(org_id: str) -> Response:
-    _authorize()
-    org = _org(org_id)
+    authorize_admin()
+    org = org_or_404(org_id)
     body = await read_json_object()
     provider, env = body.get("provider"), body.get("api_key_env")
     if not isinstance(provider, str) or not provider:
@@ -150,8 +152,8 @@ async def set_byok(org_id: str) -> Response:
 
 async def set_webhook(org_id: str) -> Response:
     """Spend alerts of the organisation go to ``url``; the signing secret is shown once."""
-    _authorize()
-    org = _org(org_id)
+    authorize_admin()
+    org = org_or_404(org_id)
     url = check_webhook_url((await read_json_object()).get("url"))
     secret = await runtime().alerts.set_webhook(org.id, url)
     return json_response({"org_id": org.id, "url": url, "secret": secret})
@@ -167,18 +169,18 @@ def _with_token(record: KeyRecord, token: str) -> dict[str, Any]:
 
 
 async def create_key() -> Response:
-    _authorize()
+    authorize_admin()
     body = await read_json_object()
-    org = _org(str(body.get("org_id", "")))
+    org = org_or_404(str(body.get("org_id", "")))
     record, token = await create_root_key(runtime(), org.id, body)
     return json_response(_with_token(record, token), 201)
 
 
 async def list_keys() -> Response:
-    _authorize()
+    authorize_admin()
     org_id = request.args.get("org_id")
     if org_id is not None:
-        _org(org_id)  # an unknown organisation is a 404, not an empty list
+        org_or_404(org_id)  # an unknown organisation is a 404, not an empty list
     rt = runtime()
     now = rt.clock.now()
     keys = [r.public(now) for r in rt.keyring.all() if org_id is None or r.org_id == org_id]
@@ -186,7 +188,7 @@ async def list_keys() -> Response:
 
 
 async def change_key(key_id: str, action: str) -> Response:
-    _authorize()
+    authorize_admin()
     rt = runtime()
     record, token = await key_action(rt, _key(key_id), action)
     if token is not None:
@@ -196,7 +198,7 @@ async def change_key(key_id: str, action: str) -> Response:
 
 async def change_caps(key_id: str) -> Response:
     """PATCH /admin/keys/{id}/caps: the caps fields given replace the key's."""
-    _authorize()
+    authorize_admin()
     record = _key(key_id)
     rt = runtime()
     record = await set_caps(rt, record, await read_json_object("caps"))
@@ -204,7 +206,7 @@ async def change_caps(key_id: str) -> Response:
 
 
 async def list_models() -> Response:
-    _authorize()
+    authorize_admin()
     catalog = runtime().catalog
     rows = [
         {**model.public(), "enabled": not catalog.is_disabled(model.id)}
@@ -216,7 +218,7 @@ async def list_models() -> Response:
 async def model_action(model_id: str, action: str) -> Response:
     """Switch a model off (calls answer 503 model_unavailable) or on, until a restart
     (with several nodes: on every node, stored until switched back)."""
-    _authorize()
+    authorize_admin()
     rt = runtime()
     enabled = action == "enable"
     model = rt.catalog.set_enabled(model_id, enabled)
