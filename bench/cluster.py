@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.live_upstream import BODY, UPSTREAM_KEY, config_toml, live_key, start_upstream  # noqa: E402
 from bench.stores import cpu_s, postgres_pids, run_on_postgres  # noqa: E402
-from bench.streaming import (  # noqa: E402  # noqa: E402
+from bench.streaming import (  # noqa: E402
     ADMIN_TOKEN,
     Server,
     percentile,
