@@ -5,12 +5,12 @@
 nothing outside this package knows which.
 
 Writes go through a single writer task that batches them: it takes every operation
-waiting in its channel (up to ``BATCH``), runs them on a worker thread in one
+waiting in its channel (up to ``BATCH``), runs them on the writer connection's own thread (:mod:`gateway.store.thread`) in one
 transaction (one failing operation does not undo the others: see :meth:`Store._commit`)
 and commits once. A caller's ``await store.write(...)`` returns only after that
 commit, so a settled amount is durable before the answer that reports it completes.
 
-Reads run on a second connection on their own worker thread. Before the writer runs
+Reads run on a second connection on a thread of its own. Before the writer runs
 (start-up, CLI bootstrap) the same operations can be called synchronously with
 :meth:`Store.call`.
 
@@ -39,6 +39,7 @@ import trio
 from gateway.logs import event
 from gateway.store.errors import StoreError
 from gateway.store.sql import Conn
+from gateway.store.thread import ConnThread
 
 __all__ = ["Store", "StoreError", "is_postgres"]
 
@@ -114,11 +115,11 @@ class Store:
         self._read_conn: Conn | None = None
         #: connection attribute → when it may be opened again after a failure
         self._retry_at: dict[str, float] = {}
-        self._read_limiter = trio.CapacityLimiter(1)
+        self._read_thread = ConnThread("store reader")
         #: the connection of short transactions of their own (:meth:`transact`)
         self._own_conn: Conn | None = None
-        self._own_limiter = trio.CapacityLimiter(1)
-        self._write_limiter = trio.CapacityLimiter(1)
+        self._own_thread = ConnThread("store transactions")
+        self._write_thread = ConnThread("store writer")
         self._send, self._receive = trio.open_memory_channel[_Pending](BATCH * 4)
         #: writes to commit again after a lost connection, before any new one
         self._carried: list[_Pending] = []
@@ -181,7 +182,7 @@ class Store:
         return pending.result
 
     async def read(self, op: Callable[..., T], *args: Any) -> T:
-        return await trio.to_thread.run_sync(self._read, op, args, limiter=self._read_limiter)
+        return await self._read_thread.run(self._read, op, args)
 
     def _read(self, op: Callable[..., T], args: tuple[Any, ...]) -> T:
         return self._on_own_conn("_read_conn", lambda conn: op(conn, *args))
@@ -190,7 +191,7 @@ class Store:
         """Run ``op`` now in a short transaction of its own, on a connection of its own
         (a lease refill: it must not wait behind a batch, nor hold a batch's locks).
         A lost database is a :class:`StoreError`; an error of ``op`` rolls back."""
-        return await trio.to_thread.run_sync(self._transact, op, args, limiter=self._own_limiter)
+        return await self._own_thread.run(self._transact, op, args)
 
     def _transact(self, op: Callable[..., T], args: tuple[Any, ...]) -> T:
         def run(conn: Conn) -> T:
@@ -239,9 +240,7 @@ class Store:
             return False
         with trio.move_on_after(timeout_s):
             try:
-                await trio.to_thread.run_sync(
-                    self._read, _ping, (), limiter=self._read_limiter, abandon_on_cancel=True
-                )
+                await self._read_thread.run(self._read, _ping, (), abandon_on_cancel=True)
             except StoreError:
                 return False
             return True
@@ -261,9 +260,7 @@ class Store:
                     except trio.WouldBlock:
                         break
                 with trio.CancelScope(shield=True):
-                    lost = await trio.to_thread.run_sync(
-                        self._commit, batch, limiter=self._write_limiter
-                    )
+                    lost = await self._write_thread.run(self._commit, batch)
                 if lost is not None:
                     self._carried = batch
                     await self._recover(lost)
@@ -290,9 +287,7 @@ class Store:
             await trio.sleep(RECONNECT_BACKOFF_S[min(attempt, len(RECONNECT_BACKOFF_S) - 1)])
             attempt += 1
             try:
-                committed = await trio.to_thread.run_sync(
-                    self._reconnect, lost, limiter=self._write_limiter
-                )
+                committed = await self._write_thread.run(self._reconnect, lost)
             except StoreError as exc:
                 if attempt % 20 == 1:
                     log.error("store: %s", exc)
@@ -412,6 +407,8 @@ class Store:
         return None
 
     def close(self) -> None:
+        for thread in (self._read_thread, self._write_thread, self._own_thread):
+            thread.stop()
         for conn in (self._read_conn, self._write_conn, self._own_conn):
             if conn is not None:
                 self.backend.close(conn)
