@@ -34,6 +34,7 @@ from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import AppWrapper, ConnectionState
 from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr
 
+from gateway import socket_io
 from gateway.config import Config
 
 log = logging.getLogger("gateway.connections")
@@ -88,6 +89,7 @@ class _CountedStream(trio.abc.HalfCloseableStream):
     def __init__(self, stream: trio.SocketStream, release: Callable[[], None]) -> None:
         self.stream = stream
         self.socket = stream.socket  # hypercorn reads the peer and local addresses
+        self._raw = socket_io.raw_socket(stream)
         self._release: Callable[[], None] | None = release
         self._sending = trio.Lock()
         self._eof_sent = False
@@ -97,7 +99,10 @@ class _CountedStream(trio.abc.HalfCloseableStream):
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
         await _acquire(self._sending)
         try:
-            await self.stream.send_all(data)
+            if self._raw is not None:
+                await socket_io.send_all(self.stream, self._raw, data)
+            else:
+                await self.stream.send_all(data)
         finally:
             self._sending.release()
 
@@ -107,7 +112,10 @@ class _CountedStream(trio.abc.HalfCloseableStream):
     async def receive_some(self, max_bytes: int | None = None) -> bytes | bytearray:
         self._receiving = True
         try:
-            data = await self.stream.receive_some(max_bytes)
+            if self._raw is not None:
+                data = await socket_io.receive_some(self._raw, max_bytes)
+            else:
+                data = await self.stream.receive_some(max_bytes)
         finally:
             self._receiving = False
         if not data:
@@ -259,7 +267,8 @@ class _Connection(TCPServer):
 
 async def _acquire(lock: trio.Lock) -> None:
     """Take ``lock``: at once when it is free (``async with`` always passes through the
-    scheduler), else wait for it. Any send that follows is itself a checkpoint."""
+    scheduler), else wait for it. A send that follows passes through the scheduler only
+    when it must wait (:mod:`gateway.socket_io`); the task's next receive always does."""
     if lock.locked():
         await lock.acquire()
     else:

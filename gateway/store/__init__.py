@@ -5,10 +5,11 @@
 nothing outside this package knows which.
 
 Writes go through a single writer task that batches them: it takes every operation
-waiting in its channel (up to ``BATCH``), runs them on the writer connection's own thread (:mod:`gateway.store.thread`) in one
-transaction (one failing operation does not undo the others: see :meth:`Store._commit`)
-and commits once. A caller's ``await store.write(...)`` returns only after that
-commit, so a settled amount is durable before the answer that reports it completes.
+waiting in its channel (up to ``BATCH``), runs them on the writer connection's own
+thread (:mod:`gateway.store.thread`) in one transaction (one failing operation does
+not undo the others: see :meth:`Store._commit`) and commits once. A caller's
+``await store.write(...)`` returns only after that commit, so a settled amount is
+durable before the answer that reports it completes.
 
 Reads run on a second connection on a thread of its own. Before the writer runs
 (start-up, CLI bootstrap) the same operations can be called synchronously with
@@ -172,7 +173,10 @@ class Store:
             raise StoreError(UNAVAILABLE)
         pending = _Pending(op, args, must_land)
         with trio.CancelScope(shield=True):
-            await self._send.send(pending)
+            try:
+                self._send.send_nowait(pending)  # no scheduler pass: the wait below is one
+            except trio.WouldBlock:
+                await self._send.send(pending)
             with trio.move_on_after(MUST_LAND_WAIT_S if must_land else math.inf):
                 await pending.done.wait()
         if not pending.done.is_set():

@@ -13,6 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any, TypeVar
 
 import outcome
@@ -43,9 +44,7 @@ class ConnThread:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    async def run(
-        self, fn: Callable[..., T], *args: Any, abandon_on_cancel: bool = False
-    ) -> T:
+    async def run(self, fn: Callable[..., T], *args: Any, abandon_on_cancel: bool = False) -> T:
         """``fn(*args)`` on the thread; its result or exception.
 
         Cancelled while the call runs: the caller waits for it to end (the default, as
@@ -77,10 +76,8 @@ class ConnThread:
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
             result = outcome.capture(job.fn, *job.args)
-            try:
+            with suppress(trio.RunFinishedError):
                 job.token.run_sync_soon(_deliver, job, result)
-            except trio.RunFinishedError:
-                pass
 
 
 def _deliver(job: _Job, result: outcome.Outcome[Any]) -> None:
