@@ -78,6 +78,18 @@ async def receive_some(raw: socket.socket, max_bytes: int | None = None) -> byte
             raise _stream_error(exc) from exc
 
 
+def idle_and_open(raw: socket.socket) -> bool:
+    """True when nothing was received on ``raw`` and its peer has not closed it (a kept
+    connection still fit for a request): one peek, no poll object."""
+    try:
+        raw.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    return False  # a byte the peer sent unasked, or its close (b"")
+
+
 async def _wait(wait: Callable[[socket.socket], Awaitable[None]], raw: socket.socket) -> None:
     if raw.fileno() == -1:
         raise trio.ClosedResourceError("socket was already closed")

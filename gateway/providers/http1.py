@@ -104,6 +104,8 @@ class Connection:
 
     def idle_and_open(self) -> bool:
         """False when the upstream closed it (or sent something) while it was idle."""
+        if self.raw is not None:
+            return socket_io.idle_and_open(self.raw)
         stream = self.stream
         if isinstance(stream, trio.SSLStream):
             stream = stream.transport_stream
