@@ -309,6 +309,7 @@ class Alerts:
         organisation; an event already on its way is not picked again.
         """
         in_flight = self._delivering
+        paused = False  # said once when the store goes away, once when it is back
         async with (
             httpx.AsyncClient(timeout=DELIVERY_TIMEOUT_S) as client,
             trio.open_nursery() as nursery,
@@ -319,8 +320,13 @@ class Alerts:
                 try:
                     due = await self.store.read(ops.due_events, self.clock.now(), limit)
                 except StoreError as exc:
-                    log.warning("webhook delivery paused: %s", exc)
-                    due = []
+                    if not paused:
+                        log.warning("webhook delivery paused: %s", exc)
+                    paused, due = True, []
+                else:
+                    if paused:
+                        log.info("webhook delivery resumed")
+                    paused = False
                 for event in due:
                     busy = list(in_flight.values()).count(event["org_id"])
                     if len(in_flight) >= MAX_IN_FLIGHT:

@@ -9,6 +9,7 @@ stopped and started under load. The cluster is the session's throwaway one
 from __future__ import annotations
 
 import itertools
+import logging
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -19,6 +20,7 @@ import psycopg
 import pytest
 import trio
 
+from gateway import alerts
 from gateway.config import Config
 from gateway.store import READ_RETRY_S, Store
 from gateway.store.sql import Conn
@@ -133,11 +135,15 @@ async def test_the_database_stopped_and_started_under_load(
     monkeypatch: pytest.MonkeyPatch,
     pg_cluster: Cluster,
     pg_db: str,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Calls run while the database stops and starts again: no 500; a call that cannot be
     recorded is refused 503 admission_unavailable with Retry-After; once the database is
     back every call the upstream saw has exactly one record, no row is left pending, and
-    the records, the key's window and the credits agree."""
+    the records, the key's window and the credits agree. Webhook delivery says once that
+    it paused and once that it resumed, not on every poll."""
+    caplog.set_level(logging.INFO, logger="gateway.alerts")
+    monkeypatch.setattr(alerts, "POLL_S", 0.02)  # many polls while the database is down
     monkeypatch.setenv("FAKE_UPSTREAM_KEY", UPSTREAM_KEY)
     gw = await start_gateway(nursery, on(live_config(tmp_path, upstream), pg_db))
     key = await gw.create_key(
@@ -213,6 +219,10 @@ async def test_the_database_stopped_and_started_under_load(
     assert usage["totals"]["settled_usd"] == pytest.approx(view["usage"]["day"]["spent_usd"])
     assert view["usage"]["day"]["reserved_usd"] == 0
     assert credits["used_usd"] == pytest.approx(usage["totals"]["cost_usd"])
+    said = [r.getMessage() for r in caplog.records if r.name == "gateway.alerts"]
+    paused = [m for m in said if m.startswith("webhook delivery paused")]
+    assert len(paused) <= 1, said
+    assert said.count("webhook delivery resumed") == len(paused), said
     gw.stop.set()
 
 
