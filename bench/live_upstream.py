@@ -11,9 +11,12 @@ Run it from a clone, no install needed::
 
 Three processes on 127.0.0.1: the fake OpenAI-compatible upstream of the tests
 (``tests/fake_upstream.py``, trio + h11, answers at once), a ``svc-gateway serve``
-configured with that upstream as an ``openai`` provider, and this client (httpx). On a
-machine of two cores or more the gateway is pinned to the first core and this client and
-the upstream to the others, so that the gateway's own cost is what limits it.
+configured with that upstream as an ``openai`` provider, and this client: httpx for the
+one-caller phases (where the same client also calls the upstream directly), the lean
+keep-alive client of ``bench/raw_http.py`` for the 16-caller phases (so that the load
+side's own CPU does not set their rate). On a machine of two cores or more the gateway
+is pinned to the first core and this client and the upstream to the others, so that the
+gateway's own cost is what limits it.
 
 One round measures, with a live key of an organisation with credits:
 
@@ -56,6 +59,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +70,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.raw_http import RawConnection  # noqa: E402
 from bench.streaming import (  # noqa: E402
     ADMIN_TOKEN,
     Server,
@@ -76,6 +81,7 @@ from bench.streaming import (  # noqa: E402
 )
 
 SECTION = "## Live calls (HTTP upstream)"
+CHAT_PATH = "/v1/chat/completions"
 AGAINST_SECTION = "## Hot path against the base revision (alternating)"
 METRICS_SECTION = "## Metrics cost (CPU per call, on vs off)"
 COST_PAIRS = 10
@@ -177,6 +183,12 @@ class Target:
     @property
     def pid(self) -> int:
         return self.server.proc.pid
+
+    def connection(self) -> RawConnection:
+        """A new keep-alive connection of the load phases, with this target's key."""
+        host, _, port = self.server.url.removeprefix("http://").partition(":")
+        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        return RawConnection(host, int(port), headers)
 
 
 def config_toml(upstream_url: str, metrics: bool = True) -> str:
@@ -318,39 +330,52 @@ async def first_chunk(client: httpx.AsyncClient, payload: bytes) -> float:
     return first
 
 
-async def chunks_of(client: httpx.AsyncClient, payload: bytes) -> int:
+async def raw_whole(conn: RawConnection, payload: bytes) -> float:
+    start = time.perf_counter()
+    status, body = await conn.post(CHAT_PATH, payload)
+    if status != 200:
+        raise SystemExit(f"HTTP {status}: {body[:300]!r}")
+    return (time.perf_counter() - start) * 1000
+
+
+async def raw_chunks(conn: RawConnection, payload: bytes) -> int:
     """Stream one call to its end; the chunks received (``data:`` lines but [DONE])."""
-    chunks = 0
-    async with client.stream("POST", "/chat/completions", content=payload) as response:
-        if response.status_code != 200:
-            raise SystemExit(f"HTTP {response.status_code}")
-        async for line in response.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                chunks += 1
-    return chunks
+    status, body = await conn.post(CHAT_PATH, payload)
+    if status != 200:
+        raise SystemExit(f"HTTP {status}: {body[:300]!r}")
+    lines = body.split(b"\n")
+    return sum(1 for line in lines if line.startswith(b"data: ") and line != b"data: [DONE]")
 
 
 async def at_once(
-    work: Callable[[], Awaitable[float | int]], each: int, pid: int, profile: Path | None = None
+    target: Target,
+    work: Callable[[RawConnection], Awaitable[float | int]],
+    each: int,
+    profile: Path | None = None,
 ) -> tuple[float, float, float]:
-    """``work`` ``each`` times in each of 16 callers: (seconds, CPU seconds of ``pid``,
-    the sum of what the calls returned); ``profile``: py-spy's samples of ``pid``."""
+    """``work`` ``each`` times in each of 16 callers, each on a kept-alive connection of
+    its own (:mod:`bench.raw_http`): (seconds, CPU seconds of the gateway, the sum of
+    what the calls returned); ``profile``: py-spy's samples of the gateway."""
     results: list[float | int] = []
+    connections = [target.connection() for _ in range(CONCURRENCY)]
 
-    async def caller() -> None:
+    async def caller(conn: RawConnection) -> None:
         for _ in range(each):
-            results.append(await work())
+            results.append(await work(conn))
 
-    profiler = start_profiler(pid, profile) if profile is not None else None
-    start, cpu_start = time.perf_counter(), cpu_seconds(pid)
+    profiler = start_profiler(target.pid, profile) if profile is not None else None
+    start, cpu_start = time.perf_counter(), cpu_seconds(target.pid)
     try:
         async with trio.open_nursery() as nursery:
-            for _ in range(CONCURRENCY):
-                nursery.start_soon(caller)
+            for conn in connections:
+                nursery.start_soon(caller, conn)
     finally:
         if profiler is not None:
             await trio.to_thread.run_sync(stop_profiler, profiler)
-    return time.perf_counter() - start, cpu_seconds(pid) - cpu_start, float(sum(results))
+        for conn in connections:
+            await conn.aclose()
+    seconds = time.perf_counter() - start
+    return seconds, cpu_seconds(target.pid) - cpu_start, float(sum(results))
 
 
 def start_profiler(pid: int, output: Path) -> subprocess.Popen[bytes]:
@@ -407,12 +432,9 @@ async def one_round(
     py-spy's samples of the 16-caller phases are written."""
     headers = {"Authorization": f"Bearer {target.token}", "Content-Type": "application/json"}
     upstream_headers = {**headers, "Authorization": f"Bearer {UPSTREAM_KEY}"}
-    limits = httpx.Limits(max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY)
     plain, short, long = (orjson.dumps(b) for b in (BODY, SHORT_STREAM, LONG_STREAM))
     async with (
-        httpx.AsyncClient(
-            base_url=target.url, headers=headers, timeout=30.0, limits=limits
-        ) as client,
+        httpx.AsyncClient(base_url=target.url, headers=headers, timeout=30.0) as client,
         httpx.AsyncClient(base_url=upstream_url, headers=upstream_headers) as direct,
     ):
         for _ in range(10):
@@ -424,21 +446,21 @@ async def one_round(
             wholes.append(await whole(client, plain))
         firsts = [await first_chunk(client, short) for _ in range(sizes.sequential // 2)]
         seconds, cpu, _ = await at_once(
-            lambda: whole(client, plain),
+            target,
+            partial(raw_whole, payload=plain),
             sizes.calls_each,
-            target.pid,
             profile / "calls.txt" if profile else None,
         )
         calls = CONCURRENCY * sizes.calls_each
         calls_per_s, cpu_ms_per_call = calls / seconds, cpu * 1000 / calls
         seconds, _, _ = await at_once(
-            lambda: chunks_of(client, short), sizes.short_streams_each, target.pid
+            target, partial(raw_chunks, payload=short), sizes.short_streams_each
         )
         streams_per_s = CONCURRENCY * sizes.short_streams_each / seconds
         _, cpu, chunks = await at_once(
-            lambda: chunks_of(client, long),
+            target,
+            partial(raw_chunks, payload=long),
             sizes.long_streams_each,
-            target.pid,
             profile / "chunks.txt" if profile else None,
         )
     return Figures(
