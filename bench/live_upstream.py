@@ -61,7 +61,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import orjson
@@ -80,6 +80,7 @@ from bench.streaming import (  # noqa: E402
     start_server,
 )
 
+T = TypeVar("T")
 SECTION = "## Live calls (HTTP upstream)"
 CHAT_PATH = "/v1/chat/completions"
 AGAINST_SECTION = "## Hot path against the base revision (alternating)"
@@ -184,11 +185,14 @@ class Target:
     def pid(self) -> int:
         return self.server.proc.pid
 
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+
     def connection(self) -> RawConnection:
         """A new keep-alive connection of the load phases, with this target's key."""
         host, _, port = self.server.url.removeprefix("http://").partition(":")
-        headers = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
-        return RawConnection(host, int(port), headers)
+        return RawConnection(host, int(port), self.headers)
 
 
 def config_toml(upstream_url: str, metrics: bool = True) -> str:
@@ -330,33 +334,30 @@ async def first_chunk(client: httpx.AsyncClient, payload: bytes) -> float:
     return first
 
 
-async def raw_whole(conn: RawConnection, payload: bytes) -> float:
-    start = time.perf_counter()
+async def raw_call(conn: RawConnection, payload: bytes) -> bytes:
+    """One call to its end (a stream's whole body); any answer but a 200 stops the run."""
     status, body = await conn.post(CHAT_PATH, payload)
     if status != 200:
         raise SystemExit(f"HTTP {status}: {body[:300]!r}")
-    return (time.perf_counter() - start) * 1000
+    return body
 
 
 async def raw_chunks(conn: RawConnection, payload: bytes) -> int:
     """Stream one call to its end; the chunks received (``data:`` lines but [DONE])."""
-    status, body = await conn.post(CHAT_PATH, payload)
-    if status != 200:
-        raise SystemExit(f"HTTP {status}: {body[:300]!r}")
-    lines = body.split(b"\n")
+    lines = (await raw_call(conn, payload)).split(b"\n")
     return sum(1 for line in lines if line.startswith(b"data: ") and line != b"data: [DONE]")
 
 
 async def at_once(
     target: Target,
-    work: Callable[[RawConnection], Awaitable[float | int]],
+    work: Callable[[RawConnection], Awaitable[T]],
     each: int,
     profile: Path | None = None,
-) -> tuple[float, float, float]:
+) -> tuple[float, float, list[T]]:
     """``work`` ``each`` times in each of 16 callers, each on a kept-alive connection of
-    its own (:mod:`bench.raw_http`): (seconds, CPU seconds of the gateway, the sum of
-    what the calls returned); ``profile``: py-spy's samples of the gateway."""
-    results: list[float | int] = []
+    its own (:mod:`bench.raw_http`): (seconds, CPU seconds of the gateway, what the
+    calls returned); ``profile``: py-spy's samples of the gateway."""
+    results: list[T] = []
     connections = [target.connection() for _ in range(CONCURRENCY)]
 
     async def caller(conn: RawConnection) -> None:
@@ -369,13 +370,13 @@ async def at_once(
         async with trio.open_nursery() as nursery:
             for conn in connections:
                 nursery.start_soon(caller, conn)
+        seconds, cpu = time.perf_counter() - start, cpu_seconds(target.pid) - cpu_start
     finally:
         if profiler is not None:
             await trio.to_thread.run_sync(stop_profiler, profiler)
         for conn in connections:
             await conn.aclose()
-    seconds = time.perf_counter() - start
-    return seconds, cpu_seconds(target.pid) - cpu_start, float(sum(results))
+    return seconds, cpu, results
 
 
 def start_profiler(pid: int, output: Path) -> subprocess.Popen[bytes]:
@@ -430,7 +431,7 @@ async def one_round(
 ) -> Figures:
     """Every figure of one round against ``target``; ``profile``: a directory where
     py-spy's samples of the 16-caller phases are written."""
-    headers = {"Authorization": f"Bearer {target.token}", "Content-Type": "application/json"}
+    headers = target.headers
     upstream_headers = {**headers, "Authorization": f"Bearer {UPSTREAM_KEY}"}
     plain, short, long = (orjson.dumps(b) for b in (BODY, SHORT_STREAM, LONG_STREAM))
     async with (
@@ -447,7 +448,7 @@ async def one_round(
         firsts = [await first_chunk(client, short) for _ in range(sizes.sequential // 2)]
         seconds, cpu, _ = await at_once(
             target,
-            partial(raw_whole, payload=plain),
+            partial(raw_call, payload=plain),
             sizes.calls_each,
             profile / "calls.txt" if profile else None,
         )
@@ -457,12 +458,13 @@ async def one_round(
             target, partial(raw_chunks, payload=short), sizes.short_streams_each
         )
         streams_per_s = CONCURRENCY * sizes.short_streams_each / seconds
-        _, cpu, chunks = await at_once(
+        _, cpu, counts = await at_once(
             target,
             partial(raw_chunks, payload=long),
             sizes.long_streams_each,
             profile / "chunks.txt" if profile else None,
         )
+        chunks = sum(counts)
     return Figures(
         whole_median_ms=statistics.median(wholes),
         whole_p99_ms=percentile(wholes, 0.99),

@@ -3,9 +3,9 @@
 ``trio.to_thread.run_sync`` copies the context, takes a limiter, finds a thread in its
 cache and renames it (two ``prctl`` calls) on every hop; for the store's writer, which
 hops once per batch, that was the serving thread's largest single cost (bench/RESULTS.md,
-"The hot path"). A :class:`ConnThread` keeps one thread for one connection, so the
-connection is only ever used by that thread and its calls run one at a time in order; a
-hop is a queue put, the thread's run, and one ``run_sync_soon`` back.
+"The hot path"). A :class:`ConnThread` keeps one thread for one connection, so while
+serving the connection is used by that thread alone and its calls run one at a time, in
+order; a hop is a queue put, the thread's run, and one ``run_sync_soon`` back.
 """
 
 from __future__ import annotations
