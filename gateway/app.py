@@ -107,6 +107,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
     @app.before_request
     async def _assign_request_id() -> None:
         g.request_id = new_request_id()
+        exchange.identified(g.request_id)
         if request.method == "HEAD" and request.routing_exception is None:
             # Quart answers HEAD on every GET route; the spec: any other method is a 405
             raise GatewayError("method_not_allowed", _MESSAGES["method_not_allowed"])
@@ -122,7 +123,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
         request_id = getattr(g, "request_id", None)
         if request_id is not None:
             response.headers["X-Request-Id"] = request_id
-        exchange.answered(request_id, getattr(g, "key", None))
+        exchange.identified(request_id, getattr(g, "key", None))
         for name, value in getattr(g, "rate_headers", {}).items():
             response.headers.setdefault(name, value)
         return response

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from quart import g, request
 
+from gateway import exchange
 from gateway.admission import admit, count_request
 from gateway.errors import GatewayError
 from gateway.keys import KeyRecord
@@ -41,6 +42,7 @@ def authenticate(rt: Runtime) -> KeyRecord:
         raise GatewayError("invalid_api_key", INVALID_KEY_MESSAGE)
     record = rt.keyring.touch(record)
     g.key = record  # the request's log line names its key
+    exchange.identified(g.request_id, record)
     return record
 
 

@@ -83,8 +83,10 @@ def current() -> Exchange | None:
     return request.scope.get(SCOPE_KEY)
 
 
-def answered(request_id: str | None, key: KeyRecord | None) -> None:
-    """The app's answer is ready: who asked, under which request id."""
+def identified(request_id: str | None, key: KeyRecord | None = None) -> None:
+    """Who asks, under which request id: noted as soon as each is known (a client that
+    leaves before its answer still has its line name them), and again as answered (a
+    replay answers under the original's id)."""
     exchange = current()
     if exchange is None:
         return

@@ -36,11 +36,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import outcome
+import trio
 from quart import Response, g, request
 
 from gateway.admission import admit
 from gateway.errors import GatewayError
 from gateway.http import request_id
+from gateway.inflight import STOPPING_MESSAGE
 from gateway.store import idempotency as store_ops
 from gateway.store.idempotency import RETENTION_S
 
@@ -123,7 +126,14 @@ async def serve(
 
     A repeat is admitted like every request (it counts in the key's request window) but
     takes no in-flight slot and reserves nothing: with ``max_in_flight`` 1, a retry while
-    the original runs is the 409 that names it, not a 429.
+    the original runs is the 409 that names it, not a 429. Which attempt calls the
+    provider is decided by the store's claim (:func:`gateway.store.idempotency.claim`),
+    across nodes; an attempt of this process still running answers the 409 sooner.
+
+    A call that is not streamed runs in the server's nursery, not the handler's: a
+    client that leaves (its handler cancelled) does not cut it. It runs on within its
+    deadline, settled on its usage, its answer stored: the client's retry gets that
+    answer, and the provider is never asked twice.
     """
     slot = (record.id, idem_key)
     digest = body_hash(endpoint, body)
@@ -133,16 +143,53 @@ async def serve(
         _refuse_repeat(running.body_hash, digest, running.request_id, in_progress=True)
     claim = Claim(idem_key, digest, request_id())
     rt.idempotency_claims[slot] = claim
-    try:
-        row = await rt.store.read(store_ops.get, *slot)
-        if row is not None and row["created_at"] > rt.clock.now() - RETENTION_S:
-            await admit(rt, record, take_slot=False)
-            in_progress = row["state"] == store_ops.RUNNING  # a stream still being pumped
-            _refuse_repeat(row["body_hash"], digest, row["request_id"], in_progress=in_progress)
-            return _replay(row)
-        return await run(claim)
-    finally:
-        del rt.idempotency_claims[slot]
+
+    async def attempt() -> Response:
+        try:
+            row = await rt.store.read(store_ops.get, *slot)
+            if row is not None and row["created_at"] > rt.clock.now() - RETENTION_S:
+                await admit(rt, record, take_slot=False)
+                return _repeat(row, digest)
+            try:
+                return await run(claim)
+            except store_ops.ClaimHeld as held:  # another attempt's claim won the insert
+                return _repeat(held.row, digest)
+        finally:
+            del rt.idempotency_claims[slot]
+
+    if body.get("stream") is True or rt.nursery is None:
+        return await attempt()  # a stream's pump outlives its client already
+    return await _outliving_the_client(rt.nursery, attempt)
+
+
+async def _outliving_the_client(
+    nursery: trio.Nursery, attempt: Callable[[], Awaitable[Response]]
+) -> Response:
+    """``attempt()`` in ``nursery`` (the server's): the caller gets its answer or its
+    error; a caller cancelled meanwhile leaves it running to its end."""
+    done = trio.Event()
+    result: list[outcome.Outcome[Response]] = []
+
+    async def detached() -> None:
+        try:
+            result.append(outcome.Value(await attempt()))
+        except Exception as exc:  # the server stopping (Cancelled) ends it: not kept
+            result.append(outcome.Error(exc))
+        finally:
+            done.set()
+
+    nursery.start_soon(detached)  # in a copy of this request's context (quart's g, ids)
+    await done.wait()
+    if not result:
+        raise GatewayError("service_unavailable", STOPPING_MESSAGE)
+    return result[0].unwrap()
+
+
+def _repeat(row: dict[str, Any], digest: str) -> Response:
+    """The answer to a repeat of the claim ``row``: 422, 409, or the stored answer."""
+    in_progress = row["state"] == store_ops.RUNNING  # still being called, or pumped
+    _refuse_repeat(row["body_hash"], digest, row["request_id"], in_progress=in_progress)
+    return _replay(row)
 
 
 def _refuse_repeat(stored_hash: str, digest: str, original: str, *, in_progress: bool) -> None:

@@ -25,6 +25,7 @@ call still running at its deadline through :meth:`Call.cut` (see :mod:`gateway.i
 from __future__ import annotations
 
 import enum
+import logging
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,14 +40,18 @@ from gateway.errors import GatewayError
 from gateway.exchange import Exchange, call_settled
 from gateway.inflight import STOPPING_MESSAGE
 from gateway.keys import KeyRecord
+from gateway.logs import event
 from gateway.providers.base import Provider, Usage
 from gateway.settlement import Ending, Settlement, ending_for, settle_amounts
 from gateway.store import StoreError, records
+from gateway.store.idempotency import ClaimHeld
 from shards import Admission, Reservation, posted
 
 if TYPE_CHECKING:
     from gateway.idempotency import Claim
     from gateway.runtime import Runtime
+
+log = logging.getLogger("gateway.calls")
 
 
 class CallState(enum.Enum):
@@ -132,6 +137,8 @@ class Call:
         First the pending row (and the Idempotency-Key claim) is committed: only a call
         that reaches this point waits for a write. A store that cannot take it refuses
         the call (503 admission_unavailable, Retry-After) before the provider is asked.
+        An Idempotency-Key claimed by another attempt raises :class:`ClaimHeld` (the
+        call stays RESERVED: it settles as not called).
         """
         if self.cut_short:
             raise GatewayError("service_unavailable", STOPPING_MESSAGE)
@@ -143,11 +150,15 @@ class Call:
             else None
         )
         try:
-            await self.runtime.store.write(records.open_call, self._pending_row(hold), claim_row)
+            held = await self.runtime.store.write(
+                records.open_call, self._pending_row(hold), claim_row
+            )
         except StoreError:
             raise GatewayError(
                 "admission_unavailable", "The call could not be recorded; retry shortly."
             ) from None
+        if held is not None:
+            raise ClaimHeld(held)  # another attempt (maybe on another node) holds the key
         self._move(CallState.RESERVED, CallState.CALLED)
         self.called_at = time.perf_counter()
 
@@ -161,6 +172,10 @@ class Call:
         if self.cut_short:
             scope.cancel()
         return scope
+
+    def client_left(self) -> None:
+        """The client went away: the call's record says ``cancelled``."""
+        self.client_gone = True
 
     def cut(self) -> None:
         """A graceful stop's deadline: end the provider call now, as service_unavailable."""
@@ -240,30 +255,58 @@ class Call:
         self.settlement = settlement
         self.state = CallState.SETTLED
         with trio.CancelScope(shield=True):
-            if recorded:
-                claim = self.claim
-                await self.runtime.store.write(
-                    records.settle_call,
-                    self.request_id,
-                    self._settled_values(settlement, usage, http_status, error_code),
-                    self._ledger_row(settlement),
-                    (self.record.id, claim.idem_key) if claim is not None else None,
-                    self._claim_outcome(http_status, error_code, answer),
-                    self._lease_use(settlement),
-                    must_land=True,  # a database that went away: wait for it, never drop
+            try:
+                if recorded:
+                    await self._write_settlement(settlement, usage, http_status, error_code, answer)
+            finally:
+                # memory settles whatever the store said: nothing stays reserved or in flight
+                await admission.settle(
+                    self.runtime,
+                    self.record,
+                    slot_taken=self.admission.slot_taken,
+                    reservation=hold.reservation if hold is not None else None,
+                    cap_amount=settlement.cap_nanos,
+                    billed_amount=settlement.billed_nanos,
                 )
-            await admission.settle(
-                self.runtime,
-                self.record,
-                slot_taken=self.admission.slot_taken,
-                reservation=hold.reservation if hold is not None else None,
-                cap_amount=settlement.cap_nanos,
-                billed_amount=settlement.billed_nanos,
-            )
         self.runtime.inflight.discard(self)
         self.runtime.alerts.notice(self.record, settlement.cap_nanos)
         call_settled(self, settlement, usage, error_code)
         return settlement
+
+    async def _write_settlement(
+        self,
+        settlement: Settlement,
+        usage: Usage | None,
+        http_status: int,
+        error_code: str | None,
+        answer: dict[str, Any] | None,
+    ) -> None:
+        """The pending row becomes the record, with its ledger row and claim outcome.
+
+        ``must_land``: a database that went away, or a write that keeps losing
+        conflicts, keeps it queued in this node until it commits. The call waits for
+        that up to the store's bound (``MUST_LAND_WAIT_S``); past it the call goes on
+        (its answer is the provider's) while the write stays queued, and readiness
+        says so.
+        """
+        claim = self.claim
+        try:
+            await self.runtime.store.write(
+                records.settle_call,
+                self.request_id,
+                self._settled_values(settlement, usage, http_status, error_code),
+                self._ledger_row(settlement),
+                (self.record.id, claim.idem_key) if claim is not None else None,
+                self._claim_outcome(http_status, error_code, answer),
+                self._lease_use(settlement),
+                must_land=True,
+            )
+        except StoreError:
+            log.error(
+                "the settlement of %s is not committed yet; it stays queued",
+                self.request_id,
+                extra=event("store_error", error="settlement queued"),
+            )
 
     def _lease_use(self, settlement: Settlement) -> tuple[str, list[tuple[str, int]]] | None:
         """Several nodes: this node's id and what the settlement posts out of its leases."""
@@ -333,10 +376,10 @@ class Call:
         )
 
     def _status(self, error: str | None) -> str:
-        """failed (with an error code), cancelled (the client went away), or succeeded."""
-        if error is not None:
-            return "failed"
-        return "cancelled" if self.client_gone else "succeeded"
+        """cancelled (the client went away), failed (with an error code), or succeeded."""
+        if self.client_gone:
+            return "cancelled"
+        return "failed" if error is not None else "succeeded"
 
     def _ledger_row(self, settlement: Settlement) -> dict[str, Any] | None:
         if not settlement.billed_nanos:

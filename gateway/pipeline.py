@@ -21,7 +21,8 @@ What differs between the three endpoints is one row of the table below (:data:`C
 :data:`RESPONSES`, :data:`EMBEDDINGS`): the scope, the entitlement, the model kind, how
 the body is parsed and checked against the model, how the answer is shaped.
 :func:`open_call` settles, whatever happens, a call its handler still owns
-(:meth:`Call.end`): a refusal, a fault of ours, a cancellation.
+(:meth:`Call.end`): a refusal, a fault of ours, a client that left (the handler
+cancelled: recorded ``cancelled``, 499 ``client_closed``).
 """
 
 from __future__ import annotations
@@ -43,15 +44,17 @@ from gateway.calls.tags import collect_tags
 from gateway.catalog import Model
 from gateway.errors import GatewayError
 from gateway.estimate import worst_case_tokens
-from gateway.exchange import call_opened
+from gateway.exchange import CLIENT_CLOSED_STATUS, call_opened
 from gateway.idempotency import Claim
 from gateway.inflight import STOPPING_MESSAGE
 from gateway.keys import KeyRecord
 from gateway.lifecycle import Call, Hold
+from gateway.metrics import CLIENT_CLOSED
 from gateway.orgs import Org
 from gateway.policy import check_entitlements, check_model, check_spend_controls, check_web_search
 from gateway.provider_errors import map_provider_error
 from gateway.providers.base import ProviderError, ProviderRequest, embedding_response
+from gateway.store.idempotency import ClaimHeld
 from gateway.streaming import ChatFormat, ResponsesFormat, StreamFormat, start_stream
 
 if TYPE_CHECKING:
@@ -200,8 +203,14 @@ async def open_call(
     call_opened(call)
     try:
         yield call
+    except trio.Cancelled:
+        # the handler was cancelled: the client went away. The provider call is cut;
+        # the record says so, settled by the table's row for an ending without usage
+        call.client_left()
+        await call.end(http_status=CLIENT_CLOSED_STATUS, error_code=CLIENT_CLOSED)
+        raise
     except Exception as exc:
-        if not isinstance(exc, GatewayError):
+        if not isinstance(exc, (GatewayError, ClaimHeld)):
             # a fault of ours (answered 500 internal_error): the record must not say 200
             await call.end(http_status=500, error_code="internal_error")
         raise

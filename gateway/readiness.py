@@ -46,11 +46,17 @@ class Readiness:
 
 
 def unready_reason(
-    phase: Phase, shards_running: bool, store_answers: bool, fenced: bool = False
+    phase: Phase,
+    shards_running: bool,
+    store_answers: bool,
+    fenced: bool = False,
+    settlements_queued: bool = False,
 ) -> str | None:
     """Why the server is not ready (None: it is). The phase comes first: while starting
     or stopping, the parts' state says nothing more. A node of several that could not
-    renew its leases is ``fenced`` (it admits nothing)."""
+    renew its leases is ``fenced`` (it admits nothing). A settlement the store could not
+    commit yet (it kept losing conflicts) is retried until it lands: until then the
+    node's records are behind its memory, and it says so (``settlements_queued``)."""
     if phase is not Phase.READY:
         return phase.value
     if not shards_running:
@@ -59,4 +65,6 @@ def unready_reason(
         return "store_unavailable"
     if fenced:
         return "fenced"
+    if settlements_queued:
+        return "settlements_queued"
     return None

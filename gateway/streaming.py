@@ -122,7 +122,7 @@ async def pump(
                 elif not call.client_gone:
                     failure = GatewayError("request_timeout", "The call reached its time limit.")
         except trio.BrokenResourceError:
-            call.client_gone = True
+            call.client_left()
             failed_as = None
         except Exception:
             log.exception("stream pump failed")
@@ -206,7 +206,7 @@ async def _body(
                 return
     finally:
         if not ended:
-            call.client_gone = True
+            call.client_left()
             scope.cancel()
         receive.close()
 
@@ -236,7 +236,7 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
         with trio.move_on_after(runtime.config.server.keepalive_s), suppress(trio.EndOfChannel):
             first.append(await receive.receive())
     except BaseException:
-        call.client_gone = True
+        call.client_left()
         scope.cancel()
         receive.close()
         raise

@@ -126,11 +126,21 @@ def test_recovery_and_idempotency_claims(store: Store) -> None:
         503,
     )
     assert store.call(idempotency.get, "key_a", "k1")["state"] == idempotency.INTERRUPTED
-    # a claim replaced under the same key, with its body as bytes
-    store.call(idempotency.put, {**claim, "state": "done", "body": b"\x00{}", "headers": {"a": 1}})
+    # a live claim holds its key: another attempt's claim reads it back, writing nothing
+    other = {**claim, "request_id": "req_2", "created_at": 6.0}
+    assert store.call(idempotency.claim, other)["request_id"] == "req_1"
+    assert store.call(records.open_call, request_row("req_2"), other)["request_id"] == "req_1"
+    assert store.call(records.get_request, "req_2", "key_a") is None
+    # a claim past its retention is taken over, and settled by its own call only
+    later = {**claim, "request_id": "req_3", "created_at": 5.0 + idempotency.RETENTION_S + 1}
+    assert store.call(idempotency.claim, later) is None
+    outcome = {"state": "done", "status": 200, "body": b"\x00{}", "headers": {"a": 1}}
+    store.call(idempotency.settle, "key_a", "k1", "req_1", outcome)
+    assert store.call(idempotency.get, "key_a", "k1")["state"] == idempotency.RUNNING
+    store.call(idempotency.settle, "key_a", "k1", "req_3", outcome)
     again = store.call(idempotency.get, "key_a", "k1")
     assert (again["state"], again["body"], again["headers"]) == ("done", b"\x00{}", {"a": 1})
-    assert store.call(idempotency.purge, 6.0) == 1
+    assert store.call(idempotency.purge, later["created_at"] + 1) == 1
 
 
 def test_the_schema_is_at_the_last_migration_after_a_reopen(tmp_path: Path) -> None:

@@ -32,7 +32,9 @@ async def readyz() -> Response:
         phase is Phase.READY and shards_running and await rt.store.answers(STORE_TIMEOUT_S)
     )
     fenced = rt.cluster is not None and not rt.cluster.admitting()
-    reason = unready_reason(phase, shards_running, store_answers, fenced)
+    reason = unready_reason(
+        phase, shards_running, store_answers, fenced, settlements_queued=rt.store.deferred > 0
+    )
     if reason is None:
         return json_response({"status": "ready"}, headers=NO_STORE)
     return json_response({"status": "unready", "reason": reason}, 503, headers=NO_STORE)

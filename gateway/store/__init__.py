@@ -15,6 +15,17 @@ Reads run on a second connection on a thread of its own. Before the writer runs
 (start-up, CLI bootstrap) the same operations can be called synchronously with
 :meth:`Store.call`.
 
+Transactions of several nodes can conflict (PostgreSQL: a deadlock, a serialization
+failure). The operations of a batch take their row locks in one order: the batch is
+sorted by the order each operation declares (:data:`gateway.store.sql.LOCK_ORDER`: key
+rows, organisation rows, Idempotency-Key claims, then rows the call owns). A conflict
+that still happens rolls the batch back and runs it again after a short random pause,
+up to :data:`CONFLICT_TRIES` times; an operation that keeps losing is refused
+(:class:`StoreError`, which callers answer with a retryable 503), unless it
+``must_land``: a settlement is then *deferred*, retried on its own until it commits,
+and counted by :attr:`Store.deferred` meanwhile (readiness reports it). A short
+transaction of its own (:meth:`Store.transact`) is retried the same way.
+
 A database server can go away while serving. Then the store is *unavailable*: a write
 that is not ``must_land`` is refused at once (:class:`StoreError`: the caller answers
 503 instead of serving unrecorded), and so is a read; a ``must_land`` write (a
@@ -30,6 +41,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,7 +51,7 @@ import trio
 
 from gateway.logs import event
 from gateway.store.errors import StoreError
-from gateway.store.sql import Conn
+from gateway.store.sql import LOCK_ORDER, OWN_ROWS, Conn
 from gateway.store.thread import ConnThread
 
 __all__ = ["Store", "StoreError", "is_postgres"]
@@ -53,6 +65,14 @@ UNAVAILABLE = "the database is unavailable; retry shortly"
 #: how long a ``must_land`` write waits for a database that went away before its caller
 #: is told (StoreError); the write stays queued and lands if the database comes back
 MUST_LAND_WAIT_S = 15.0
+#: how often a transaction that lost a conflict is run (then refused, or deferred)
+CONFLICT_TRIES = 5
+#: the pause before the n-th run after a conflict: up to this × 2^n seconds, at random
+#: (two nodes that deadlocked must not meet again at the same instant)
+CONFLICT_PAUSE_S = 0.005
+#: how often a deferred settlement is tried again
+DEFERRED_RETRY_S = 0.5
+CONFLICT = "the database refused the write after repeated conflicts; retry shortly"
 log = logging.getLogger("gateway.store")
 
 
@@ -67,6 +87,7 @@ class Backend(Protocol):
     def in_transaction(self, conn: Conn) -> bool: ...
     def lost(self, conn: Conn, exc: BaseException) -> bool: ...
     def committed(self, conn: Conn, token: object) -> bool: ...
+    def retryable(self, exc: BaseException) -> bool: ...
     def close(self, conn: Conn) -> None: ...
 
 
@@ -94,6 +115,20 @@ class _Pending:
     done: trio.Event = field(default_factory=trio.Event)
     result: Any = None
     error: BaseException | None = None
+    #: how many of its batch's runs this operation lost to a conflict
+    conflicts: int = 0
+    #: it lost every run (a ``must_land`` one): committed later on its own
+    deferred: bool = False
+
+    def lock_order(self) -> tuple[Any, ...]:
+        """Where it stands in its batch: the order of the row locks it takes."""
+        order = LOCK_ORDER.get(self.op)
+        return order(*self.args) if order is not None else (OWN_ROWS,)
+
+
+def _pause(conflicts: int) -> None:
+    """The random pause before running again what lost ``conflicts`` conflicts."""
+    time.sleep(random.uniform(0, CONFLICT_PAUSE_S * 2**conflicts))
 
 
 class _Lost(Exception):
@@ -124,6 +159,9 @@ class Store:
         self._send, self._receive = trio.open_memory_channel[_Pending](BATCH * 4)
         #: writes to commit again after a lost connection, before any new one
         self._carried: list[_Pending] = []
+        #: settlements that kept losing conflicts, tried again on their own
+        self._deferred: list[_Pending] = []
+        self._deferred_added = trio.Event()
         self._running = False
         #: False while the database cannot be reached (reads and writes refused)
         self.available = True
@@ -198,16 +236,29 @@ class Store:
         return await self._own_thread.run(self._transact, op, args)
 
     def _transact(self, op: Callable[..., T], args: tuple[Any, ...]) -> T:
-        def run(conn: Conn) -> T:
-            self.backend.begin(conn)
+        backend = self.backend
+
+        def once(conn: Conn) -> T:
+            backend.begin(conn)
             try:
                 result = op(conn, *args)
+                conn.execute("COMMIT", ())
             except BaseException:
-                if self.backend.in_transaction(conn):
+                if backend.in_transaction(conn):
                     conn.execute("ROLLBACK", ())
                 raise
-            conn.execute("COMMIT", ())
             return result
+
+        def run(conn: Conn) -> T:
+            for conflicts in range(1, CONFLICT_TRIES + 1):
+                try:
+                    return once(conn)
+                except backend.errors as exc:
+                    if backend.lost(conn, exc) or not backend.retryable(exc):
+                        raise
+                    if conflicts < CONFLICT_TRIES:
+                        _pause(conflicts)
+            raise StoreError(CONFLICT)
 
         return self._on_own_conn("_own_conn", run)
 
@@ -250,30 +301,67 @@ class Store:
             return True
         return False
 
+    @property
+    def deferred(self) -> int:
+        """Settlements waiting to be committed on their own (after repeated conflicts)."""
+        return len(self._deferred)
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """The writer task: batch, commit, wake the callers. Runs until cancelled."""
         self._running = True
-        task_status.started()
         try:
-            while True:
-                batch = self._carried or [await self._receive.receive()]
-                self._carried = []
-                while len(batch) < BATCH:
-                    try:
-                        batch.append(self._receive.receive_nowait())
-                    except trio.WouldBlock:
-                        break
-                with trio.CancelScope(shield=True):
-                    lost = await self._write_thread.run(self._commit, batch)
-                if lost is not None:
-                    self._carried = batch
-                    await self._recover(lost)
-                    continue
-                for pending in batch:
-                    pending.done.set()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._retry_deferred)
+                task_status.started()
+                await self._write_batches()
         finally:
             self._running = False
-            self._drain(self._carried)
+            self._drain(self._carried + self._deferred)
+
+    async def _write_batches(self) -> None:
+        while True:
+            batch = self._carried or [await self._receive.receive()]
+            self._carried = []
+            while len(batch) < BATCH:
+                try:
+                    batch.append(self._receive.receive_nowait())
+                except trio.WouldBlock:
+                    break
+            with trio.CancelScope(shield=True):
+                lost = await self._write_thread.run(self._commit, batch)
+            if lost is not None:
+                self._carried = batch
+                await self._recover(lost)
+                continue
+            for pending in batch:
+                if pending.deferred:
+                    self._deferred.append(pending)
+                    self._deferred_added.set()
+                else:
+                    pending.done.set()
+
+    async def _retry_deferred(self) -> None:
+        """Commit each deferred settlement on its own, again and again, until it lands
+        (its caller may have stopped waiting: the amount must still reach the store)."""
+        while True:
+            if not self._deferred:
+                self._deferred_added = trio.Event()
+                await self._deferred_added.wait()
+            await trio.sleep(DEFERRED_RETRY_S)
+            for pending in list(self._deferred):
+                try:
+                    pending.result = await self.transact(pending.op, *pending.args)
+                except StoreError:
+                    continue  # lost again, or the database is away: the next round
+                except Exception as exc:
+                    pending.error = exc
+                    log.error(
+                        "deferred store write failed: %s",
+                        exc,
+                        extra=event("store_error", error=str(exc)),
+                    )
+                self._deferred.remove(pending)
+                pending.done.set()
 
     async def _recover(self, lost: _Lost) -> None:
         """After a lost connection: refuse what may be refused, reconnect, and leave in
@@ -337,6 +425,8 @@ class Store:
         Later writes see ``_running`` false and commit synchronously.
         """
         batch = list(carried)
+        for pending in batch:  # a deferred settlement gets one more full try
+            pending.conflicts, pending.deferred = 0, False
         while True:
             try:
                 batch.append(self._receive.receive_nowait())
@@ -349,9 +439,11 @@ class Store:
                 lost = None
                 for pending in batch:
                     pending.error = exc
-            if lost is not None:
-                for pending in batch:
+            for pending in batch:
+                if lost is not None:
                     pending.error = StoreError(UNAVAILABLE)
+                elif pending.deferred:
+                    pending.error = StoreError(CONFLICT)
         for pending in batch:
             pending.done.set()
 
@@ -369,16 +461,20 @@ class Store:
         """Commit ``batch`` in one transaction (on the writer's thread); a lost
         connection is returned, for :meth:`_recover`.
 
-        Optimistic: the operations run one after the other with no savepoint (a savepoint
-        costs two round trips an operation on a database server); one that fails gets its
-        error, the transaction is rolled back and the others run again without it.
+        Optimistic: the operations run one after the other, in their lock order, with no
+        savepoint (a savepoint costs two round trips an operation on a database server);
+        one that fails gets its error, the transaction is rolled back and the others run
+        again without it. One that lost a conflict (a deadlock) makes the whole batch run
+        again after a pause; after :data:`CONFLICT_TRIES` it is refused or deferred and
+        the others run without it.
         """
         conn = self._writer()
         backend = self.backend
-        todo = list(batch)
+        todo = sorted(batch, key=_Pending.lock_order) if len(batch) > 1 else list(batch)
         while todo:
             token: object = None
             committing = False
+            conflicted: _Pending | None = None
             try:
                 token = backend.begin(conn)
                 for pending in todo:
@@ -387,27 +483,41 @@ class Store:
                     except Exception as exc:
                         if isinstance(exc, backend.errors) and backend.lost(conn, exc):
                             raise
-                        pending.error = exc
+                        if isinstance(exc, backend.errors) and backend.retryable(exc):
+                            conflicted = pending
+                        else:
+                            pending.error = exc
                         break
                 else:
                     committing = True
                     conn.execute("COMMIT", ())
                     return None
                 conn.execute("ROLLBACK", ())  # one bad op must not undo the others
-                todo = [pending for pending in todo if pending.error is None]
             except backend.errors as exc:
                 if backend.lost(conn, exc):
                     self._write_conn = None
                     backend.close(conn)
                     return _Lost(token, committing)
-                log.error(
-                    "store commit failed: %s", exc, extra=event("store_error", error=str(exc))
-                )
                 if backend.in_transaction(conn):
                     conn.execute("ROLLBACK", ())
-                for pending in todo:
-                    pending.error = StoreError(f"store write failed: {exc}")
-                return None
+                if not backend.retryable(exc):
+                    log.error(
+                        "store commit failed: %s", exc, extra=event("store_error", error=str(exc))
+                    )
+                    for pending in todo:
+                        pending.error = StoreError(f"store write failed: {exc}")
+                    return None
+                conflicted = todo[-1]  # the COMMIT lost: count it against the batch
+            if conflicted is not None:
+                conflicted.conflicts += 1
+                if conflicted.conflicts < CONFLICT_TRIES:
+                    _pause(conflicted.conflicts)
+                    continue
+                if conflicted.must_land:
+                    conflicted.deferred = True
+                else:
+                    conflicted.error = StoreError(CONFLICT)
+            todo = [p for p in todo if p.error is None and not p.deferred]
         return None
 
     def close(self) -> None:

@@ -3,6 +3,12 @@
 A row is written as a claim (state ``running``) in the transaction of its call's
 pending request row, and given its outcome (or dropped) in the transaction of the
 call's settlement (:mod:`gateway.store.records`).
+
+One claim per key in the whole database, whichever node asks: the claim is an insert
+that does nothing when the row exists (the primary key decides, and on PostgreSQL an
+insert waits for a concurrent one to commit or roll back), read back when it did
+nothing. Only the attempt whose insert landed calls the provider; every other one is
+a repeat of it. Nothing kept in a process decides it.
 """
 
 from __future__ import annotations
@@ -22,9 +28,36 @@ def get(conn: Conn, key_id: str, idem_key: str) -> dict[str, Any] | None:
     )
 
 
-def put(conn: Conn, row: dict[str, Any]) -> None:
-    """Insert or replace (an expired row under the same key is simply overwritten)."""
-    sq.upsert(conn, "idempotency", row)
+class ClaimHeld(Exception):
+    """The Idempotency-Key is claimed by another attempt: ``row`` is its claim."""
+
+    def __init__(self, row: dict[str, Any]) -> None:
+        super().__init__(row["request_id"])
+        self.row = row
+
+
+def claim(conn: Conn, row: dict[str, Any]) -> dict[str, Any] | None:
+    """Claim ``row``'s key for its call; None when claimed, else the claim that holds it.
+
+    A claim past its retention (not purged yet) is taken over; one that disappears
+    between the insert and the read (its attempt failed, dropping it) is claimed anew.
+    """
+    key = (row["key_id"], row["idem_key"])
+    for _ in range(3):
+        if sq.insert_new(conn, "idempotency", row):
+            return None
+        data = sq.encode("idempotency", row)
+        sets = ", ".join(f"{column} = ?" for column in data)
+        taken = conn.execute(
+            f"UPDATE idempotency SET {sets} WHERE key_id = ? AND idem_key = ? AND created_at < ?",
+            (*data.values(), *key, row["created_at"] - RETENTION_S),
+        )
+        if taken.rowcount == 1:
+            return None
+        held = get(conn, *key)
+        if held is not None:
+            return held
+    raise RuntimeError(f"the claim of an Idempotency-Key kept changing: {key}")
 
 
 def purge(conn: Conn, before: float) -> int:
@@ -36,14 +69,19 @@ def purge(conn: Conn, before: float) -> int:
 RUNNING, INTERRUPTED = "running", "interrupted"
 
 
-def settle(conn: Conn, key_id: str, idem_key: str, outcome: dict[str, Any] | None) -> None:
-    """The outcome of a claim: its row updated with ``outcome``, or dropped (None)."""
+def settle(
+    conn: Conn, key_id: str, idem_key: str, request_id: str, outcome: dict[str, Any] | None
+) -> None:
+    """The outcome of the claim of ``request_id``: its row updated with ``outcome``, or
+    dropped (None). A claim is only ever settled by the call that holds it."""
+    where = {"key_id": key_id, "idem_key": idem_key, "request_id": request_id}
     if outcome is None:
         conn.execute(
-            "DELETE FROM idempotency WHERE key_id = ? AND idem_key = ?", (key_id, idem_key)
+            "DELETE FROM idempotency WHERE key_id = ? AND idem_key = ? AND request_id = ?",
+            tuple(where.values()),
         )
     else:
-        sq.update(conn, "idempotency", {"key_id": key_id, "idem_key": idem_key}, outcome)
+        sq.update(conn, "idempotency", where, outcome)
 
 
 def interrupt_running(conn: Conn, requests: str = "", params: tuple[Any, ...] = ()) -> None:

@@ -30,6 +30,9 @@ from gateway.store.sql import Conn, Dialect
 _LOCK_CLASS = 0x53564757
 _MIGRATION_LOCK = 2
 CONNECT_TIMEOUT_S = 3
+#: SQLSTATEs of a transaction that lost a conflict: serialization_failure,
+#: deadlock_detected, lock_not_available
+_RETRYABLE = frozenset({"40001", "40P01", "55P03"})
 
 DIALECT = Dialect(
     name="postgresql",
@@ -135,6 +138,11 @@ class PostgresBackend:
     def lost(self, conn: Conn, exc: BaseException) -> bool:
         """The connection is gone (the server stopped, restarted, or cannot be reached)."""
         return bool(conn.raw.closed)  # a fatal error (57P01 on a stop...) closes it
+
+    def retryable(self, exc: BaseException) -> bool:
+        """A conflict with another transaction (a deadlock, a serialization failure, a
+        lock not available): the same work succeeds when run again."""
+        return getattr(exc, "sqlstate", None) in _RETRYABLE
 
     def committed(self, conn: Conn, token: object) -> bool:
         """On a new connection: did the transaction ``token`` of a lost one commit?"""

@@ -6,7 +6,7 @@ from typing import Any
 
 from gateway.store import idempotency
 from gateway.store import sql as sq
-from gateway.store.sql import Conn
+from gateway.store.sql import CLAIMS, KEY_ROWS, ORG_ROWS, OWN_ROWS, Conn, locks
 
 # -- organisations -------------------------------------------------------------------------
 
@@ -20,6 +20,7 @@ def list_orgs(conn: Conn) -> list[dict[str, Any]]:
     return sq.select(conn, "orgs", "ORDER BY created_at")
 
 
+@locks(lambda org_id, policy: (ORG_ROWS, org_id))
 def set_org_policy(conn: Conn, org_id: str, policy: dict[str, Any]) -> int:
     return sq.update(conn, "orgs", {"id": org_id}, {"policy": policy})
 
@@ -58,10 +59,12 @@ def insert_key(conn: Conn, key: dict[str, Any]) -> None:
     sq.insert(conn, "keys", key)
 
 
+@locks(lambda key_id, values: (KEY_ROWS, key_id))
 def update_key(conn: Conn, key_id: str, values: dict[str, Any]) -> int:
     return sq.update(conn, "keys", {"id": key_id}, values)
 
 
+@locks(lambda new_key, old_id, *_: (KEY_ROWS, old_id))
 def rotate_key(
     conn: Conn,
     new_key: dict[str, Any],
@@ -126,12 +129,27 @@ PENDING = "pending"
 INTERRUPTED = "interrupted"
 
 
-def open_call(conn: Conn, record: dict[str, Any], claim: dict[str, Any] | None) -> None:
-    """A call about to reach its provider: its ``pending`` request row and, with an
-    Idempotency-Key, the key's claim: one transaction."""
-    sq.insert(conn, "requests", record)
+def _open_call_place(record: dict[str, Any], claim: dict[str, Any] | None) -> tuple[Any, ...]:
+    return (CLAIMS, claim["key_id"], claim["idem_key"]) if claim else (OWN_ROWS,)
+
+
+@locks(_open_call_place)
+def open_call(
+    conn: Conn, record: dict[str, Any], claim: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """A call about to reach its provider: with an Idempotency-Key, the key's claim,
+    and its ``pending`` request row: one transaction.
+
+    Returns None when the call may go on, or the claim that holds its Idempotency-Key
+    for another attempt (on this node or another): then nothing is written, and the
+    call is a repeat of that one (:func:`gateway.store.idempotency.claim`).
+    """
     if claim is not None:
-        idempotency.put(conn, claim)
+        held = idempotency.claim(conn, claim)
+        if held is not None:
+            return held
+    sq.insert(conn, "requests", record)
+    return None
 
 
 def settle_call(
@@ -160,12 +178,13 @@ def settle_call(
     if ledger is not None:
         sq.insert(conn, "credit_ledger", ledger)
     if claim is not None:
-        idempotency.settle(conn, *claim, outcome)
+        idempotency.settle(conn, *claim, request_id, outcome)
 
 
 def leave_leases(conn: Conn, node_id: str, amounts: list[tuple[str, int]]) -> None:
-    """Take ``amounts`` out of the node's leases (posted by a settlement, or given back)."""
-    for limit_id, amount in amounts:
+    """Take ``amounts`` out of the node's leases (posted by a settlement, or given back),
+    in the order of their limit ids."""
+    for limit_id, amount in sorted(amounts):
         conn.execute(
             "UPDATE leases SET amount = amount - ? WHERE limit_id = ? AND node_id = ?",
             (amount, limit_id, node_id),

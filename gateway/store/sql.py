@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import orjson
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 JSON_COLUMNS = {
     "keys": ("scopes", "caps", "allowed_models", "required_tags", "default_tags"),
@@ -38,6 +40,25 @@ PRIMARY_KEYS = {
     "dashboard_secrets": ("name",),
     "model_switches": ("model_id",),
 }
+
+
+#: the places of row locks in a batch (:class:`gateway.store.Store` sorts each batch by
+#: them): key rows, organisation rows, Idempotency-Key claims, then the rows a call owns
+#: (its request row, its node's leases) and new rows; within a place, by the rows' ids.
+#: Every node takes its locks in this order, so two batches cannot wait on each other.
+KEY_ROWS, ORG_ROWS, CLAIMS, OWN_ROWS = range(4)
+#: operation → its place, from the operation's arguments after the connection
+LOCK_ORDER: dict[Callable[..., Any], Callable[..., tuple[Any, ...]]] = {}
+
+
+def locks(place: Callable[..., tuple[Any, ...]]) -> Callable[[F], F]:
+    """Declare where an operation's row locks stand in a batch (undeclared: OWN_ROWS)."""
+
+    def declare(op: F) -> F:
+        LOCK_ORDER[op] = place
+        return op
+
+    return declare
 
 
 class Cursor(Protocol):

@@ -87,6 +87,10 @@ class SqliteBackend:
         """A file does not go away like a server: every error is the batch's own."""
         return False
 
+    def retryable(self, exc: BaseException) -> bool:
+        """The file was locked past ``busy_timeout`` (another process held it)."""
+        return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
     def committed(self, conn: Conn, token: object) -> bool:
         return False
 
