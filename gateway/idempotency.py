@@ -20,8 +20,11 @@ Claimed first, settled together: the claim is a row of the ``idempotency`` table
 before the provider is asked; its outcome is written (or the row dropped) in the same
 transaction as the call's settlement. So a process that dies mid-call leaves a claim
 that start-up recovery marks ``interrupted`` with the record: the provider is never
-called twice for one key. Before that write, a claim in memory (taken before the first
-``await`` of the check) covers concurrent retries in this process.
+called twice for one key. The claim is an insert that does nothing on an existing row
+(:func:`gateway.store.idempotency.claim`): of attempts racing on several nodes, the one
+whose insert lands runs; every other is a repeat of it (:class:`ClaimHeld`), even one
+that was already admitted and reserved (its reservation is voided, nothing recorded).
+An attempt this process is still running answers its own repeats sooner, before any read.
 
 A repeat (replay, 409 or 422) is admitted like every request: it counts in the key's
 request window and carries the rate-limit headers, but takes no in-flight slot and
@@ -45,7 +48,7 @@ from gateway.errors import GatewayError
 from gateway.http import request_id
 from gateway.inflight import STOPPING_MESSAGE
 from gateway.store import idempotency as store_ops
-from gateway.store.idempotency import RETENTION_S
+from gateway.store.idempotency import RETENTION_S, ClaimHeld
 
 if TYPE_CHECKING:
     from gateway.keys import KeyRecord
@@ -152,7 +155,7 @@ async def serve(
                 return _repeat(row, digest)
             try:
                 return await run(claim)
-            except store_ops.ClaimHeld as held:  # another attempt's claim won the insert
+            except ClaimHeld as held:  # another attempt's claim won the insert
                 return _repeat(held.row, digest)
         finally:
             del rt.idempotency_claims[slot]
