@@ -167,11 +167,21 @@ def serve(
 
 
 def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
+    from gateway.connections import (
+        DescriptorLimitError,
+        fit_descriptor_limit,
+        raise_descriptor_limit,
+    )
     from gateway.heap import settle_heap
     from gateway.runtime import Runtime
     from gateway.server import bind_sockets, hypercorn_config
     from gateway.server import serve as run_server
 
+    try:
+        # before the runtime: its upstream pools are built with the sizes that fit
+        config = fit_descriptor_limit(config, raise_descriptor_limit())
+    except DescriptorLimitError as exc:
+        fail(str(exc), 2)
     try:
         sockets = bind_sockets(hypercorn_config(config))
     except OSError as exc:

@@ -9,9 +9,11 @@ thousand clients that trickle their requests exhausted the process's descriptors
   ``[server] max_connections`` are open. Past the cap the next ``accept`` waits: the
   kernel's listen backlog holds the new client until a connection closes, and the
   process never runs out of descriptors.
-- :func:`connection_cap` raises the soft descriptor limit to the hard one at start and
-  lowers the cap (with a warning) when even that cannot hold it beside the upstream
-  connection pools and the server's own files.
+- ``serve`` raises the soft descriptor limit to the hard one at start
+  (:func:`raise_descriptor_limit`) and, when even that cannot hold the cap beside the
+  upstream connection pools and the server's own files, :func:`fit_descriptor_limit`
+  shrinks the cap and the pools alike (with a warning), or refuses the start when too
+  few client connections would be left.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from __future__ import annotations
 import logging
 import math
 import resource
+import sys
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -36,6 +40,7 @@ from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr
 
 from gateway import socket_io
 from gateway.config import Config
+from gateway.logs import event
 
 log = logging.getLogger("gateway.connections")
 
@@ -44,14 +49,25 @@ LINGER_S = 2.0
 #: descriptors kept for everything but client and upstream connections: the database
 #: and its journal, the lock file, listeners, stdio, webhook deliveries, logs
 RESERVED_DESCRIPTORS = 128
+#: the fewest client connections ``serve`` starts with when it must shrink the cap to the
+#: descriptor limit: under it a few slow clients (long streams, trickled bodies) hold
+#: every place and everyone else waits in the listen backlog, an outage that only a
+#: warning in the log would explain; the start is refused instead
+MIN_CLIENT_CONNECTIONS = 64
+
+
+class DescriptorLimitError(Exception):
+    """The descriptor limit leaves too few client connections beside the upstream pools."""
 
 
 def raise_descriptor_limit() -> int:
     """Raise the soft RLIMIT_NOFILE to the hard limit; the soft limit now in force."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return sys.maxsize
     if hard == resource.RLIM_INFINITY:
         hard = max(soft, 1 << 20)
-    if soft != resource.RLIM_INFINITY and soft < hard:
+    if soft < hard:
         try:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
             soft = hard
@@ -60,21 +76,55 @@ def raise_descriptor_limit() -> int:
     return soft
 
 
-def connection_cap(config: Config) -> int:
-    """``max_connections``, or fewer when the descriptor limit cannot hold that many
-    beside the upstream pools (each provider's ``max_connections``) and the reserve."""
+def fit_descriptor_limit(config: Config, limit: int) -> Config:
+    """``config`` with ``[server] max_connections`` and the upstream pools (each
+    provider's ``max_connections``) sized to the descriptor ``limit``.
+
+    Unchanged when they fit beside ``RESERVED_DESCRIPTORS``. Else the cap and every pool
+    shrink by the same factor (a pool to at least 1), with one warning; the runtime must
+    be built from the config returned, so that its pools have those sizes. Raises
+    :class:`DescriptorLimitError` when the cap would fall under
+    ``MIN_CLIENT_CONNECTIONS`` (a cap configured under it is kept only where it fits).
+    """
+    available = limit - RESERVED_DESCRIPTORS
     wanted = config.server.max_connections
-    upstream = sum(p.max_connections for p in config.providers if p.kind != "mock")
-    room = raise_descriptor_limit() - upstream - RESERVED_DESCRIPTORS
-    if room < wanted:
-        cap = max(room, 1)
-        log.warning(
-            "max_connections %d does not fit the descriptor limit: serving at most %d",
-            wanted,
-            cap,
+    pooled = [p for p in config.providers if p.kind != "mock"]  # the mock opens no socket
+    total = wanted + sum(p.max_connections for p in pooled)
+    if total <= available:
+        return config
+    share = max(available, 0) / total
+    sizes = {p.name: max(1, int(p.max_connections * share)) for p in pooled}
+    cap = min(wanted, available - sum(sizes.values()))
+    pools = ", ".join(f"{p.name} {p.max_connections}" for p in pooled) or "none"
+    asked = (
+        f"the descriptor limit {limit} (less {RESERVED_DESCRIPTORS} reserved) cannot hold"
+        f" [server] max_connections {wanted} beside the upstream pools ([[providers]]"
+        f" max_connections: {pools})"
+    )
+    settings = (
+        "raise the limit (ulimit -n, or LimitNOFILE= under systemd) or lower [server]"
+        f" max_connections and [[providers]] max_connections to fit in {max(available, 0)}"
+        " together"
+    )
+    if cap < MIN_CLIENT_CONNECTIONS:
+        raise DescriptorLimitError(
+            f"{asked}: shrunk to fit, it would serve at most {max(cap, 0)} client"
+            f" connections, fewer than {MIN_CLIENT_CONNECTIONS}; {settings}"
         )
-        return cap
-    return wanted
+    log.warning(
+        "%s: serving at most %d client connections, with pools %s; %s",
+        asked,
+        cap,
+        ", ".join(f"{name} {size}" for name, size in sizes.items()) or "none",
+        settings,
+        extra=event("descriptor_limit", limit=limit, max_connections=cap, pools=sizes),
+    )
+    providers = tuple(
+        replace(p, max_connections=sizes[p.name]) if p.name in sizes else p
+        for p in config.providers
+    )
+    server = replace(config.server, max_connections=cap)
+    return replace(config, server=server, providers=providers)
 
 
 class _CountedStream(trio.abc.HalfCloseableStream):

@@ -38,7 +38,7 @@ from hypercorn.utils import wrap_app
 from gateway.app import create_app
 from gateway.asgi_guard import FinalSendGuard
 from gateway.config import Config
-from gateway.connections import connection_cap, serve_http
+from gateway.connections import serve_http
 from gateway.exchange import ExchangeRecorder
 from gateway.logs import event
 from gateway.readiness import Phase
@@ -116,7 +116,11 @@ async def serve(
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until ``shutdown_trigger`` returns; report the bound URLs once
-    the start-up work is done and every part runs (the server is ready)."""
+    the start-up work is done and every part runs (the server is ready).
+
+    At most ``[server] max_connections`` clients are served at once: ``svc-gateway
+    serve`` has fitted it and the upstream pools to the descriptor limit before building
+    the runtime (:func:`gateway.connections.fit_descriptor_limit`)."""
     config = hypercorn_config(runtime.config)
     if sockets is None:
         sockets = bind_sockets(config)
@@ -146,7 +150,7 @@ async def serve(
                     app,
                     config,
                     sockets,
-                    connection_cap(runtime.config),
+                    runtime.config.server.max_connections,
                     shutdown_trigger=stop_trigger,
                     task_status=task_status,
                 )

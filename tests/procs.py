@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -46,12 +47,15 @@ def run_cli(
     env: dict[str, str] | None = None,
     cwd: Path | str | None = None,
     timeout: float = CLI_TIMEOUT_S,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``svc-gateway ARGS...`` (as ``python -m gateway``), bounded, output captured."""
+    """``svc-gateway ARGS...`` (as ``python -m gateway``), bounded, output captured;
+    ``preexec_fn`` runs in the child before it starts (e.g. to lower a resource limit)."""
     return subprocess.run(
         [sys.executable, "-m", "gateway", *args],
         env=env if env is not None else base_env(),
         cwd=cwd,
+        preexec_fn=preexec_fn,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -148,12 +152,13 @@ def start_server(
     db: Path | str | None = None,
     env: dict[str, str] | None = None,
     timeout: float = START_TIMEOUT_S,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> Server:
     """Start ``serve --json --port 0 --db DB`` in ``tmp_path``; wait for its JSON line.
 
     Returns once the server printed ``{"url", "database", "sandbox_key"}`` (``token`` is
     that key: null on an existing database or without demo data); fails with the
-    server's stderr otherwise.
+    server's stderr otherwise. ``preexec_fn`` runs in the child before it starts.
     """
     db = db if db is not None else tmp_path / "g.db"
     stderr_path = tmp_path / f"server-{os.urandom(4).hex()}.stderr"
@@ -167,6 +172,7 @@ def start_server(
             stdout=subprocess.PIPE,
             stderr=stderr_file,
             text=True,
+            preexec_fn=preexec_fn,
         )
     lines: queue.Queue[str | None] = queue.Queue()
     pump = threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True)
