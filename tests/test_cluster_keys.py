@@ -17,6 +17,7 @@ import math
 import secrets
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -36,18 +37,26 @@ pytestmark = pytest.mark.timeout(120)
 _names = itertools.count()
 
 
-async def first_calls(server: Server, token: str, chat_first: bool) -> list[int]:
-    """The statuses of one GET /v1/key and one chat completion on ``server`` (in that
-    order, or chat first), with no retry."""
+async def first_calls(servers: list[Server], token: str) -> list[list[int]]:
+    """The statuses of a first GET /v1/key and chat completion with ``token`` on each of
+    ``servers``, all at once and with no retry: the first server is asked for the chat
+    first, the others for the key first."""
     headers = {"Authorization": f"Bearer {token}"}
-    async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=30) as client:
-        calls = [
-            lambda: client.get("/v1/key"),
-            lambda: client.post("/v1/chat/completions", json=body("first", "delay=0")),
-        ]
-        if chat_first:
-            calls.reverse()
-        return [(await call()).status_code for call in calls]
+    statuses: list[list[int]] = [[] for _ in servers]
+
+    async def calls(i: int) -> None:
+        async with httpx.AsyncClient(
+            base_url=servers[i].url, headers=headers, timeout=30
+        ) as client:
+            key = partial(client.get, "/v1/key")
+            chat = partial(client.post, "/v1/chat/completions", json=body("first", "delay=0"))
+            for call in (chat, key) if i == 0 else (key, chat):
+                statuses[i].append((await call()).status_code)
+
+    async with trio.open_nursery() as nursery:
+        for i in range(len(servers)):
+            nursery.start_soon(calls, i)
+    return statuses
 
 
 async def test_a_key_made_on_one_node_answers_at_once_on_the_others(
@@ -65,9 +74,7 @@ async def test_a_key_made_on_one_node_answers_at_once_on_the_others(
         mode="live",
         scopes=["inference", "usage:read"],
     )
-    token = made["token"]
-    assert await first_calls(nodes[1], token, chat_first=True) == [200, 200]
-    assert await first_calls(nodes[2], token, chat_first=False) == [200, 200]
+    assert await first_calls(nodes[1:], made["token"]) == [[200, 200], [200, 200]]
 
 
 async def test_a_sub_key_made_on_one_node_answers_at_once_on_another(
@@ -78,9 +85,7 @@ async def test_a_sub_key_made_on_one_node_answers_at_once_on_another(
     async with httpx.AsyncClient(base_url=nodes[0].url, headers=headers) as client:
         response = await client.post("/v1/keys", json={"name": "sub"})
     assert response.status_code == 201, response.text
-    sub = response.json()["token"]
-    assert await first_calls(nodes[1], sub, chat_first=False) == [200, 200]
-    assert await first_calls(nodes[2], sub, chat_first=True) == [200, 200]
+    assert await first_calls(nodes[1:], response.json()["token"]) == [[200, 200], [200, 200]]
 
 
 async def test_a_key_of_an_organisation_made_elsewhere_keeps_its_policy_at_once(
