@@ -52,7 +52,7 @@ class Clock:
         return self.now
 
 
-class Node:
+class TwoNodes:
     """``made``'s keys met first by ``here``'s lookup."""
 
     def __init__(self, store: CountingStore) -> None:
@@ -74,10 +74,10 @@ class Node:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
+def node(tmp_path: Path) -> Iterator[TwoNodes]:
     store = CountingStore(str(tmp_path / "g.db"))
     store.call(records.create_org, Org(id=ORG, name="acme").to_row())
-    yield Node(store)
+    yield TwoNodes(store)
     store.close()
 
 
@@ -85,7 +85,7 @@ def unknown_token(n: int = 0) -> str:
     return k.new_token("live", k.new_prefix(f"{n:06d}"))
 
 
-async def test_a_key_made_elsewhere_is_found_and_learned_as_a_load_has_it(node: Node) -> None:
+async def test_a_key_made_elsewhere_is_found_and_learned_as_a_load_has_it(node: TwoNodes) -> None:
     record, token = node.key()
     found = await node.lookup.find(token)
     assert found is not None and found.id == record.id
@@ -100,7 +100,7 @@ async def test_a_key_made_elsewhere_is_found_and_learned_as_a_load_has_it(node: 
 
 
 async def test_a_sub_key_comes_with_its_parent_and_a_rotated_key_with_its_successor(
-    node: Node,
+    node: TwoNodes,
 ) -> None:
     parent, _ = node.key()
     child, child_token = node.made.build(
@@ -122,7 +122,7 @@ async def test_a_sub_key_comes_with_its_parent_and_a_rotated_key_with_its_succes
 
 
 async def test_a_revoked_key_or_a_sub_key_of_a_revoked_parent_is_not_let_in(
-    node: Node,
+    node: TwoNodes,
 ) -> None:
     revoked, revoked_token = node.key(status="revoked")
     parent, _ = node.key(status="disabled")
@@ -135,7 +135,7 @@ async def test_a_revoked_key_or_a_sub_key_of_a_revoked_parent_is_not_let_in(
     assert node.here.get(revoked.id) is not None  # learned, and refused as it is
 
 
-async def test_no_read_for_a_malformed_token_or_a_held_prefix(node: Node) -> None:
+async def test_no_read_for_a_malformed_token_or_a_held_prefix(node: TwoNodes) -> None:
     _, token = node.key()
     assert await node.lookup.find(token) is not None
     wrong = token[:-1] + ("a" if token[-1] != "a" else "b")
@@ -144,7 +144,7 @@ async def test_no_read_for_a_malformed_token_or_a_held_prefix(node: Node) -> Non
     assert node.store.lookups == 1
 
 
-async def test_an_unknown_prefix_is_read_once_per_miss_ttl(node: Node) -> None:
+async def test_an_unknown_prefix_is_read_once_per_miss_ttl(node: TwoNodes) -> None:
     token = unknown_token()
     for _ in range(100):
         assert await node.lookup.find(token) is None
@@ -157,7 +157,7 @@ async def test_an_unknown_prefix_is_read_once_per_miss_ttl(node: Node) -> None:
     assert node.store.lookups == 2
 
 
-async def test_lookups_per_second_are_bounded_whatever_the_prefixes(node: Node) -> None:
+async def test_lookups_per_second_are_bounded_whatever_the_prefixes(node: TwoNodes) -> None:
     node.clock.now = 2000.0
     for n in range(3 * LOOKUPS_PER_S):
         assert await node.lookup.find(unknown_token(n)) is None
@@ -174,7 +174,7 @@ async def test_lookups_per_second_are_bounded_whatever_the_prefixes(node: Node) 
     assert len(node.lookup._misses) <= LOOKUPS_PER_S
 
 
-async def test_lookups_at_once_are_bounded_and_one_prefix_shares_one(node: Node) -> None:
+async def test_lookups_at_once_are_bounded_and_one_prefix_shares_one(node: TwoNodes) -> None:
     node.store.hold = trio.Event()
     _, token = node.key()
     answers: list[KeyRecord | None] = []
