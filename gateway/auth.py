@@ -35,9 +35,13 @@ def bearer_token() -> str | None:
     return token.strip()
 
 
-def authenticate(rt: Runtime) -> KeyRecord:
+async def authenticate(rt: Runtime) -> KeyRecord:
+    """Step 1. A key held in memory answers without an await; with several nodes, a key
+    this node does not hold is looked up in the store first (:mod:`gateway.key_lookup`)."""
     token = bearer_token()
     record = rt.keyring.authenticate(token) if token else None
+    if record is None and token and rt.cluster is not None:
+        record = await rt.cluster.keys.find(token)
     if record is None:
         raise GatewayError("invalid_api_key", INVALID_KEY_MESSAGE)
     record = rt.keyring.touch(record)
@@ -60,7 +64,7 @@ async def require_scope(rt: Runtime, record: KeyRecord, scope: str) -> None:
 async def admit_reader(rt: Runtime, scope: str | None) -> KeyRecord:
     """Steps 1 to 3 of a read: authenticate, check the scope (if any), admit without
     an in-flight slot (reads count in the request window and never take one)."""
-    record = authenticate(rt)
+    record = await authenticate(rt)
     if scope is not None:
         await require_scope(rt, record, scope)
     await admit(rt, record, take_slot=False)

@@ -19,7 +19,8 @@ nursery:
   provider credentials when it moved: a change made on any node (revocation, disable,
   rotation, caps, policy, credits added, a model switched off or on) is seen by every
   node within
-  ``POLL_S`` plus a reload.
+  ``POLL_S`` plus a reload. A new key need not wait for it: a node that meets a token of
+  a key it does not hold looks it up by its prefix first (:mod:`gateway.key_lookup`).
 
 Refills (:meth:`Node.refill`) run when a shard answers :class:`shards.LeaseShort`: one
 short transaction per limit, one at a time per limit on this node.
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from gateway.catalog import nanos_to_usd
+from gateway.key_lookup import KeyLookup
 from gateway.logs import event
 from gateway.store import StoreError, records
 from gateway.store import cluster as ops
@@ -68,6 +70,8 @@ class Node:
         self._admit_until = 0.0
         self._refilling: defaultdict[str, trio.Lock] = defaultdict(trio.Lock)
         self._version = 0
+        #: keys made on other nodes, met before the poll brought them
+        self.keys = KeyLookup(runtime.store, runtime.keyring, self.know_org)
         #: time.monotonic() of the first renewal after the database was last unreachable
         self._reachable_since = time.monotonic()
 
@@ -243,14 +247,24 @@ class Node:
         added, provider credentials, model switches."""
         store, rt = self.rt.store, self.rt
         rt.keyring.load(await store.read(records.all_keys))
+        await self._reload_orgs()
+        for row in await store.read(records.list_provider_credentials):
+            rt.byok[(row["org_id"], row["provider"])] = row["api_key_env"]
+        self.switch_models(await store.read(ops.model_switches))
+
+    async def _reload_orgs(self) -> None:
+        store, rt = self.rt.store, self.rt
         rt.load_orgs(
             await store.read(records.list_orgs),
             await store.read(records.org_balances),
             await store.read(records.org_billed, rt.month()),
         )
-        for row in await store.read(records.list_provider_credentials):
-            rt.byok[(row["org_id"], row["provider"])] = row["api_key_env"]
-        self.switch_models(await store.read(ops.model_switches))
+
+    async def know_org(self, org_id: str) -> None:
+        """Reload the organisations if ``org_id`` is not among them: a key looked up
+        before the poll brought it may be of an organisation made on another node."""
+        if org_id not in self.rt.orgs:
+            await self._reload_orgs()
 
     def switch_models(self, switches: dict[str, bool]) -> None:
         """The operator's model switches, as every node applies them."""

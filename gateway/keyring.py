@@ -2,7 +2,9 @@
 
 All key records are loaded at start-up; a change (create, disable, revoke, rotate) is
 written to the store first and then swapped into memory, so the running server
-refuses a revoked key on its very next call.
+refuses a revoked key on its very next call. With several nodes, the changes of the
+others come by the change poll (:meth:`load`), and a key made on another node may come
+before it, by a lookup of its prefix (:meth:`learn`).
 
 Lifecycle changes run one at a time (one lock) and always apply to the record as it is
 *now*, not as a handler read it before an await: two concurrent changes never undo each
@@ -51,12 +53,27 @@ class Keyring:
 
     def load(self, rows: list[dict[str, Any]]) -> None:
         for row in rows:
-            record = KeyRecord.from_row(row)
-            self._put(record.with_changes(shard_ref=self.key_ref(record.id, record.family_id)))
+            self._put(self._from_row(row))
+
+    def learn(self, rows: list[dict[str, Any]]) -> None:
+        """Load the keys of ``rows`` this keyring does not hold (a key another node made,
+        met before the change poll brought it: :mod:`gateway.key_lookup`). A held record
+        stays: the poll keeps it fresh, and a change made here since the rows were read
+        must not be undone by them."""
+        for row in rows:
+            if row["id"] not in self._by_id:
+                self._put(self._from_row(row))
+
+    def _from_row(self, row: dict[str, Any]) -> KeyRecord:
+        record = KeyRecord.from_row(row)
+        return record.with_changes(shard_ref=self.key_ref(record.id, record.family_id))
 
     def _put(self, record: KeyRecord) -> None:
         self._by_prefix[record.prefix] = record
         self._by_id[record.id] = record
+
+    def holds(self, prefix: str) -> bool:
+        return prefix in self._by_prefix
 
     def get(self, key_id: str) -> KeyRecord | None:
         return self._by_id.get(key_id)

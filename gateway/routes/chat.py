@@ -31,7 +31,7 @@ Run = Callable[[Call, Endpoint, Any], Awaitable[Response]]
 
 async def serve_call(endpoint: Endpoint, run: Run) -> Response:
     rt = runtime()
-    record = authenticate(rt)
+    record = await authenticate(rt)
     await require_scope(rt, record, endpoint.scope)
     try:
         idem_key = idempotency.header_value() if endpoint.idempotent else None

@@ -84,6 +84,26 @@ def all_keys(conn: Conn) -> list[dict[str, Any]]:
     return sq.select(conn, "keys", "ORDER BY created_at, id")
 
 
+def key_by_prefix(conn: Conn, prefix: str) -> list[dict[str, Any]]:
+    """The key of ``prefix`` first, then what its validity and its successor need: its
+    parent and the keys it was rotated to, in order. Empty when no key has the prefix."""
+    key = sq.select_one(conn, "keys", "WHERE prefix = ?", (prefix,))
+    if key is None:
+        return []
+    found = [key]
+    if key["parent_id"] is not None and (parent := _key(conn, key["parent_id"])) is not None:
+        found.append(parent)
+    successor = key["rotated_to"]
+    while successor is not None and (row := _key(conn, successor)) is not None:
+        found.append(row)
+        successor = row["rotated_to"]
+    return found
+
+
+def _key(conn: Conn, key_id: str) -> dict[str, Any] | None:
+    return sq.select_one(conn, "keys", "WHERE id = ?", (key_id,))
+
+
 # -- request records -----------------------------------------------------------------------
 
 
