@@ -22,11 +22,13 @@ tests never share state::
     [[fault malformed]]           answer 200 with a body that is not JSON
     [[fault usage_with_finish]]   stream the usage in the finish_reason chunk, not after it
     [[fault usage_with_content]]  the last word, finish_reason and usage in one chunk
-    [[fault hold]]                hold the call open (before answering) until ``release``
+    [[fault hold]]                hold the call open (before answering) until ``release``;
+                                  a held call whose client closes the connection ends there
     [[fault lockstep]]            stream: after each word, wait until the test ``ack()``s it
 
 ``calls`` counts requests received, ``served`` the answers sent in full, ``open`` the
-calls in progress; ``bodies``, ``auth`` and ``headers`` keep what came in.
+calls in progress, ``abandoned`` the held calls whose client closed the connection;
+``bodies``, ``auth`` and ``headers`` keep what came in.
 :meth:`wait_until` waits (on events, not sleeps) until a condition on these holds.
 """
 
@@ -74,6 +76,8 @@ class FakeUpstream:
     headers: list[dict[str, str]] = field(default_factory=list)
     served: int = 0
     open: int = 0
+    #: held calls ([[fault hold]]) whose client closed the connection before the answer
+    abandoned: int = 0
     #: held calls ([[fault hold]]) answer once this is set
     release: trio.Event = field(default_factory=trio.Event)
     _changed: trio.Event = field(default_factory=trio.Event)
@@ -154,8 +158,9 @@ class FakeUpstream:
         faults = directives(body)
         if "delay" in faults:
             await trio.sleep(float(faults["delay"]))
-        if "hold" in faults:
-            await self.release.wait()
+        if "hold" in faults and not await self._held(conn, stream):
+            self.abandoned += 1
+            return False
         if "reset" in faults:
             return False
         if "status" in faults:
@@ -182,6 +187,27 @@ class FakeUpstream:
         completion = _completion(body, content, usage, "chat.completion")
         await _send(conn, stream, 200, orjson.dumps(completion))
         return True
+
+    async def _held(self, conn: h11.Connection, stream: trio.SocketStream) -> bool:
+        """Wait for ``release`` while watching the connection: False when the client
+        closed it first (a gateway that cut the call)."""
+        left = False
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                nonlocal left
+                try:
+                    while data := await stream.receive_some(65536):
+                        conn.receive_data(data)  # (a next request: h11 keeps it)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+                left = True
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            await self.release.wait()
+            nursery.cancel_scope.cancel()
+        return not left
 
     async def _stream(
         self, conn: h11.Connection, stream: trio.SocketStream, body: dict, faults: dict[str, str]
