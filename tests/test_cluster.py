@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -39,7 +40,6 @@ LEASE_S = 3
 ROOMY = {"rpm": 100_000, "max_in_flight": 1000}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 HAPROXY_CFG = Path(__file__).parent.parent / "deploy" / "haproxy.cfg"
-_names = itertools.count()
 
 
 def rows(url: str, sql: str) -> list[dict[str, Any]]:
@@ -64,7 +64,9 @@ def start_node(tmp_path: Path, db: str, upstream: FakeUpstream, n: int) -> Serve
 async def nodes(
     tmp_path: Path, pg_cluster: Cluster, upstream: FakeUpstream
 ) -> AsyncIterator[list[Server]]:
-    name = f"pgn_{next(_names)}"
+    # random, not counted: other test modules import this fixture (pytest may load this
+    # file under a second module name, with a counter of its own)
+    name = f"pgn_{secrets.token_hex(6)}"
     pg_cluster.psql(f"CREATE DATABASE {name}")
     db = pg_cluster.url(name)
     started: list[Server] = []
