@@ -14,7 +14,7 @@ handler would. The first two are the admission. Keys are sub-keys of a parent
 one family, on one shard), picked at random per call. Each key is resolved once to
 its ``KeyRef`` (the gateway's key records carry theirs from birth), and the messages
 carry the refs. Each pool is loaded, then
-the heap is settled as ``svc-gateway serve`` settles it (``gateway.heap``).
+the heap is settled as ``svc-gateway serve`` settles it (``gateway.serving.heap``).
 
 Measured:
 - latency with one caller: median and p99 of the two admission steps (admit and
@@ -54,7 +54,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from gateway.heap import settle_heap  # noqa: E402
+from gateway.serving.heap import settle_heap  # noqa: E402
 from shards import (  # noqa: E402
     NANOS_PER_USD,
     AdmitRequest,
@@ -493,7 +493,7 @@ passes, and the worst rounds are printed under the table.
   (half the cost of a frozen dataclass); a key's windows are one 80-byte
   `array("q")` instead of a slotted object whose counters were int objects
   scattered over the heap (+7 to 12 % at 100,000 keys, alternating runs); and the
-  serving process's collector settings (`gateway/heap.py`): with 100,000 keys
+  serving process's collector settings (`gateway/serving/heap.py`): with 100,000 keys
   loaded the default thresholds spent 18 to 28 % of the time in the collector, now
   about 1 %. Together, over this day's runs of this bench: 1000 callers from about
   21,000 to 27,000–30,000 walks/s with 100,000 keys and from about 31,000 to

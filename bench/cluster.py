@@ -12,7 +12,7 @@ One run: the fake upstream of the tests (answers at once), a throwaway PostgreSQ
 - one ``svc-gateway serve`` node, then three on one database: live calls, 16 at once,
   round-robin over the nodes, after a warm-up (leases warm): calls/s, the CPU each call
   costs the gateway processes (all nodes together) and the database server;
-- the database side of one lease refill (``gateway/store/cluster.py``'s ``refill`` in its
+- the database side of one lease refill (``gateway/store/node_leases.py``'s ``refill`` in its
   own transaction, as a node runs it), one at a time on one connection;
 - a key with a daily cap of 100 worst-case calls, called 16 at once round-robin over the
   three nodes until every node refuses: what it spent, as a share of the cap.
@@ -45,7 +45,7 @@ from bench.streaming import (  # noqa: E402
     start_server,
 )
 from gateway.store import Store  # noqa: E402
-from gateway.store import cluster as ops  # noqa: E402
+from gateway.store import node_leases as ops  # noqa: E402
 from shards import LeaseNeed  # noqa: E402
 from tests.pg_cluster import Cluster  # noqa: E402
 

@@ -6,7 +6,7 @@ headroom granted to one node in one database transaction, such that the sum of t
 leases (plus what is already spent) never exceeds the limit. A shard admits against
 its pool's :class:`LeaseBook`, synchronously and in memory, as it admits against its
 own counters; a node without enough lease for a call gets a :class:`LeaseShort`
-verdict instead, refills the leases it names (``gateway/cluster.py``, one short
+verdict instead, refills the leases it names (``gateway/serving/node.py``, one short
 transaction each) and asks again. A limit whose refill found no headroom left makes
 the call's ordinary refusal (carried in the verdict).
 

@@ -32,10 +32,10 @@ import httpx
 import pytest
 import trio
 
-from gateway.config import Config, default_config, load_config
-from gateway.db_lock import DatabaseLock
-from gateway.runtime import Runtime
-from gateway.server import serve
+from gateway.config.settings import Config, default_config, load_config
+from gateway.serving.db_lock import DatabaseLock
+from gateway.serving.runtime import Runtime
+from gateway.serving.server import serve
 from gateway.store import Store
 from gateway.store import sql as store_sql
 from shards import FakeClock

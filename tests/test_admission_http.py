@@ -17,8 +17,8 @@ import httpx
 import pytest
 import trio
 
-from gateway.catalog import NANOS_PER_USD
-from gateway.estimate import estimate_prompt_tokens
+from gateway.accounts.catalog import NANOS_PER_USD
+from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.providers.mock import MockProvider
 from tests.conftest import Gateway
 

@@ -13,7 +13,7 @@ import orjson
 import pytest
 import trio
 
-from gateway.bodies import MIN_RATE, MIN_RATE_GRACE_S
+from gateway.edge.bodies import MIN_RATE, MIN_RATE_GRACE_S
 from gateway.providers.mock import MockProvider
 from tests.conftest import Gateway, make_config, start_gateway
 from tests.test_connections import _complete, closed_within, connect, exchange, models

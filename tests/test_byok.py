@@ -17,8 +17,8 @@ import httpx
 import pytest
 import trio
 
-from gateway.catalog import NANOS_PER_USD
-from gateway.config import ModelConfig, ProviderConfig
+from gateway.accounts.catalog import NANOS_PER_USD
+from gateway.config.settings import ModelConfig, ProviderConfig
 from tests.conftest import Gateway, make_config, start_gateway
 from tests.fake_upstream import FakeUpstream
 

@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 import pytest
 
-from gateway.calls import ChatCall
-from gateway.calls.chat import CHAT_FIELDS, check_capabilities, parse_chat
-from gateway.catalog import Model
-from gateway.config import ModelConfig
+from gateway.accounts.catalog import Model
+from gateway.calls.parse import ChatCall
+from gateway.calls.parse.chat import CHAT_FIELDS, check_capabilities, parse_chat
+from gateway.config.settings import ModelConfig
 from gateway.errors import GatewayError
 
 LIMIT = 4096
@@ -154,7 +154,7 @@ def test_refusals(payload: Any, code: str, param: str | None) -> None:
     assert (error.code, error.param, error.status) == (code, param, 400)
 
 
-# Precedence: which of two faults answers (module docstring of gateway.calls.chat).
+# Precedence: which of two faults answers (module docstring of gateway.calls.parse.chat).
 PRECEDENCE: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("unknown field before missing model", {"messages": USER, "zzz": 1},
      "unsupported_parameter", "zzz"),

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from gateway.calls import EmbeddingCall
-from gateway.calls.embeddings import parse_embeddings
+from gateway.calls.parse import EmbeddingCall
+from gateway.calls.parse.embeddings import parse_embeddings
 from gateway.errors import GatewayError, render
 
 SERVED = "text-embedding-3-small"

@@ -15,8 +15,8 @@ from openai.lib.streaming.responses._responses import ResponseStreamState
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from gateway.calls import ChatCall
-from gateway.calls.responses import (
+from gateway.calls.parse import ChatCall
+from gateway.calls.parse.responses import (
     RESPONSES_FIELDS,
     ResponseStreamTranslator,
     chat_to_response,

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.calls.tags import collect_tags
+from gateway.calls.parse.tags import collect_tags
 from gateway.errors import GatewayError
 
 

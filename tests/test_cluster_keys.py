@@ -2,7 +2,7 @@
 
 A key made through one node works on the others as soon as its creation has answered:
 a node that meets a token of a key it does not hold looks the key up by its prefix
-(gateway/key_lookup.py) instead of waiting for the change poll. The nodes are real
+(gateway/accounts/key_lookup.py) instead of waiting for the change poll. The nodes are real
 ``serve`` processes (tests/test_cluster.py's fixtures); calls go to the fake upstream.
 
 How many lookups a node made is read from the database itself: only a lookup reads keys
@@ -24,7 +24,7 @@ import httpx
 import pytest
 import trio
 
-from gateway.key_lookup import LOOKUPS_PER_S, MISS_TTL_S
+from gateway.accounts.key_lookup import LOOKUPS_PER_S, MISS_TTL_S
 from tests.fake_upstream import FakeUpstream
 from tests.pg_cluster import Cluster
 from tests.procs import Server

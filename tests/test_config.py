@@ -1,4 +1,4 @@
-"""`gateway.config`: embedded defaults, the TOML file, environment and flag overrides,
+"""`gateway.config.settings`: embedded defaults, the TOML file, environment and flag overrides,
 and validation errors that name the key at fault."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.config import (
+from gateway.config.settings import (
     Config,
     ConfigError,
     ModelConfig,

@@ -17,10 +17,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.dashboard import passwords, sessions
-from gateway.dashboard.chart import bar_chart
-from gateway.dashboard.format import relative, usd
-from gateway.dashboard.throttle import LOCK_S, MAX_FAILURES, WINDOW_S, LoginThrottle
+from gateway.edge.dashboard import passwords, sessions
+from gateway.edge.dashboard.chart import bar_chart
+from gateway.edge.dashboard.format import relative, usd
+from gateway.edge.dashboard.throttle import LOCK_S, MAX_FAILURES, WINDOW_S, LoginThrottle
 from gateway.errors import GatewayError
 from tests.conftest import Gateway
 

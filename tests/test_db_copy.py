@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import trio
 
-from gateway.config import Config
+from gateway.config.settings import Config
 from tests.conftest import Gateway, start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.pg_cluster import Cluster

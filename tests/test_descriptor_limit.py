@@ -22,8 +22,8 @@ import httpx
 import pytest
 import trio
 
-from gateway.config import Config, ProviderConfig, ServerConfig
-from gateway.connections import (
+from gateway.config.settings import Config, ProviderConfig, ServerConfig
+from gateway.serving.connections import (
     MIN_CLIENT_CONNECTIONS,
     RESERVED_DESCRIPTORS,
     DescriptorLimitError,

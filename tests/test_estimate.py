@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.estimate import (
+from gateway.calls.estimate import (
     EMBEDDING_INPUT_OVERHEAD,
     IMAGE_TOKENS,
     PER_MESSAGE_TOKENS,

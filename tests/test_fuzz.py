@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gateway.config import default_config
+from gateway.config.settings import default_config
+from gateway.edge.openapi import ALSO_AT, document
 from gateway.errors import CATALOG, error_type
-from gateway.openapi import ALSO_AT, document
 from tests.procs import Server
 
 EXAMPLES = 120

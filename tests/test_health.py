@@ -12,9 +12,9 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.readiness import Phase, unready_reason
-from gateway.runtime import Runtime
-from gateway.server import bind_sockets, hypercorn_config, serve
+from gateway.serving.readiness import Phase, unready_reason
+from gateway.serving.runtime import Runtime
+from gateway.serving.server import bind_sockets, hypercorn_config, serve
 from tests.conftest import ADMIN_TOKEN, Gateway, make_config
 
 HEALTH_PATHS = ("/healthz", "/readyz", "/metrics")

@@ -1,4 +1,4 @@
-"""The serving process's collector settings (gateway/heap.py), in a fresh interpreter:
+"""The serving process's collector settings (gateway/serving/heap.py), in a fresh interpreter:
 they are process-wide, so the test process itself is left alone."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 PROBE = """
 import gc
-from gateway.heap import YOUNG_THRESHOLD, settle_heap
+from gateway.serving.heap import YOUNG_THRESHOLD, settle_heap
 loaded = [[i] for i in range(1000)]  # long-lived objects, as start-up loads keys
 before = gc.get_threshold()
 settle_heap()

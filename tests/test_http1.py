@@ -14,7 +14,7 @@ import pytest
 import trio
 import trustme
 
-from gateway.config import ProviderConfig
+from gateway.config.settings import ProviderConfig
 from gateway.providers.base import ProviderRequest
 from gateway.providers.http1 import (
     HTTP1Pool,

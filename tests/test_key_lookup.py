@@ -1,4 +1,4 @@
-"""The lookup of a key this node does not hold (gateway/key_lookup.py), on a real store.
+"""The lookup of a key this node does not hold (gateway/accounts/key_lookup.py), on a real store.
 
 Two keyrings over one SQLite file stand for two nodes: ``made`` writes keys as the node
 that creates them does, ``here`` meets their tokens first through its lookup. The store
@@ -16,11 +16,11 @@ import pytest
 import trio
 import trio.testing
 
-from gateway import keys as k
-from gateway.key_lookup import LOOKUPS_AT_ONCE, LOOKUPS_PER_S, MISS_TTL_S, KeyLookup
-from gateway.keyring import Keyring
-from gateway.keys import KeyRecord
-from gateway.orgs import Org
+from gateway.accounts import key_record as k
+from gateway.accounts.key_lookup import LOOKUPS_AT_ONCE, LOOKUPS_PER_S, MISS_TTL_S, KeyLookup
+from gateway.accounts.key_record import KeyRecord
+from gateway.accounts.keyring import Keyring
+from gateway.accounts.orgs import Org
 from gateway.store import Store, records
 from shards import ShardPool
 

@@ -1,11 +1,14 @@
 """The layering rules of docs/ARCHITECTURE.md, read from the source's import statements.
 
+- ``gateway/`` is in layer folders: at most a few modules directly in it, and no two
+  modules of the project share a file name;
 - ``shards/`` imports nothing from ``gateway/`` (it decides admissions for any front end);
 - only ``gateway/store/`` imports a database driver (sqlite, psycopg): nothing above the
   store knows which backend it runs on;
 - no import cycle inside ``gateway/`` (imports under ``if TYPE_CHECKING:`` excepted);
-- only the HTTP handlers (``gateway/routes/``, ``gateway/dashboard/``) read the runtime
-  from the request's app (``http.runtime()``); below them it is passed as an argument.
+- only the HTTP handlers (``gateway/edge/routes/``, ``gateway/edge/dashboard/``) read
+  the runtime from the request's app (``http.runtime()``); below them it is passed as an
+  argument.
 """
 
 from __future__ import annotations
@@ -34,6 +37,24 @@ def sources(package: str) -> list[Path]:
     return sorted((ROOT / package).rglob("*.py"))
 
 
+#: modules directly in gateway/ besides its layer folders, at most
+TOP_LEVEL_MODULES = 10
+
+
+def test_gateway_is_in_layer_folders() -> None:
+    top = sorted(path.name for path in (ROOT / "gateway").glob("*.py"))
+    assert len(top) <= TOP_LEVEL_MODULES, top
+
+
+def test_no_two_modules_share_a_file_name() -> None:
+    seen: dict[str, list[str]] = {}
+    for package in ("gateway", "shards"):
+        for path in sources(package):
+            if path.name != "__init__.py":
+                seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
+
+
 @pytest.mark.parametrize("path", sources("shards"), ids=lambda p: p.name)
 def test_shards_import_nothing_from_gateway(path: Path) -> None:
     bad = {m for m in imported_modules(path) if m == "gateway" or m.startswith("gateway.")}
@@ -59,7 +80,7 @@ def test_the_rules_see_real_imports() -> None:
     assert {"sqlite_utils", "psycopg"} <= {
         m.split(".")[0] for p in sources("gateway/store") for m in imported_modules(p)
     }
-    assert "shards" in imported_modules(ROOT / "gateway" / "runtime.py")
+    assert "shards" in imported_modules(ROOT / "gateway" / "serving" / "runtime.py")
 
 
 def module_name(path: Path) -> str:
@@ -145,7 +166,7 @@ def test_the_cycle_finder_finds_cycles() -> None:
     """The finder itself: a cycle it is shown is a cycle it reports."""
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
-    assert "gateway.runtime" in import_graph("gateway")["gateway.app"]
+    assert "gateway.serving.runtime" in import_graph("gateway")["gateway.edge.app"]
 
 
 def test_only_the_http_handlers_read_the_runtime_from_the_app() -> None:
@@ -154,9 +175,9 @@ def test_only_the_http_handlers_read_the_runtime_from_the_app() -> None:
         for path in sources("gateway")
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.ImportFrom)
-        and node.module == "gateway.http"
+        and node.module == "gateway.edge.http"
         and "runtime" in {alias.name for alias in node.names}
     ]
     assert readers, "the scanner sees no reader at all"
-    handlers = ("gateway/routes/", "gateway/dashboard/")
+    handlers = ("gateway/edge/routes/", "gateway/edge/dashboard/")
     assert [r for r in readers if not r.startswith(handlers)] == []

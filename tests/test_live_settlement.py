@@ -18,10 +18,10 @@ import orjson
 import pytest
 import trio
 
-from gateway.catalog import NANOS_PER_USD
-from gateway.config import Config, ModelConfig, ProviderConfig
-from gateway.estimate import estimate_prompt_tokens
-from gateway.provider_errors import REFUSED_PHRASE
+from gateway.accounts.catalog import NANOS_PER_USD
+from gateway.calls.estimate import estimate_prompt_tokens
+from gateway.calls.provider_errors import REFUSED_PHRASE
+from gateway.config.settings import Config, ModelConfig, ProviderConfig
 from tests.conftest import Gateway, make_config, start_gateway
 from tests.fake_upstream import FakeUpstream
 
@@ -309,7 +309,7 @@ async def test_a_fault_of_ours_after_the_call_is_recorded_as_500(
     def broken(*_: Any) -> dict[str, Any]:
         raise RuntimeError("a bug in translating the answer back")
 
-    monkeypatch.setattr("gateway.pipeline.chat_to_response", broken)
+    monkeypatch.setattr("gateway.calls.pipeline.chat_to_response", broken)
     async with gw.client(token) as client:
         response = await client.post(
             "/v1/responses", json={"model": "live-chat", "input": "hi", "max_output_tokens": 9}

@@ -19,8 +19,8 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.config import load_config
-from gateway.metrics import ENDPOINTS, endpoint_of
+from gateway.config.settings import load_config
+from gateway.observe.metrics import ENDPOINTS, endpoint_of
 from tests.conftest import Gateway, make_config, start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.test_live_settlement import UPSTREAM_KEY, body_for, live_config

@@ -26,8 +26,8 @@ from openai.lib._parsing._embeddings import parse_embedding_response
 from openai.types import CreateEmbeddingResponse
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from gateway.config import default_config
-from gateway.estimate import estimate_prompt_tokens
+from gateway.calls.estimate import estimate_prompt_tokens
+from gateway.config.settings import default_config
 from gateway.providers import (
     MockProvider,
     ProviderDropped,

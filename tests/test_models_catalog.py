@@ -8,8 +8,8 @@ from pathlib import Path
 import openai
 import trio
 
-from gateway.catalog import Catalog
-from gateway.config import ModelConfig, ProviderConfig
+from gateway.accounts.catalog import Catalog
+from gateway.config.settings import ModelConfig, ProviderConfig
 from shards import FakeClock
 from tests.conftest import Gateway, make_config
 

@@ -9,14 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from openapi_spec_validator import validate
 
-from gateway.app import create_app
-from gateway.calls.chat import CHAT_FIELDS
-from gateway.calls.responses import RESPONSES_FIELDS
-from gateway.calls.tags import parse_header
+from gateway.accounts.subkey_rules import FIELDS as SUB_KEY_FIELDS
+from gateway.calls.parse.chat import CHAT_FIELDS
+from gateway.calls.parse.responses import RESPONSES_FIELDS
+from gateway.calls.parse.tags import parse_header
+from gateway.edge.app import create_app
+from gateway.edge.openapi import ALSO_AT, document
+from gateway.edge.request_schemas import TAGS_HEADER
 from gateway.errors import CATALOG
-from gateway.openapi import ALSO_AT, document
-from gateway.request_schemas import TAGS_HEADER
-from gateway.subkeys import FIELDS as SUB_KEY_FIELDS
 from tests.conftest import Gateway
 
 HIDDEN_METHODS = {"HEAD", "OPTIONS"}

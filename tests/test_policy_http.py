@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import trio
 
-from gateway.config import ModelConfig, ProviderConfig
+from gateway.config.settings import ModelConfig, ProviderConfig
 from tests.conftest import Gateway, make_config, start_gateway
 
 ALL_CAPS = ("tools", "structured_output", "vision", "web_search")

@@ -18,8 +18,8 @@ import httpx
 import pytest
 import trio
 
-from gateway.config import ModelConfig, ProviderConfig
-from gateway.provider_errors import REFUSED_PHRASE
+from gateway.calls.provider_errors import REFUSED_PHRASE
+from gateway.config.settings import ModelConfig, ProviderConfig
 from tests.conftest import Gateway, make_config, start_gateway
 from tests.fake_upstream import FakeUpstream
 

@@ -7,7 +7,7 @@ import re
 import pytest
 from werkzeug.routing import Rule
 
-from gateway.app import create_app
+from gateway.edge.app import create_app
 from tests.conftest import ADMIN_TOKEN, Gateway
 
 # path -> (allowed methods, scope that grants it)

@@ -37,8 +37,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from gateway.config import default_config
-from gateway.openapi import document
+from gateway.config.settings import default_config
+from gateway.edge.openapi import document
 from tests.procs import Server
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "15"))

@@ -19,8 +19,8 @@ import pytest
 import trio
 from openai import omit
 
-from gateway.config import ModelConfig
-from gateway.keys import key_ref
+from gateway.accounts.key_record import key_ref
+from gateway.config.settings import ModelConfig
 from shards import FakeClock
 from tests.conftest import Gateway, make_config, start_gateway
 

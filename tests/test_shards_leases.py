@@ -139,7 +139,7 @@ def test_lease_size() -> None:
 
 
 class Database:
-    """The database's side of one limit, as ``gateway/store/cluster.py`` keeps it:
+    """The database's side of one limit, as ``gateway/store/node_leases.py`` keeps it:
     spend posted plus every node's lease never above the limit."""
 
     def __init__(self, limit: int, nodes: int) -> None:

@@ -1,4 +1,4 @@
-"""The plain-socket sends and receives of the hot path (gateway/socket_io.py) and the
+"""The plain-socket sends and receives of the hot path (gateway/serving/socket_io.py) and the
 store's connection threads (gateway/store/thread.py), on real loopback TCP connections
 and real threads."""
 
@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from gateway import socket_io
+from gateway.serving import socket_io
 from gateway.store.thread import ConnThread
 
 

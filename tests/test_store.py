@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import trio
 
-from gateway.store import Store, StoreError, idempotency, records, webhooks
+from gateway.store import Store, StoreError, claims, records, webhooks
 from gateway.store import sql as sq
 from gateway.store.migrations import MIGRATIONS
 from tests.conftest import db_for
@@ -110,7 +110,7 @@ def test_recovery_and_idempotency_claims(store: Store) -> None:
         "idem_key": "k1",
         "body_hash": "h",
         "request_id": "req_1",
-        "state": idempotency.RUNNING,
+        "state": claims.RUNNING,
         "stream": 0,
         "status": None,
         "headers": None,
@@ -125,22 +125,22 @@ def test_recovery_and_idempotency_claims(store: Store) -> None:
         10,
         503,
     )
-    assert store.call(idempotency.get, "key_a", "k1")["state"] == idempotency.INTERRUPTED
+    assert store.call(claims.get, "key_a", "k1")["state"] == claims.INTERRUPTED
     # a live claim holds its key: another attempt's claim reads it back, writing nothing
     other = {**claim, "request_id": "req_2", "created_at": 6.0}
-    assert store.call(idempotency.claim, other)["request_id"] == "req_1"
+    assert store.call(claims.claim, other)["request_id"] == "req_1"
     assert store.call(records.open_call, request_row("req_2"), other)["request_id"] == "req_1"
     assert store.call(records.get_request, "req_2", "key_a") is None
     # a claim past its retention is taken over, and settled by its own call only
-    later = {**claim, "request_id": "req_3", "created_at": 5.0 + idempotency.RETENTION_S + 1}
-    assert store.call(idempotency.claim, later) is None
+    later = {**claim, "request_id": "req_3", "created_at": 5.0 + claims.RETENTION_S + 1}
+    assert store.call(claims.claim, later) is None
     outcome = {"state": "done", "status": 200, "body": b"\x00{}", "headers": {"a": 1}}
-    store.call(idempotency.settle, "key_a", "k1", "req_1", outcome)
-    assert store.call(idempotency.get, "key_a", "k1")["state"] == idempotency.RUNNING
-    store.call(idempotency.settle, "key_a", "k1", "req_3", outcome)
-    again = store.call(idempotency.get, "key_a", "k1")
+    store.call(claims.settle, "key_a", "k1", "req_1", outcome)
+    assert store.call(claims.get, "key_a", "k1")["state"] == claims.RUNNING
+    store.call(claims.settle, "key_a", "k1", "req_3", outcome)
+    again = store.call(claims.get, "key_a", "k1")
     assert (again["state"], again["body"], again["headers"]) == ("done", b"\x00{}", {"a": 1})
-    assert store.call(idempotency.purge, later["created_at"] + 1) == 1
+    assert store.call(claims.purge, later["created_at"] + 1) == 1
 
 
 def test_the_schema_is_at_the_last_migration_after_a_reopen(tmp_path: Path) -> None:

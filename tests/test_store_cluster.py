@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from gateway.store import Store, records
-from gateway.store import cluster as cl
+from gateway.store import node_leases as cl
 from shards import LeaseNeed
 from tests.pg_cluster import Cluster
 

@@ -20,8 +20,8 @@ import psycopg
 import pytest
 import trio
 
-from gateway import alerts
-from gateway.config import Config
+from gateway.config.settings import Config
+from gateway.observe import alerts
 from gateway.store import READ_RETRY_S, Store
 from gateway.store.sql import Conn
 from tests.conftest import start_gateway
@@ -142,7 +142,7 @@ async def test_the_database_stopped_and_started_under_load(
     back every call the upstream saw has exactly one record, no row is left pending, and
     the records, the key's window and the credits agree. Webhook delivery says once that
     it paused and once that it resumed, not on every poll."""
-    caplog.set_level(logging.INFO, logger="gateway.alerts")
+    caplog.set_level(logging.INFO, logger="gateway.observe.alerts")
     monkeypatch.setattr(alerts, "POLL_S", 0.02)  # many polls while the database is down
     monkeypatch.setenv("FAKE_UPSTREAM_KEY", UPSTREAM_KEY)
     gw = await start_gateway(nursery, on(live_config(tmp_path, upstream), pg_db))
@@ -219,7 +219,7 @@ async def test_the_database_stopped_and_started_under_load(
     assert usage["totals"]["settled_usd"] == pytest.approx(view["usage"]["day"]["spent_usd"])
     assert view["usage"]["day"]["reserved_usd"] == 0
     assert credits["used_usd"] == pytest.approx(usage["totals"]["cost_usd"])
-    said = [r.getMessage() for r in caplog.records if r.name == "gateway.alerts"]
+    said = [r.getMessage() for r in caplog.records if r.name == "gateway.observe.alerts"]
     paused = [m for m in said if m.startswith("webhook delivery paused")]
     assert len(paused) <= 1, said
     assert said.count("webhook delivery resumed") == len(paused), said

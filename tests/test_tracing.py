@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import trio
 
-from gateway.tracing import from_headers
+from gateway.observe.tracing import from_headers
 from tests.conftest import Gateway, start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.test_live_settlement import UPSTREAM_KEY, body_for, live_config

@@ -24,9 +24,9 @@ import orjson
 import pytest
 import trio
 
-from gateway.catalog import NANOS_PER_USD
-from gateway.config import Config
-from gateway.estimate import estimate_prompt_tokens
+from gateway.accounts.catalog import NANOS_PER_USD
+from gateway.calls.estimate import estimate_prompt_tokens
+from gateway.config.settings import Config
 from tests.conftest import Gateway, start_gateway
 from tests.fake_upstream import FakeUpstream
 from tests.procs import assert_one_line_error, base_env, cli_json, run_cli, start_server
@@ -388,7 +388,7 @@ async def test_a_failed_delivery_is_a_log_event(
     key = await gw.create_key(
         org_id=org_id, mode="live", caps={"usd_day": 2 * worst_case() / NANOS_PER_USD}
     )
-    with caplog.at_level("INFO", logger="gateway.alerts"):
+    with caplog.at_level("INFO", logger="gateway.observe.alerts"):
         await spend(gw, key["token"])
         await receiver.wait_for(1, timeout=15)  # the retry: the failure was logged before
     events = [r for r in caplog.records if getattr(r, "svc_event", None) == "alert_delivery"]

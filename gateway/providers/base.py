@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from gateway.tracing import TraceContext
+from gateway.observe.tracing import TraceContext
 
 
 @dataclass(frozen=True, slots=True)

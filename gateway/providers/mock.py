@@ -22,7 +22,7 @@ Every schema gets an answer, however odd (:mod:`gateway.providers.schema_values`
 
 Tokens are the mock's own: a word or a punctuation mark with its leading whitespace
 (:func:`count_tokens`). Each covers at least one character, so every count here stays
-below the byte-based bound of :mod:`gateway.estimate`. The output is cut at ``max_tokens``
+below the byte-based bound of :mod:`gateway.calls.estimate`. The output is cut at ``max_tokens``
 of them (finish_reason ``length``); a stream sends one of them per chunk.
 
 Embeddings are unit vectors from SHAKE-256 of each input, independent of the dimensions:
@@ -47,11 +47,11 @@ from typing import Any
 import orjson
 import trio
 
-from gateway.config import ModelConfig
-from gateway.estimate import IMAGE_PART_TYPES
+from gateway.calls.estimate import IMAGE_PART_TYPES
+from gateway.config.settings import ModelConfig
+from gateway.observe.tracing import TraceContext
 from gateway.providers.base import EmbeddingResult, ProviderRequest, ProviderResult, Usage
 from gateway.providers.schema_values import Draw, as_dict, below, phrase, sample
-from gateway.tracing import TraceContext
 
 DEFAULT_DIMENSIONS = 1536
 SYSTEM_FINGERPRINT = "fp_mock"

@@ -35,8 +35,9 @@ from typing import Any
 
 import orjson
 
-from gateway.config import ProviderConfig
-from gateway.provider_errors import redact_secrets
+from gateway.calls.provider_errors import redact_secrets
+from gateway.config.settings import ProviderConfig
+from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
     EmbeddingResult,
     ProviderDropped,
@@ -52,7 +53,6 @@ from gateway.providers.base import (
     Usage,
 )
 from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response, TimedOut
-from gateway.tracing import TraceContext
 
 REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
 

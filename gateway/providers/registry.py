@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gateway.config import Config
+from gateway.config.settings import Config
 from gateway.providers.base import Provider
 from gateway.providers.mock import MockProvider
 from gateway.providers.openai import OpenAIProvider

@@ -49,9 +49,9 @@ from typing import Any, Protocol, TypeVar
 
 import trio
 
-from gateway.logs import event
-from gateway.store.errors import StoreError
+from gateway.observe.logs import event
 from gateway.store.sql import LOCK_ORDER, OWN_ROWS, Conn
+from gateway.store.store_error import StoreError
 from gateway.store.thread import ConnThread
 
 __all__ = ["Store", "StoreError", "is_postgres"]

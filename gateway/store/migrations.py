@@ -203,7 +203,7 @@ def _m006_pending_requests(db: Database) -> None:
 def _m007_cluster(db: Database) -> None:
     """Several nodes (PostgreSQL only; the tables exist on SQLite too, unused): the node
     that wrote a request row, the live nodes, the leases of shared limits and the
-    change counter (see ``gateway/store/cluster.py``)."""
+    change counter (see ``gateway/store/node_leases.py``)."""
     db["requests"].add_column("node_id", str)
     db["cluster_nodes"].create(
         {"node_id": str, "epoch": int, "started_at": float, "expires_at": float}, pk="node_id"

@@ -4,7 +4,7 @@
   its text and a ``SUM`` of BIGINTs (NUMERIC in PostgreSQL) as an int, so the portable
   operations of :mod:`gateway.store.sql` see what SQLite gives them.
 - Any number of servers (nodes) may share the database: each registers itself and leases
-  its share of every shared limit (:mod:`gateway.store.cluster`).
+  its share of every shared limit (:mod:`gateway.store.node_leases`).
 - Migrations run under an advisory lock, so two processes starting at once
   cannot both migrate.
 - A batch notes its transaction id: when the connection is lost during COMMIT, the
@@ -22,9 +22,9 @@ import psycopg
 from psycopg.adapt import Loader
 from psycopg.rows import dict_row
 
-from gateway.store.errors import StoreError
 from gateway.store.migrations import migrate_postgres
 from gateway.store.sql import Conn, Dialect
+from gateway.store.store_error import StoreError
 
 #: advisory lock keys (two int4): "SVGW" and what is locked
 _LOCK_CLASS = 0x53564757

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.store import idempotency
+from gateway.store import claims
 from gateway.store import sql as sq
 from gateway.store.sql import CLAIMS, KEY_ROWS, ORG_ROWS, OWN_ROWS, Conn, locks
 
@@ -162,10 +162,10 @@ def open_call(
 
     Returns None when the call may go on, or the claim that holds its Idempotency-Key
     for another attempt (on this node or another): then nothing is written, and the
-    call is a repeat of that one (:func:`gateway.store.idempotency.claim`).
+    call is a repeat of that one (:func:`gateway.store.claims.claim`).
     """
     if claim is not None:
-        held = idempotency.claim(conn, claim)
+        held = claims.claim(conn, claim)
         if held is not None:
             return held
     sq.insert(conn, "requests", record)
@@ -198,7 +198,7 @@ def settle_call(
     if ledger is not None:
         sq.insert(conn, "credit_ledger", ledger)
     if claim is not None:
-        idempotency.settle(conn, *claim, request_id, outcome)
+        claims.settle(conn, *claim, request_id, outcome)
 
 
 def leave_leases(conn: Conn, node_id: str, amounts: list[tuple[str, int]]) -> None:
@@ -231,9 +231,9 @@ def recover_pending(conn: Conn, only: str = "", params: tuple[Any, ...] = ()) ->
         params,
     )[0]
     if only:
-        idempotency.interrupt_running(conn, f"SELECT id FROM requests WHERE {where}", params)
+        claims.interrupt_running(conn, f"SELECT id FROM requests WHERE {where}", params)
     else:
-        idempotency.interrupt_running(conn)
+        claims.interrupt_running(conn)
     conn.execute(
         f"UPDATE requests SET status = '{INTERRUPTED}', error_code = 'service_unavailable',"
         " http_status = 503, settled_usd_nanos = reserved_usd_nanos, billed_usd_nanos = 0"

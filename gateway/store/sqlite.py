@@ -10,9 +10,9 @@ from pathlib import Path
 
 from sqlite_utils import Database
 
-from gateway.store.errors import StoreError
 from gateway.store.migrations import migrate
 from gateway.store.sql import Conn, Dialect
+from gateway.store.store_error import StoreError
 
 DIALECT = Dialect(
     name="sqlite",

@@ -1,0 +1,95 @@
+"""Key settings read from JSON bodies, shared by the admin API and ``/v1/keys``.
+
+Each reader checks one field and answers 400 ``invalid_request`` naming it (``param``);
+whether a valid value is *allowed* (a sub-key inside its parent) is decided elsewhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.accounts.key_record import CAP_FIELDS, Caps, parse_iso
+from gateway.errors import GatewayError
+
+MAX_NAME = 200
+#: caps that always hold a positive limit; the others may be null (unlimited) or 0
+ALWAYS_LIMITED = ("rpm", "max_in_flight", "max_output_tokens")
+USD_CAPS = ("usd_day", "usd_month")
+#: the largest amount of money any field takes, in USD, and the largest count
+MAX_USD = 1_000_000_000
+MAX_COUNT = 2**53 - 1
+
+
+def number(body: dict[str, Any], name: str, *, integer: bool = False) -> Any:
+    """A non-negative number (or integer) field; None when absent or null.
+
+    Bounded: an amount in USD at most ``MAX_USD`` (its nano-USD must fit the store's
+    64-bit integers), a count at most ``MAX_COUNT`` (exact in every JSON reader)."""
+    value = body.get(name)
+    if value is None:
+        return None
+    kinds = (int,) if integer else (int, float)
+    limit = MAX_COUNT if integer else MAX_USD
+    if isinstance(value, bool) or not isinstance(value, kinds) or not 0 <= value <= limit:
+        kind = "a non-negative integer" if integer else "a non-negative number"
+        raise GatewayError(
+            "invalid_request", f"{name} must be {kind} of at most {limit:,}.", param=name
+        )
+    return value
+
+
+def string_list(body: dict[str, Any], name: str) -> tuple[str, ...] | None:
+    """A list of non-empty strings, duplicates dropped; None when absent or null."""
+    value = body.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise GatewayError("invalid_request", f"{name} must be a list of strings.", param=name)
+    return tuple(dict.fromkeys(value))
+
+
+def parse_name(body: dict[str, Any]) -> str:
+    """The required key name: a string of 1 to 200 characters (surrounding spaces dropped)."""
+    value = body.get("name")
+    if not isinstance(value, str) or not value.strip():
+        raise GatewayError("invalid_request", "name is required.", param="name")
+    if len(value.strip()) > MAX_NAME:
+        raise GatewayError(
+            "invalid_request", f"name is longer than {MAX_NAME} characters.", param="name"
+        )
+    return value.strip()
+
+
+def parse_expiry(value: Any) -> float | None:
+    """An ISO 8601 ``expires_at`` as epoch seconds; None stays None."""
+    if value is None:
+        return None
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return parse_iso(value)
+    except ValueError:
+        raise GatewayError(
+            "invalid_request", "expires_at must be an ISO 8601 timestamp.", "expires_at"
+        ) from None
+
+
+def parse_caps(raw: Any, base: Caps) -> Caps:
+    """Caps from a JSON object; fields left out keep ``base``'s values."""
+    if raw is None:
+        return base
+    if not isinstance(raw, dict):
+        raise GatewayError("invalid_request", "caps must be an object.", param="caps")
+    values = base.public()
+    for field, value in raw.items():
+        param = f"caps.{field}"
+        if field not in CAP_FIELDS:
+            raise GatewayError("invalid_request", f"Unknown cap {field!r}.", param=param)
+        integer = field not in USD_CAPS
+        checked = number({param: value}, param, integer=integer)
+        if checked is None and field in ALWAYS_LIMITED:
+            raise GatewayError("invalid_request", f"{param} cannot be unlimited.", param)
+        if checked == 0 and field in ALWAYS_LIMITED:
+            raise GatewayError("invalid_request", f"{param} must be positive.", param)
+        values[field] = checked
+    return Caps(**values)

@@ -1,0 +1,57 @@
+"""The calls in flight in this process, and the end of a graceful stop.
+
+On SIGTERM or SIGINT the server stops accepting and lets the calls in progress finish
+within ``[server] shutdown_grace_s``. At that deadline :meth:`InFlight.cut` cuts every
+call still running: its provider call is cancelled and it ends as
+``service_unavailable`` (a non-streamed call answered 503, an open stream with an
+in-band error event), settled by the settlement table like any other ending. The server
+then waits (:meth:`InFlight.wait_settled`) until every call is settled, so that no
+request row stays ``pending`` after a graceful stop.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+if TYPE_CHECKING:
+    from gateway.calls.lifecycle import Call
+
+#: what a call cut by a graceful stop answers
+STOPPING_MESSAGE = "The server is shutting down; retry the call."
+
+
+class InFlight:
+    """Every call from step 3 until :meth:`gateway.calls.lifecycle.Call.finish` settled it."""
+
+    def __init__(self) -> None:
+        self._calls: set[Call] = set()
+        self._settled = trio.Event()
+        #: the grace has run out: every call, even one admitted from now on, is cut
+        self.cutting = False
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def add(self, call: Call) -> None:
+        self._calls.add(call)
+        if self.cutting:
+            call.cut()
+
+    def discard(self, call: Call) -> None:
+        self._calls.discard(call)
+        if not self._calls:
+            self._settled.set()
+
+    def cut(self) -> None:
+        """The grace has run out: cut every call in flight."""
+        self.cutting = True
+        for call in list(self._calls):
+            call.cut()
+
+    async def wait_settled(self) -> None:
+        """Return once no call is in flight."""
+        while self._calls:
+            self._settled = trio.Event()
+            await self._settled.wait()

@@ -1,0 +1,389 @@
+"""One model call's lifecycle: explicit states, and the one place a call is settled.
+
+    ADMITTED ─reserved()─► RESERVED ─start_provider_call()─► CALLED ─hand_off()─► HANDED_OFF
+        │                     │                                   │                  │
+        └─────────────────────┴──────────── finish() ─────────────┴──────────────────┴─► SETTLED
+
+- ADMITTED: counted in the key's request window, holding an in-flight slot (step 3).
+- RESERVED: the model is resolved and priced, the worst case reserved (steps 6-8); the
+  :class:`Hold` says what is held.
+- CALLED: the provider may be asked (step 9): the request row exists in the store with
+  status ``pending`` and the reserved amount (and the Idempotency-Key claim), committed
+  before the move. From here an abandoned call is not "not called", and a crash leaves
+  a row that start-up recovery settles (:func:`gateway.store.records.recover_pending`).
+- HANDED_OFF: a stream pump owns the call and settles it; the handler no longer may.
+- SETTLED: :meth:`Call.finish` turned the pending row into the call's final record
+  (with its ledger row and the claim's outcome, one transaction), then posted or voided
+  the reservation and released the slot, exactly once.
+
+The settlement row of every ending is decided by :meth:`Call.ending` (over
+:func:`gateway.calls.settlement.ending_for`); a call that ended without its own row (a fault of
+ours, a cancellation) settles by :meth:`Call.unfinished_ending`. A graceful stop cuts a
+call still running at its deadline through :meth:`Call.cut` (see :mod:`gateway.calls.inflight`).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import trio
+
+from gateway.accounts.catalog import Model
+from gateway.accounts.key_record import KeyRecord
+from gateway.calls import admission
+from gateway.calls.inflight import STOPPING_MESSAGE
+from gateway.calls.settlement import Ending, Settlement, ending_for, settle_amounts
+from gateway.edge.exchange import Exchange, call_settled
+from gateway.errors import GatewayError
+from gateway.observe.logs import event
+from gateway.providers.base import Provider, Usage
+from gateway.store import StoreError, records
+from gateway.store.claims import ClaimHeld
+from shards import Admission, Reservation, posted
+
+if TYPE_CHECKING:
+    from gateway.edge.idempotency import Claim
+    from gateway.serving.runtime import Runtime
+
+log = logging.getLogger("gateway.calls.parse")
+
+
+class CallState(enum.Enum):
+    ADMITTED = "admitted"
+    RESERVED = "reserved"
+    CALLED = "called"
+    HANDED_OFF = "handed_off"
+    SETTLED = "settled"
+
+
+#: the states from which a call has reached the provider
+_CALLED = frozenset({CallState.CALLED, CallState.HANDED_OFF})
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """What a reserved call holds: the model as priced, its provider, the reservation."""
+
+    model: Model
+    provider: Provider
+    reservation: Reservation
+    prompt_estimate: int
+    reserved_nanos: int
+
+
+@dataclass(eq=False)  # a call is itself: held in sets by identity
+class Call:
+    runtime: Runtime
+    record: KeyRecord
+    request_id: str
+    endpoint: str
+    admission: Admission
+    started: float
+    deadline: float
+    #: False on embeddings: every failure after the provider was asked counts nothing
+    failures_count: bool = True
+    stream: bool = False
+    tags: dict[str, str] = field(default_factory=dict)
+    client_gone: bool = False
+    #: the Idempotency-Key this call holds, written with its pending row
+    claim: Claim | None = None
+    state: CallState = CallState.ADMITTED
+    hold: Hold | None = None
+    settlement: Settlement | None = None
+    #: a graceful stop's deadline cut this call short (it ends as service_unavailable)
+    cut_short: bool = False
+    #: the cancel scope of the provider call, which :meth:`cut` cancels
+    scope: trio.CancelScope | None = None
+    #: when the provider was asked (perf_counter; 0 before), for the upstream duration
+    called_at: float = 0.0
+    #: the HTTP exchange the call answers (its log line, its trace)
+    exchange: Exchange | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.record.mode == "live"
+
+    @property
+    def held(self) -> Hold:
+        """The hold of a call past RESERVED."""
+        assert self.hold is not None, f"a call in state {self.state.value} holds nothing"
+        return self.hold
+
+    def remaining(self) -> float:
+        """Seconds left before the call's deadline."""
+        return max(0.0, self.deadline - trio.current_time())
+
+    # -- transitions -----------------------------------------------------------------------
+
+    def _move(self, expected: CallState, to: CallState) -> None:
+        if self.state is not expected:
+            raise RuntimeError(f"call {self.request_id}: {self.state.value} → {to.value}")
+        self.state = to
+
+    def reserved(self, hold: Hold) -> None:
+        """ADMITTED → RESERVED."""
+        self._move(CallState.ADMITTED, CallState.RESERVED)
+        self.hold = hold
+
+    async def start_provider_call(self) -> None:
+        """RESERVED → CALLED: the provider is about to be asked (the one place this happens).
+
+        First the pending row (and the Idempotency-Key claim) is committed: only a call
+        that reaches this point waits for a write. A store that cannot take it refuses
+        the call (503 admission_unavailable, Retry-After) before the provider is asked.
+        An Idempotency-Key claimed by another attempt raises :class:`ClaimHeld` (the
+        call stays RESERVED: it settles as not called).
+        """
+        if self.cut_short:
+            raise GatewayError("service_unavailable", STOPPING_MESSAGE)
+        hold = self.held
+        claim = self.claim
+        claim_row = (
+            claim.running_row(self.record.id, self.stream, self.runtime.clock.now())
+            if claim is not None
+            else None
+        )
+        try:
+            held = await self.runtime.store.write(
+                records.open_call, self._pending_row(hold), claim_row
+            )
+        except StoreError:
+            raise GatewayError(
+                "admission_unavailable", "The call could not be recorded; retry shortly."
+            ) from None
+        if held is not None:
+            raise ClaimHeld(held)  # another attempt (maybe on another node) holds the key
+        self._move(CallState.RESERVED, CallState.CALLED)
+        self.called_at = time.perf_counter()
+
+    def hand_off(self) -> None:
+        """CALLED → HANDED_OFF: a stream pump owns the call from now on."""
+        self._move(CallState.CALLED, CallState.HANDED_OFF)
+
+    def watch(self, scope: trio.CancelScope) -> trio.CancelScope:
+        """Make ``scope`` the provider call's: :meth:`cut` cancels it."""
+        self.scope = scope
+        if self.cut_short:
+            scope.cancel()
+        return scope
+
+    def client_left(self) -> None:
+        """The client went away: the call's record says ``cancelled``."""
+        self.client_gone = True
+
+    def cut(self) -> None:
+        """A graceful stop's deadline: end the provider call now, as service_unavailable."""
+        self.cut_short = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+    # -- endings ---------------------------------------------------------------------------
+
+    def ending(
+        self,
+        *,
+        answered: bool = False,
+        usage: Usage | None = None,
+        failure: Ending | None = None,
+        produced: bool = False,
+    ) -> Ending:
+        """The settlement row of this call as it ends (see :func:`ending_for`)."""
+        return ending_for(
+            called=self.state in _CALLED,
+            answered=answered,
+            usage=usage is not None,
+            failure=failure,
+            produced=produced,
+            failures_count=self.failures_count,
+        )
+
+    def unfinished_ending(self) -> Ending:
+        """How a call that ended without its own settlement row settles: not called, or
+        called and then abandoned (a fault of ours, a cancellation)."""
+        return self.ending()
+
+    async def end(self, *, http_status: int = 200, error_code: str | None = None) -> None:
+        """Settle a call its handler still owns by :meth:`unfinished_ending`; a call
+        handed to a stream pump is the pump's to settle, a settled one is left alone."""
+        if self.state not in (CallState.HANDED_OFF, CallState.SETTLED):
+            await self.finish(
+                self.unfinished_ending(), http_status=http_status, error_code=error_code
+            )
+
+    async def finish(
+        self,
+        ending: Ending,
+        *,
+        usage: Usage | None = None,
+        http_status: int = 200,
+        error_code: str | None = None,
+        answer: dict[str, Any] | None = None,
+    ) -> Settlement:
+        """Record and settle, exactly once; later calls return the first settlement.
+
+        The one place a settlement is written: a call that reached the model has its
+        pending row turned into its record, its ledger row appended and its
+        Idempotency-Key outcome written (``answer``: the body a retry may replay), in
+        one transaction committed before the shard posts the amount, so a settled
+        amount is durable before any answer reports it.
+        """
+        if self.settlement is not None:
+            return self.settlement
+        hold = self.hold
+        recorded = self.state in _CALLED  # the pending row exists
+        if hold is None:
+            ending = Ending.NOT_CALLED
+        settlement = (
+            settle_amounts(
+                ending,
+                model=hold.model,
+                reserved_nanos=hold.reserved_nanos,
+                prompt_estimate=hold.prompt_estimate,
+                prompt_tokens=usage.prompt_tokens if usage else 0,
+                completion_tokens=usage.completion_tokens if usage else 0,
+                live=self.live,
+            )
+            if hold is not None
+            else Settlement(Ending.NOT_CALLED, 0, 0)
+        )
+        self.settlement = settlement
+        self.state = CallState.SETTLED
+        with trio.CancelScope(shield=True):
+            try:
+                if recorded:
+                    await self._write_settlement(settlement, usage, http_status, error_code, answer)
+            finally:
+                # memory settles whatever the store said: nothing stays reserved or in flight
+                await admission.settle(
+                    self.runtime,
+                    self.record,
+                    slot_taken=self.admission.slot_taken,
+                    reservation=hold.reservation if hold is not None else None,
+                    cap_amount=settlement.cap_nanos,
+                    billed_amount=settlement.billed_nanos,
+                )
+        self.runtime.inflight.discard(self)
+        self.runtime.alerts.notice(self.record, settlement.cap_nanos)
+        call_settled(self, settlement, usage, error_code)
+        return settlement
+
+    async def _write_settlement(
+        self,
+        settlement: Settlement,
+        usage: Usage | None,
+        http_status: int,
+        error_code: str | None,
+        answer: dict[str, Any] | None,
+    ) -> None:
+        """The pending row becomes the record, with its ledger row and claim outcome.
+
+        ``must_land``: a database that went away, or a write that keeps losing
+        conflicts, keeps it queued in this node until it commits. The call waits for
+        that up to the store's bound (``MUST_LAND_WAIT_S``); past it the call goes on
+        (its answer is the provider's) while the write stays queued, and readiness
+        says so.
+        """
+        claim = self.claim
+        try:
+            await self.runtime.store.write(
+                records.settle_call,
+                self.request_id,
+                self._settled_values(settlement, usage, http_status, error_code),
+                self._ledger_row(settlement),
+                (self.record.id, claim.idem_key) if claim is not None else None,
+                self._claim_outcome(http_status, error_code, answer),
+                self._lease_use(settlement),
+                must_land=True,
+            )
+        except StoreError:
+            log.error(
+                "the settlement of %s is not committed yet; it stays queued",
+                self.request_id,
+                extra=event("store_error", error="settlement queued"),
+            )
+
+    def _lease_use(self, settlement: Settlement) -> tuple[str, list[tuple[str, int]]] | None:
+        """Several nodes: this node's id and what the settlement posts out of its leases."""
+        node = self.runtime.cluster
+        if node is None:
+            return None
+        hold = self.hold
+        taken = hold.reservation.leases if hold is not None else ()
+        return node.node_id, posted(taken, settlement.cap_nanos, settlement.billed_nanos)
+
+    def _pending_row(self, hold: Hold) -> dict[str, Any]:
+        """The request row of a call about to be asked: what it holds, nothing settled."""
+        created = datetime.fromtimestamp(self.started, UTC)
+        return {
+            "id": self.request_id,
+            "key_id": self.record.id,
+            "parent_id": self.record.parent_id,
+            "org_id": self.record.org_id,
+            "created": self.started,
+            "day": created.strftime("%Y-%m-%d"),
+            "month": created.strftime("%Y-%m"),
+            "endpoint": self.endpoint,
+            "model": hold.model.id,
+            "provider": hold.model.config.provider if self.live else "mock",
+            "status": records.PENDING,
+            "http_status": None,
+            "stream": int(self.stream),
+            "tags": self.tags,
+            "usage": None,
+            "estimated_usd_nanos": hold.reserved_nanos,
+            "reserved_usd_nanos": hold.reserved_nanos,
+            "settled_usd_nanos": 0,
+            "billed_usd_nanos": 0,
+            "latency_ms": None,
+            "error_code": None,
+            "mode": self.record.mode,
+            "trace_id": self.exchange.trace.trace_id if self.exchange else None,
+            "node_id": self.runtime.cluster.node_id if self.runtime.cluster else None,
+        }
+
+    def _settled_values(
+        self, settlement: Settlement, usage: Usage | None, http_status: int, error: str | None
+    ) -> dict[str, Any]:
+        """What settlement writes over the pending row."""
+        return {
+            "status": self._status(error),
+            "http_status": http_status,
+            "usage": usage.as_dict() if usage else None,
+            "settled_usd_nanos": settlement.cap_nanos,
+            "billed_usd_nanos": settlement.billed_nanos,
+            "latency_ms": round((self.runtime.clock.now() - self.started) * 1000, 3),
+            "error_code": error,
+        }
+
+    def _claim_outcome(
+        self, http_status: int, error: str | None, answer: dict[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """The Idempotency-Key's outcome: kept for a call the client was answered 200
+        (a stream, or a non-streamed answer), dropped (None) for a refusal or a failure,
+        so that the retry is a new attempt."""
+        if self.claim is None or http_status != 200 or not (self.stream or answer is not None):
+            return None
+        return self.claim.outcome(
+            stream=self.stream,
+            answer=orjson.dumps(answer) if answer is not None else None,
+            keep=self.record.data_mode != "zero_retention",
+        )
+
+    def _status(self, error: str | None) -> str:
+        """cancelled (the client went away), failed (with an error code), or succeeded."""
+        if self.client_gone:
+            return "cancelled"
+        return "failed" if error is not None else "succeeded"
+
+    def _ledger_row(self, settlement: Settlement) -> dict[str, Any] | None:
+        if not settlement.billed_nanos:
+            return None
+        row = self.runtime.ledger_row(self.record.org_id, -settlement.billed_nanos, "usage")
+        row["request_id"] = self.request_id
+        return row

@@ -1,0 +1,351 @@
+"""The walk of one model call, steps 3 to 10 of DESIGN.md, in one module.
+
+    route (HTTP only)                 this module                      the Call (lifecycle.py)
+    -----------------                 -----------                      -----------------------
+    1-2 authenticate, scope
+        read the body
+                                      open_call()  3 admit, a slot     ADMITTED
+                                      prepare()    4 tags
+                                                   5 validate (Endpoint.parse)
+                                                   6 entitlements, resolve, capabilities,
+                                                     web search
+                                                   7 estimate
+                                                   8 spend controls, reserve  → RESERVED
+                                      complete()   9 ask the provider         → CALLED
+                                      embed()     10 settle (Call.finish)     → SETTLED
+                                      stream()     9 hand to a pump           → HANDED_OFF
+                                                  10 the pump settles         → SETTLED
+        answer
+
+What differs between the three endpoints is one row of the table below (:data:`CHAT`,
+:data:`RESPONSES`, :data:`EMBEDDINGS`): the scope, the entitlement, the model kind, how
+the body is parsed and checked against the model, how the answer is shaped.
+:func:`open_call` settles, whatever happens, a call its handler still owns
+(:meth:`Call.end`): a refusal, a fault of ours, a client that left (the handler
+cancelled: recorded ``cancelled``, 499 ``client_closed``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import trio
+from quart import Response
+
+from gateway.accounts.catalog import Model
+from gateway.accounts.key_record import KeyRecord
+from gateway.accounts.orgs import Org
+from gateway.calls import admission
+from gateway.calls.estimate import worst_case_tokens
+from gateway.calls.inflight import STOPPING_MESSAGE
+from gateway.calls.lifecycle import Call, Hold
+from gateway.calls.parse import ChatCall, EmbeddingCall
+from gateway.calls.parse.chat import capability_param, check_capabilities, parse_chat
+from gateway.calls.parse.embeddings import check_dimensions, parse_embeddings
+from gateway.calls.parse.responses import (
+    ResponseStreamTranslator,
+    chat_to_response,
+    parse_responses,
+)
+from gateway.calls.parse.tags import collect_tags
+from gateway.calls.policy import (
+    check_entitlements,
+    check_model,
+    check_spend_controls,
+    check_web_search,
+)
+from gateway.calls.provider_errors import map_provider_error
+from gateway.calls.streaming import ChatFormat, ResponsesFormat, StreamFormat, start_stream
+from gateway.edge.exchange import CLIENT_CLOSED_STATUS, call_opened
+from gateway.edge.idempotency import Claim
+from gateway.errors import GatewayError
+from gateway.observe.metrics import CLIENT_CLOSED
+from gateway.providers.base import ProviderError, ProviderRequest, embedding_response
+from gateway.store.claims import ClaimHeld
+
+if TYPE_CHECKING:
+    from gateway.serving.runtime import Runtime
+
+T = TypeVar("T")
+
+
+class Parsed(Protocol):
+    """What the walk asks of a parsed body (:class:`ChatCall`, :class:`EmbeddingCall`)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def stream(self) -> bool: ...
+    @property
+    def needs(self) -> frozenset[str]: ...
+    @property
+    def output_ceiling(self) -> int: ...
+    def prompt_estimate(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """One model-call endpoint: a row of the table."""
+
+    name: str  # the record's endpoint
+    scope: str  # the key scope it needs (step 2)
+    feature: str  # the organisation plan's entitlement
+    model_kind: str  # the catalog kind it calls
+    #: honours the Idempotency-Key header
+    idempotent: bool
+    #: False: every failure after the provider was asked counts nothing
+    failures_count: bool
+    #: step 5: the body, validated, for this key
+    parse: Callable[[Runtime, KeyRecord, dict[str, Any]], Any]
+    #: step 6, once the model is resolved: what the parsed call asks of it
+    check: Callable[[Org | None, Any, Model], None]
+    #: a chat completion as this endpoint answers it (chat-shaped endpoints)
+    answer: Callable[[Call, ChatCall, dict[str, Any]], dict[str, Any]] | None = None
+    #: how this endpoint writes a stream (chat-shaped endpoints)
+    stream_format: Callable[[Call, ChatCall, dict[str, Any]], StreamFormat] | None = None
+
+
+def _parse_chat(_: Runtime, record: KeyRecord, body: dict[str, Any]) -> ChatCall:
+    return parse_chat(body, record.caps.max_output_tokens)
+
+
+def _parse_responses(_: Runtime, record: KeyRecord, body: dict[str, Any]) -> ChatCall:
+    return parse_responses(body, record.caps.max_output_tokens)
+
+
+def _parse_embeddings(rt: Runtime, record: KeyRecord, body: dict[str, Any]) -> EmbeddingCall:
+    named = body.get("model")
+    if isinstance(named, str) and rt.catalog.get(named) is None:
+        # a model that does not exist is 404 model_not_found (decision unknown_model)
+        # on every endpoint; 400 model_not_allowed is for a model of the catalog that
+        # is not the served embedding model
+        check_model(rt, record, named, "embedding")
+    served = rt.catalog.embedding_model()
+    return parse_embeddings(body, served.id if served else None)
+
+
+def _check_chat(org: Org | None, chat: ChatCall, model: Model) -> None:
+    check_capabilities(chat, model)
+    if "web_search" in chat.needs:
+        check_web_search(org, model, capability_param(chat, "web_search"))
+
+
+def _check_embeddings(_: Org | None, call: EmbeddingCall, model: Model) -> None:
+    check_dimensions(call, model)
+
+
+def response_id(call: Call) -> str:
+    """The Responses API id of a call: its request id under the resp_ prefix."""
+    return "resp_" + call.request_id.removeprefix("req_")
+
+
+def _chat_shaped(name: str, feature: str, **row: Any) -> Endpoint:
+    """A row of an endpoint served as a chat completion."""
+    return Endpoint(
+        name=name,
+        scope="inference",
+        feature=feature,
+        model_kind="chat",
+        idempotent=True,
+        failures_count=True,
+        check=_check_chat,
+        **row,
+    )
+
+
+CHAT = _chat_shaped(
+    "chat",
+    "chat_completions",
+    parse=_parse_chat,
+    answer=lambda call, chat, completion: completion,
+    stream_format=lambda call, chat, svc: ChatFormat(call.held.model.id, chat.include_usage, svc),
+)
+RESPONSES = _chat_shaped(
+    "responses",
+    "responses",
+    parse=_parse_responses,
+    answer=lambda call, chat, completion: chat_to_response(completion, chat, response_id(call)),
+    stream_format=lambda call, chat, svc: ResponsesFormat(
+        ResponseStreamTranslator(
+            chat, response_id(call), created_at=int(call.runtime.clock.now()), svc=svc
+        )
+    ),
+)
+EMBEDDINGS = Endpoint(
+    name="embeddings",
+    scope="embeddings",
+    feature="embeddings",
+    model_kind="embedding",
+    idempotent=False,
+    failures_count=False,
+    parse=_parse_embeddings,
+    check=_check_embeddings,
+)
+
+
+@asynccontextmanager
+async def open_call(
+    runtime: Runtime,
+    record: KeyRecord,
+    request_id: str,
+    endpoint: Endpoint,
+    claim: Claim | None = None,
+) -> AsyncIterator[Call]:
+    """Step 3: count the request and take an in-flight slot; the call is settled on the
+    way out, whatever happened, unless it settled itself or was handed to a pump."""
+    admitted = await admission.admit(runtime, record, take_slot=True)
+    call = Call(
+        claim=claim,
+        runtime=runtime,
+        record=record,
+        request_id=request_id,
+        endpoint=endpoint.name,
+        admission=admitted,
+        started=runtime.clock.now(),
+        deadline=trio.current_time() + runtime.config.server.request_timeout_s,
+        failures_count=endpoint.failures_count,
+    )
+    runtime.inflight.add(call)
+    call_opened(call)
+    try:
+        yield call
+    except trio.Cancelled:
+        # the handler was cancelled: the client went away. The provider call is cut;
+        # the record says so, settled by the table's row for an ending without usage
+        call.client_left()
+        await call.end(http_status=CLIENT_CLOSED_STATUS, error_code=CLIENT_CLOSED)
+        raise
+    except Exception as exc:
+        if not isinstance(exc, (GatewayError, ClaimHeld)):
+            # a fault of ours (answered 500 internal_error): the record must not say 200
+            await call.end(http_status=500, error_code="internal_error")
+        raise
+    finally:
+        await call.end()
+
+
+async def prepare(
+    call: Call, endpoint: Endpoint, body: dict[str, Any], tags_header: str | None
+) -> Any:
+    """Steps 4 to 8: tags, validate, resolve, estimate, reserve; the parsed call."""
+    rt, record = call.runtime, call.record
+    call.tags = collect_tags(tags_header, body, record.default_tags, record.required_tags)
+    parsed: Parsed = endpoint.parse(rt, record, body)
+    call.stream = parsed.stream
+    features = [endpoint.feature] + ["streaming"] * parsed.stream + sorted(parsed.needs)
+    org = rt.orgs.get(record.org_id)
+    check_entitlements(org, record, features)
+    model = check_model(rt, record, parsed.model, endpoint.model_kind)
+    provider = rt.provider_for(record, model)
+    endpoint.check(org, parsed, model)
+    prompt, output = parsed.prompt_estimate(), parsed.output_ceiling
+    cost = model.cost_nanos(prompt, output)
+    check_spend_controls(org, record, cost)
+    reservation = await admission.reserve(
+        rt,
+        record,
+        tokens=worst_case_tokens(prompt, output),
+        cost=cost,
+        org_cost=cost if call.live else 0,
+    )
+    call.reserved(Hold(model, provider, reservation, prompt, cost))
+    return parsed
+
+
+async def _ask(call: Call, ask: Callable[[], Awaitable[T]], late: str) -> T:
+    """Step 9 without a stream: ask the provider under the call's deadline; a failure
+    is settled here and raised as the answer's error."""
+    await call.start_provider_call()
+    try:
+        with call.watch(trio.move_on_after(call.remaining())) as scope:
+            result = await ask()
+    except ProviderError as exc:
+        error, failure = map_provider_error(exc, byok=call.record.byok)
+        ending = call.ending(failure=failure, usage=exc.usage)
+        await call.finish(ending, usage=exc.usage, http_status=error.status, error_code=error.code)
+        raise error from None
+    if scope.cancelled_caught and call.cut_short:
+        # a graceful stop ran out of grace: the answer is a 503 the client may retry
+        await call.finish(call.ending(), http_status=503, error_code="service_unavailable")
+        raise GatewayError("service_unavailable", STOPPING_MESSAGE)
+    if scope.cancelled_caught:
+        await call.finish(call.ending(), http_status=504, error_code="request_timeout")
+        raise GatewayError("request_timeout", late)
+    return result
+
+
+def _provider_request(call: Call, chat: ChatCall) -> tuple[ProviderRequest, list[str]]:
+    """The upstream request of a chat call, and the parameters its provider ignores."""
+    hold = call.held
+    upstream_id = hold.model.config.upstream_id
+    body = {**chat.body(), "model": upstream_id}
+    request = ProviderRequest(
+        upstream_model=upstream_id,
+        body=body,
+        api_key=call.runtime.provider_key(call.record, hold.model),
+        trace=call.exchange.trace if call.exchange else None,
+        request_id=call.request_id,
+    )
+    return request, hold.provider.ignored_parameters(body)
+
+
+def svc_block(call: Call, ignored: list[str]) -> dict[str, Any]:
+    return {"request_id": call.request_id, "ignored_parameters": ignored}
+
+
+async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, Any]:
+    """Steps 9-10 of a chat-shaped call without a stream: the answer, settled."""
+    assert endpoint.answer is not None
+    request, ignored = _provider_request(call, chat)
+    provider = call.held.provider
+    result = await _ask(
+        call,
+        lambda: provider.complete(request),
+        "The call ran out of time; retry with stream true.",
+    )
+    ending = call.ending(answered=True, usage=result.usage)
+    try:
+        answer = endpoint.answer(call, chat, {**result.completion, "model": call.held.model.id})
+        answer["svc"] = svc_block(call, ignored)
+    except Exception:
+        # a fault of ours with the answer in hand: settled as the provider's answer
+        # says, recorded as the 500 the client gets
+        await call.finish(ending, usage=result.usage, http_status=500, error_code="internal_error")
+        raise
+    await call.finish(ending, usage=result.usage, answer=answer)
+    return answer
+
+
+async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> Response:
+    """Step 9 of a streamed call: hand it to a pump (which settles it), answer the stream."""
+    assert endpoint.stream_format is not None
+    request, ignored = _provider_request(call, chat)
+    fmt = endpoint.stream_format(call, chat, svc_block(call, ignored))
+    return await start_stream(call, request, fmt)
+
+
+async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
+    """Steps 9-10 of an embeddings call: the answer, settled."""
+    hold = call.held
+    config = hold.model.config
+    api_key = call.runtime.provider_key(call.record, hold.model)
+    result = await _ask(
+        call,
+        lambda: hold.provider.embed(
+            config.upstream_id,
+            parsed.inputs,
+            parsed.dimensions,
+            api_key,
+            call.exchange.trace if call.exchange else None,
+        ),
+        "The call ran out of time.",
+    )
+    await call.finish(call.ending(answered=True, usage=result.usage), usage=result.usage)
+    answer = embedding_response(result, hold.model.id, parsed.encoding_format)
+    # the svc block of every successful call; no forwarded parameter is ignored here
+    # (fields other than model, input, encoding_format, dimensions are not forwarded)
+    answer["svc"] = svc_block(call, [])
+    return answer

@@ -1,0 +1,316 @@
+"""Streamed model calls: a pump task per stream, and the server-sent-events body.
+
+    provider stream ──► pump (root nursery, deadline) ──► bounded channel ──► SSE body ──► client
+                        owns settlement                                     keep-alives
+
+Why a separate task: the body must send ``: keep-alive`` every 15 s while the provider
+is silent, and an HTTP read cannot be cancelled for a keep-alive and resumed. So the
+pump reads the provider and the body waits on the channel with a keep-alive timeout
+(each wait its own cancel scope: no scope is held across a ``yield``, PEP 789).
+
+Ownership: once handed to the pump, the call's slot and reservation are the pump's to
+settle, exactly once, whatever happens:
+
+- the provider finishes: settle from usage, then send the usage chunk and the end;
+- the provider fails: settle per the table, then an in-band error (or, when nothing
+  was sent yet, the handler answers with a plain HTTP error);
+- the deadline passes: settle, then the in-band request_timeout error (in-band even
+  when nothing was sent yet: the stream then opens with it, status 200);
+- a graceful stop runs out of grace (:mod:`gateway.calls.inflight`): settle, then the in-band
+  service_unavailable error;
+- the client goes away: the body cancels the pump's scope at once; the pump settles.
+
+The pump never raises: an exception escaping it would cancel the root nursery.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+import trio
+from quart import Response
+
+from gateway.calls.inflight import STOPPING_MESSAGE
+from gateway.calls.lifecycle import Call
+from gateway.calls.parse.translate import ResponseStreamTranslator
+from gateway.calls.provider_errors import map_provider_error
+from gateway.calls.settlement import Ending
+from gateway.errors import GatewayError, in_band
+from gateway.providers.base import ProviderError, ProviderRequest, Usage
+
+log = logging.getLogger("gateway.calls.streaming")
+
+KEEPALIVE = b": keep-alive\n\n"
+DONE = b"data: [DONE]\n\n"
+BUFFER = 64
+FINAL_SEND_S = 5.0
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    head = f"event: {event}\n".encode() if event else b""
+    return head + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+class StreamFormat(Protocol):
+    """How one endpoint writes a stream: chat chunks, or Responses events."""
+
+    def chunk(self, chunk: dict[str, Any]) -> list[bytes]: ...
+
+    def finish(self, usage_chunk: dict[str, Any] | None) -> list[bytes]: ...
+
+    def error(self, error: GatewayError) -> list[bytes]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    data: bytes = b""
+    #: a failure before anything was sent: the handler answers it as an HTTP error
+    error: GatewayError | None = None
+
+
+async def pump(
+    call: Call,
+    request: ProviderRequest,
+    fmt: StreamFormat,
+    send: trio.MemorySendChannel[Frame],
+    scope: trio.CancelScope,
+    answered: trio.Event,
+) -> None:
+    """``answered`` is set once the handler has answered 200: a failure after that is
+    in-band whether or not a chunk was sent, and the record says 200."""
+    usage: Usage | None = None
+    usage_chunk: dict[str, Any] | None = None
+    failure: GatewayError | None = None
+    #: the settlement row of the provider's own failure (None: it did not fail)
+    failed_as: Ending | None = None
+    produced = sent = False
+    async with send:
+        try:
+            with scope:
+                chunks = call.held.provider.stream(request)
+                try:
+                    async for chunk in chunks:
+                        if chunk.get("usage"):
+                            # kept without its choices: those are passed on below, once
+                            usage = Usage.reported(chunk["usage"])
+                            usage_chunk = {**chunk, "choices": []}
+                        if not chunk.get("choices"):
+                            continue
+                        produced = True
+                        for frame in fmt.chunk(chunk):
+                            try:
+                                # no checkpoint per chunk: the chunks of one upstream read
+                                # go out together (the body sends what it finds queued)
+                                send.send_nowait(Frame(frame))
+                            except trio.WouldBlock:
+                                await send.send(Frame(frame))
+                            sent = True
+                except ProviderError as exc:
+                    failure, failed_as = map_provider_error(exc, byok=call.record.byok)
+                    usage = usage or exc.usage  # reported in the stream before it failed
+                finally:
+                    await _close(chunks)
+            if scope.cancelled_caught:
+                failed_as = None  # our deadline, a graceful stop or the client ended the call
+                if call.cut_short:
+                    failure = GatewayError("service_unavailable", STOPPING_MESSAGE)
+                elif not call.client_gone:
+                    failure = GatewayError("request_timeout", "The call reached its time limit.")
+        except trio.BrokenResourceError:
+            call.client_left()
+            failed_as = None
+        except Exception:
+            log.exception("stream pump failed")
+            failure = GatewayError("service_unavailable", "The stream failed.")
+            failed_as = None
+        ending = call.ending(usage=usage, failure=failed_as, produced=produced)
+        # the spec: a streamed call's timeout is in-band, even with nothing sent yet (a
+        # deadline shorter than the keep-alive interval): its frames open the stream
+        in_stream = sent or (failure is not None and failure.code == "request_timeout")
+        await call.finish(
+            ending,
+            usage=usage,
+            http_status=failure.status if failure and not (in_stream or answered.is_set()) else 200,
+            error_code=failure.code if failure else None,
+        )
+        if call.client_gone:
+            return
+        frames = (
+            [Frame(error=failure)]
+            if failure and not in_stream
+            else [Frame(f) for f in (fmt.error(failure) if failure else fmt.finish(usage_chunk))]
+        )
+        with trio.move_on_after(FINAL_SEND_S):
+            try:
+                for frame in frames:
+                    await send.send(frame)
+            except trio.BrokenResourceError:
+                pass
+
+
+async def _close(chunks: AsyncIterator[dict[str, Any]]) -> None:
+    """Close the provider's stream now, not when it is garbage collected.
+
+    The pump can stop while the stream is suspended at a ``yield`` (cancelled while
+    waiting to hand a chunk to a client that reads slowly, or the client gone): its
+    upstream response must be released at once. Shielded and bounded: the pump may be
+    cancelled already.
+    """
+    aclose = getattr(chunks, "aclose", None)
+    if aclose is not None:
+        with trio.move_on_after(FINAL_SEND_S, shield=True):
+            await aclose()
+
+
+async def _body(
+    call: Call,
+    receive: trio.MemoryReceiveChannel[Frame],
+    fmt: StreamFormat,
+    scope: trio.CancelScope,
+    first: list[Frame],
+) -> AsyncIterator[bytes]:
+    keepalive = call.runtime.config.server.keepalive_s
+    ended = False
+    try:
+        for frame in first:
+            for data in _frame_bytes(frame, fmt):
+                yield data
+        while True:
+            frame = None
+            with trio.move_on_after(keepalive):
+                try:
+                    frame = await receive.receive()
+                except trio.EndOfChannel:
+                    ended = True
+                    return
+            if frame is None:
+                yield KEEPALIVE
+                continue
+            # every frame already queued goes out in one write
+            out = _frame_bytes(frame, fmt)
+            while True:
+                try:
+                    out += _frame_bytes(receive.receive_nowait(), fmt)
+                except trio.WouldBlock:
+                    break
+                except trio.EndOfChannel:
+                    ended = True
+                    break
+            yield out[0] if len(out) == 1 else b"".join(out)
+            if ended:
+                return
+    finally:
+        if not ended:
+            call.client_left()
+            scope.cancel()
+        receive.close()
+
+
+def _frame_bytes(frame: Frame, fmt: StreamFormat) -> list[bytes]:
+    """A new list: the caller may extend it."""
+    return fmt.error(frame.error) if frame.error is not None else [frame.data]
+
+
+async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) -> Response:
+    """Hand the call to a pump and answer with the event stream.
+
+    Waits up to one keep-alive interval for the first frame, so that a refusal that
+    comes before anything is produced is answered with its real HTTP status; when none
+    came, the body starts with a keep-alive.
+    """
+    runtime = call.runtime
+    assert runtime.nursery is not None
+    send, receive = trio.open_memory_channel[Frame](BUFFER)
+    await call.start_provider_call()
+    scope = call.watch(trio.CancelScope(deadline=call.deadline))
+    call.hand_off()
+    answered = trio.Event()
+    runtime.nursery.start_soon(pump, call, request, fmt, send, scope, answered)
+    first: list[Frame] = []
+    try:
+        with trio.move_on_after(runtime.config.server.keepalive_s), suppress(trio.EndOfChannel):
+            first.append(await receive.receive())
+    except BaseException:
+        call.client_left()
+        scope.cancel()
+        receive.close()
+        raise
+    if first and first[0].error is not None:
+        receive.close()
+        raise first[0].error
+    if not first:
+        # a keep-alive interval passed without a byte: the body opens with a keep-alive,
+        # else the first one would come only after a second interval
+        first.append(Frame(KEEPALIVE))
+    answered.set()
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    return Response(
+        _body(call, receive, fmt, scope, first),
+        status=200,
+        headers=headers,
+        content_type="text/event-stream",
+    )
+
+
+class ChatFormat:
+    """OpenAI chat.completion.chunk events, ``[DONE]``; usage chunk only when asked for.
+
+    Every chunk carries the svc block, as a non-streamed answer does. Usage travels
+    only in the final usage chunk, whatever chunk the upstream put it in.
+    """
+
+    def __init__(self, model_id: str, include_usage: bool, svc: dict[str, Any]) -> None:
+        self.model_id = model_id
+        self.include_usage = include_usage
+        self.svc = svc
+
+    def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
+        out = {name: value for name, value in chunk.items() if name != "usage"}
+        out["model"], out["svc"] = self.model_id, self.svc
+        return [sse(out)]
+
+    def finish(self, usage_chunk: dict[str, Any] | None) -> list[bytes]:
+        frames = []
+        if self.include_usage and usage_chunk is not None:
+            final = {**usage_chunk, "model": self.model_id, "choices": [], "svc": self.svc}
+            frames.append(sse(final))
+        frames.append(DONE)
+        return frames
+
+    def error(self, error: GatewayError) -> list[bytes]:
+        return [sse({"error": in_band(error)}), DONE]
+
+
+class ResponsesFormat:
+    """Responses API events (``event:`` + ``data:``), translated from chat chunks."""
+
+    def __init__(self, translator: ResponseStreamTranslator) -> None:
+        self.translator = translator
+        self.started = False
+
+    def _start(self) -> list[dict[str, Any]]:
+        if self.started:
+            return []
+        self.started = True
+        return self.translator.start()
+
+    def _frames(self, events: list[dict[str, Any]]) -> list[bytes]:
+        return [sse(event, event["type"]) for event in events]
+
+    def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
+        return self._frames(self._start() + self.translator.feed(chunk))
+
+    def finish(self, usage_chunk: dict[str, Any] | None) -> list[bytes]:
+        events = self._start()
+        if usage_chunk is not None:
+            events += self.translator.feed(usage_chunk)
+        return self._frames(events + self.translator.finish())
+
+    def error(self, error: GatewayError) -> list[bytes]:
+        failed = self.translator.failed(error.code, error.message or error.spec.message)
+        return self._frames([*self._start(), failed])

@@ -1,0 +1,517 @@
+"""Configuration: the TOML file of DESIGN.md, environment overrides, validation.
+
+Precedence, highest first: command-line flags, environment variables, the file,
+embedded defaults. With no file at all the server runs on the embedded default:
+SQLite in the working directory, the deterministic mock provider and a demo catalog.
+
+Environment overrides (all optional): ``SVC_SERVER_HOST``, ``SVC_SERVER_PORT``,
+``SVC_SERVER_DB``, ``SVC_SERVER_REQUEST_TIMEOUT_S``, ``SVC_SERVER_KEEPALIVE_S``,
+``SVC_SERVER_SHARDS``, ``SVC_SERVER_PLATFORM_RPM``, ``SVC_SERVER_ROTATION_GRACE_S``,
+``SVC_SERVER_LOG_FORMAT``, ``SVC_SERVER_LOG_LEVEL``, ``SVC_SERVER_METRICS_TOKEN``,
+``SVC_SERVER_SHUTDOWN_GRACE_S``, ``SVC_SERVER_BODY_TIMEOUT_S``, ``SVC_SERVER_MAX_CONNECTIONS``;
+``SVC_CLUSTER_NODE_ID``, ``SVC_CLUSTER_LEASE_S``.
+
+Every problem is a :class:`ConfigError` whose message names the offending key; the CLI
+prints it on one line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+MODEL_CAPABILITIES = ("tools", "structured_output", "vision", "web_search")
+MODEL_KINDS = ("chat", "embedding")
+PROVIDER_KINDS = ("mock", "openai")
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
+
+
+class ConfigError(Exception):
+    """A configuration problem; the message names the key at fault."""
+
+
+#: the largest price of a model, USD per million tokens (a call's cost must fit 64 bits)
+MAX_PRICE = 1_000_000
+LOG_FORMATS = ("text", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    #: an SQLite file, or a ``postgresql://`` URL (the store decides which: gateway.store)
+    db: str = "svc-gateway.db"
+    request_timeout_s: float = 300.0
+    keepalive_s: float = 15.0
+    shards: int = 16
+    platform_rpm: int | None = None
+    rotation_grace_s: int = 24 * 3600
+    #: on SIGTERM/SIGINT, how long calls in progress may take to finish (DESIGN.md)
+    shutdown_grace_s: float = 25.0
+    max_body_bytes: int = 10 * 1024 * 1024
+    #: a request body must arrive whole within this long (and not trickle: gateway/edge/bodies.py)
+    body_timeout_s: float = 30.0
+    #: request bodies over 64 KiB held in memory at once, all requests together
+    max_buffered_body_bytes: int = 32 * 1024 * 1024
+    #: open client connections; past it the next one waits in the listen backlog
+    max_connections: int = 1000
+    public_catalog_rpm: int = 60
+    #: an idle kept-alive connection is closed after this long (longer than clients'
+    #: own pool expiry, 5 s for httpx and the OpenAI SDK, so they close first)
+    connection_idle_s: float = 30.0
+    #: spend-alert webhooks: first retry after this many seconds, doubling up to an hour
+    webhook_retry_s: float = 5.0
+    webhook_max_attempts: int = 12
+    log_format: str = "text"
+    log_level: str = "info"
+    #: GET /metrics and the counting behind it; off, /metrics answers 404
+    metrics: bool = True
+    #: when set, GET /metrics needs ``Authorization: Bearer <metrics_token>``
+    metrics_token: str | None = None
+    #: after a stop signal, /readyz answers 503 for this long while everything is still
+    #: served, so that a load balancer stops routing here before the listener closes
+    drain_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    name: str
+    kind: str
+    base_url: str | None = None
+    api_key_env: str | None = None
+    zero_retention: bool = False
+    residency: tuple[str, ...] = ()
+    timeout_s: float = 300.0
+    max_connections: int = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    id: str
+    provider: str
+    upstream_id: str
+    kind: str = "chat"
+    capabilities: tuple[str, ...] = ()
+    zero_retention_available: bool = False
+    byok_available: bool = False
+    input_usd_per_mtok: float | None = None
+    output_usd_per_mtok: float | None = None
+    dimensions: int = 1536
+    enabled: bool = True
+    #: other names clients may call the model by; one shared by two models is ambiguous
+    aliases: tuple[str, ...] = ()
+
+
+def _default_node_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """``[cluster]``: several nodes on one PostgreSQL database (ignored on SQLite)."""
+
+    #: names the node in leases, request rows and logs (default: host name and pid)
+    node_id: str = field(default_factory=_default_node_id)
+    #: a lease (and the node's registration) lasts this long without a renewal
+    lease_s: float = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    providers: tuple[ProviderConfig, ...] = ()
+    models: tuple[ModelConfig, ...] = ()
+    source: str | None = None
+
+    def provider(self, name: str) -> ProviderConfig:
+        for provider in self.providers:
+            if provider.name == name:
+                return provider
+        raise KeyError(name)
+
+
+def _demo_models() -> tuple[ModelConfig, ...]:
+    full = ("tools", "structured_output", "vision", "web_search")
+    return (
+        ModelConfig("gpt-4o-mini", "mock", "gpt-4o-mini", "chat", full, True, True, 0.15, 0.60),
+        ModelConfig("gpt-4o", "mock", "gpt-4o", "chat", full, True, True, 2.50, 10.00),
+        ModelConfig("mock-basic", "mock", "mock-basic", "chat", (), False, False, 0.10, 0.20),
+        ModelConfig(
+            "text-embedding-3-small",
+            "mock",
+            "text-embedding-3-small",
+            "embedding",
+            (),
+            True,
+            True,
+            0.02,
+            0.0,
+        ),
+    )
+
+
+def default_config() -> Config:
+    """The embedded default: the mock provider and a demo catalog."""
+    mock = ProviderConfig(name="mock", kind="mock", zero_retention=True, residency=("us", "eu"))
+    return Config(server=ServerConfig(), providers=(mock,), models=_demo_models())
+
+
+# ---------------------------------------------------------------- parsing helpers
+
+
+def _take(table: dict[str, Any], key: str, where: str, kind: type | tuple[type, ...]) -> Any:
+    value = table[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise ConfigError(f"{where}.{key}: expected {_names(kinds)}, got a boolean")
+    if not isinstance(value, kinds):
+        raise ConfigError(f"{where}.{key}: expected {_names(kinds)}, got {type(value).__name__}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ConfigError(f"{where}.{key}: must be a finite number")
+    return value
+
+
+def _names(kinds: tuple[type, ...]) -> str:
+    return " or ".join(k.__name__ for k in kinds)
+
+
+def _check_unknown(table: object, allowed: set[str], where: str) -> None:
+    if not isinstance(table, dict):
+        raise ConfigError(f"{where}: must be a table, got {type(table).__name__}")
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"{where}.{key}: unknown key")
+
+
+def _http_url(url: str) -> bool:
+    match = re.fullmatch(r"https?://([^/?#\s]+)(?:[/?#]\S*)?", url)
+    return match is not None and match.group(1).rsplit("@", 1)[-1].split(":")[0] != ""
+
+
+def _not_empty(value: str, where: str) -> str:
+    if not value.strip():
+        raise ConfigError(f"{where}: must not be empty")
+    return value
+
+
+def _positive(value: float, where: str) -> None:
+    if value <= 0:
+        raise ConfigError(f"{where}: must be positive")
+
+
+def _parse_server(table: dict[str, Any]) -> ServerConfig:
+    defaults = ServerConfig()
+    types: dict[str, type | tuple[type, ...]] = {
+        "host": str,
+        "port": int,
+        "db": str,
+        "request_timeout_s": (int, float),
+        "keepalive_s": (int, float),
+        "shards": int,
+        "platform_rpm": int,
+        "rotation_grace_s": int,
+        "shutdown_grace_s": (int, float),
+        "max_body_bytes": int,
+        "body_timeout_s": (int, float),
+        "max_buffered_body_bytes": int,
+        "max_connections": int,
+        "public_catalog_rpm": int,
+        "connection_idle_s": (int, float),
+        "webhook_retry_s": (int, float),
+        "webhook_max_attempts": int,
+        "log_format": str,
+        "log_level": str,
+        "metrics": bool,
+        "metrics_token": str,
+        "drain_s": (int, float),
+    }
+    if "graceful_timeout_s" in table:
+        # the name before DESIGN.md's contract was followed: say what it is called now
+        raise ConfigError("server.graceful_timeout_s: renamed server.shutdown_grace_s")
+    _check_unknown(table, set(types), "server")
+    values = {key: _take(table, key, "server", kind) for key, kind in types.items() if key in table}
+    server = replace(defaults, **values)
+    _validate_server(server)
+    return server
+
+
+def _validate_server(server: ServerConfig) -> None:
+    if not 0 <= server.port <= 65535:
+        raise ConfigError("server.port: must be between 0 and 65535")
+    for key in (
+        "request_timeout_s",
+        "keepalive_s",
+        "shards",
+        "max_body_bytes",
+        "body_timeout_s",
+        "max_buffered_body_bytes",
+        "max_connections",
+        "public_catalog_rpm",
+        "connection_idle_s",
+        "webhook_retry_s",
+        "webhook_max_attempts",
+    ):
+        _positive(getattr(server, key), f"server.{key}")
+    if server.max_buffered_body_bytes < server.max_body_bytes:
+        # else a body of the largest size allowed could never be read
+        raise ConfigError("server.max_buffered_body_bytes: must be at least max_body_bytes")
+    for key in ("shutdown_grace_s", "rotation_grace_s", "drain_s"):
+        if getattr(server, key) < 0:
+            raise ConfigError(f"server.{key}: must not be negative")
+    if server.platform_rpm is not None:
+        _positive(server.platform_rpm, "server.platform_rpm")
+    if not server.db:
+        raise ConfigError("server.db: must not be empty")
+    if server.log_format not in LOG_FORMATS:
+        raise ConfigError(f"server.log_format: must be one of {', '.join(LOG_FORMATS)}")
+    if server.log_level not in LOG_LEVELS:
+        raise ConfigError(f"server.log_level: must be one of {', '.join(LOG_LEVELS)}")
+    if server.metrics_token is not None and not server.metrics_token.strip():
+        raise ConfigError("server.metrics_token: must not be empty")
+    if not server.host.strip():
+        # an empty host would silently listen on every interface
+        raise ConfigError("server.host: must not be empty")
+
+
+def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
+    where = f"providers[{index}]"
+    allowed = {"name", "kind", "base_url", "api_key_env", "zero_retention", "residency"}
+    allowed |= {"timeout_s", "max_connections"}
+    _check_unknown(table, allowed, where)
+    for key in ("name", "kind"):
+        if key not in table:
+            raise ConfigError(f"{where}.{key}: required")
+    kind = _take(table, "kind", where, str)
+    if kind not in PROVIDER_KINDS:
+        raise ConfigError(f"{where}.kind: must be one of {', '.join(PROVIDER_KINDS)}")
+    base_url = _take(table, "base_url", where, str) if "base_url" in table else None
+    if kind == "openai" and not base_url:
+        raise ConfigError(f"{where}.base_url: required for kind openai")
+    if base_url is not None and not _http_url(base_url):
+        raise ConfigError(f"{where}.base_url: must be an http(s) URL with a host")
+    residency = tuple(_take(table, "residency", where, list)) if "residency" in table else ()
+    if not all(isinstance(zone, str) for zone in residency):
+        raise ConfigError(f"{where}.residency: must be a list of strings")
+    provider = ProviderConfig(
+        name=_not_empty(_take(table, "name", where, str), f"{where}.name"),
+        kind=kind,
+        base_url=base_url,
+        api_key_env=_take(table, "api_key_env", where, str) if "api_key_env" in table else None,
+        zero_retention=_take(table, "zero_retention", where, bool)
+        if "zero_retention" in table
+        else False,
+        residency=residency,
+        timeout_s=float(_take(table, "timeout_s", where, (int, float)))
+        if "timeout_s" in table
+        else 300.0,
+        max_connections=_take(table, "max_connections", where, int)
+        if "max_connections" in table
+        else 100,
+    )
+    _positive(provider.timeout_s, f"{where}.timeout_s")
+    _positive(provider.max_connections, f"{where}.max_connections")
+    return provider
+
+
+def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> ModelConfig:
+    where = f"models[{index}]"
+    allowed = {"id", "provider", "upstream_id", "kind", "capabilities", "dimensions", "enabled"}
+    allowed |= {"zero_retention_available", "byok_available", "aliases"}
+    allowed |= {"input_usd_per_mtok", "output_usd_per_mtok"}
+    _check_unknown(table, allowed, where)
+    for key in ("id", "provider"):
+        if key not in table:
+            raise ConfigError(f"{where}.{key}: required")
+    model_id = _take(table, "id", where, str)
+    if not _ID.match(model_id):
+        raise ConfigError(f"{where}.id: invalid model id {model_id!r}")
+    provider = _take(table, "provider", where, str)
+    if provider not in providers:
+        raise ConfigError(f"{where}.provider: no provider named {provider!r}")
+    kind = _take(table, "kind", where, str) if "kind" in table else "chat"
+    if kind not in MODEL_KINDS:
+        raise ConfigError(f"{where}.kind: must be one of {', '.join(MODEL_KINDS)}")
+    caps = tuple(_take(table, "capabilities", where, list)) if "capabilities" in table else ()
+    for cap in caps:
+        if cap not in MODEL_CAPABILITIES:
+            raise ConfigError(f"{where}.capabilities: unknown capability {cap!r}")
+    prices: dict[str, float | None] = {}
+    for key in ("input_usd_per_mtok", "output_usd_per_mtok"):
+        value = _take(table, key, where, (int, float)) if key in table else None
+        if value is not None and not 0 <= value <= MAX_PRICE:
+            raise ConfigError(f"{where}.{key}: must be between 0 and {MAX_PRICE:,}")
+        prices[key] = float(value) if value is not None else None
+    flags = {
+        key: _take(table, key, where, bool) if key in table else default
+        for key, default in (
+            ("zero_retention_available", False),
+            ("byok_available", False),
+            ("enabled", True),
+        )
+    }
+    dimensions = _take(table, "dimensions", where, int) if "dimensions" in table else 1536
+    _positive(dimensions, f"{where}.dimensions")
+    aliases = tuple(_take(table, "aliases", where, list)) if "aliases" in table else ()
+    for alias in aliases:
+        if not isinstance(alias, str) or not _ID.match(alias):
+            raise ConfigError(f"{where}.aliases: invalid model id {alias!r}")
+    upstream_id = _take(table, "upstream_id", where, str) if "upstream_id" in table else model_id
+    return ModelConfig(
+        id=model_id,
+        provider=provider,
+        upstream_id=_not_empty(upstream_id, f"{where}.upstream_id"),
+        kind=kind,
+        capabilities=caps,
+        dimensions=dimensions,
+        aliases=aliases,
+        **flags,
+        **prices,
+    )
+
+
+def _parse_cluster(table: object) -> ClusterConfig:
+    if not isinstance(table, dict):
+        raise ConfigError("cluster: must be a table")
+    types: dict[str, type | tuple[type, ...]] = {"node_id": str, "lease_s": (int, float)}
+    _check_unknown(table, set(types), "cluster")
+    values = {k: _take(table, k, "cluster", kind) for k, kind in types.items() if k in table}
+    cluster = replace(ClusterConfig(), **values)
+    _validate_cluster(cluster)
+    return cluster
+
+
+def _validate_cluster(cluster: ClusterConfig) -> None:
+    if not cluster.node_id.strip():
+        raise ConfigError("cluster.node_id: must not be empty")
+    if cluster.lease_s < 1:
+        raise ConfigError("cluster.lease_s: must be at least 1")
+
+
+def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
+    """Validate a parsed TOML document into a :class:`Config`."""
+    _check_unknown(data, {"server", "cluster", "providers", "models"}, "config")
+    server_table = data.get("server", {})
+    if not isinstance(server_table, dict):
+        raise ConfigError("server: must be a table")
+    server = _parse_server(server_table)
+    cluster = _parse_cluster(data.get("cluster", {}))
+    provider_tables = data.get("providers")
+    model_tables = data.get("models")
+    if provider_tables is None and model_tables is None:
+        base = default_config()
+        return Config(
+            server=server,
+            cluster=cluster,
+            providers=base.providers,
+            models=base.models,
+            source=source,
+        )
+    if not isinstance(provider_tables, list) or not provider_tables:
+        raise ConfigError("providers: at least one [[providers]] table is required")
+    if not isinstance(model_tables, list) or not model_tables:
+        raise ConfigError("models: at least one [[models]] table is required")
+    providers = tuple(_parse_provider(t, i) for i, t in enumerate(provider_tables))
+    names = [p.name for p in providers]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ConfigError(f"providers[{i}].name: duplicate provider {name!r}")
+    models = tuple(_parse_model(t, i, set(names)) for i, t in enumerate(model_tables))
+    ids = [m.id for m in models]
+    for i, model_id in enumerate(ids):
+        if model_id in ids[:i]:
+            raise ConfigError(f"models[{i}].id: duplicate model {model_id!r}")
+    for i, model in enumerate(models):
+        for alias in model.aliases:
+            if alias in ids:
+                raise ConfigError(f"models[{i}].aliases: {alias!r} is the id of a model")
+    if sum(1 for m in models if m.kind == "embedding") > 1:
+        raise ConfigError("models: at most one model of kind embedding is served")
+    return Config(server=server, cluster=cluster, providers=providers, models=models, source=source)
+
+
+_ENV_SERVER: dict[str, type] = {
+    "host": str,
+    "port": int,
+    "db": str,
+    "request_timeout_s": float,
+    "keepalive_s": float,
+    "shards": int,
+    "platform_rpm": int,
+    "rotation_grace_s": int,
+    "log_format": str,
+    "log_level": str,
+    "metrics_token": str,
+    "shutdown_grace_s": float,
+    "body_timeout_s": float,
+    "max_connections": int,
+}
+
+
+def _env_overrides(server: ServerConfig, environ: dict[str, str]) -> ServerConfig:
+    values: dict[str, Any] = {}
+    for key, kind in _ENV_SERVER.items():
+        name = f"SVC_SERVER_{key.upper()}"
+        if name in environ:
+            try:
+                values[key] = kind(environ[name])
+            except ValueError:
+                raise ConfigError(f"{name}: expected {kind.__name__}") from None
+            if isinstance(values[key], float) and not math.isfinite(values[key]):
+                raise ConfigError(f"{name}: must be a finite number")
+    server = replace(server, **values)
+    _validate_server(server)
+    return server
+
+
+def load_config(
+    path: str | Path | None = None,
+    environ: dict[str, str] | None = None,
+    **overrides: Any,
+) -> Config:
+    """Read the file (if any), apply environment and flag overrides, validate."""
+    env = dict(os.environ if environ is None else environ)
+    path = path or env.get("SVC_CONFIG")
+    if path:
+        file = Path(path)
+        try:
+            data = tomllib.loads(file.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"config: file not found: {file}") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"config: cannot read {file}: {exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config: {file} is not valid TOML: {exc}") from None
+        config = parse_config(data, source=str(file))
+    else:
+        config = default_config()
+    server = _env_overrides(config.server, env)
+    flagged = {key: value for key, value in overrides.items() if value is not None}
+    if flagged:
+        server = replace(server, **flagged)
+        _validate_server(server)
+    return replace(config, server=server, cluster=_env_cluster(config.cluster, env))
+
+
+def _env_cluster(cluster: ClusterConfig, environ: dict[str, str]) -> ClusterConfig:
+    """``SVC_CLUSTER_NODE_ID`` and ``SVC_CLUSTER_LEASE_S`` (several nodes often share
+    one config file and differ only by their environment)."""
+    if "SVC_CLUSTER_NODE_ID" in environ:
+        cluster = replace(cluster, node_id=environ["SVC_CLUSTER_NODE_ID"])
+    if "SVC_CLUSTER_LEASE_S" in environ:
+        try:
+            lease_s = float(environ["SVC_CLUSTER_LEASE_S"])
+        except ValueError:
+            raise ConfigError("SVC_CLUSTER_LEASE_S: expected float") from None
+        if not math.isfinite(lease_s):
+            raise ConfigError("SVC_CLUSTER_LEASE_S: must be a finite number")
+        cluster = replace(cluster, lease_s=lease_s)
+    _validate_cluster(cluster)
+    return cluster

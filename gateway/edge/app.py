@@ -1,0 +1,176 @@
+"""The Quart-Trio application: request ids, error rendering, and the routes.
+
+Every answer carries ``X-Request-Id``; answers to admitted requests also carry the
+X-RateLimit-*-Requests headers that step 3 attached to ``g``. Every refusal is a
+:class:`GatewayError` rendered by :func:`gateway.errors.render`; anything else that
+escapes a handler is logged and answered as a 500 in the same shape, never a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import trio
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
+from quart import Response, current_app, g, request
+from quart_trio import QuartTrio
+from quart_trio.asgi import TrioASGIHTTPConnection
+from werkzeug.exceptions import HTTPException, MethodNotAllowed
+
+from gateway.edge import dashboard, exchange
+from gateway.edge.bodies import BodyGateMiddleware, gate_of
+from gateway.edge.http import new_request_id
+from gateway.edge.routes import (
+    admin,
+    api_document,
+    embedding_calls,
+    health,
+    key,
+    model_calls,
+    models,
+    prometheus,
+    subkeys,
+    usage,
+)
+from gateway.errors import GatewayError, render
+from gateway.serving.readiness import Phase
+from gateway.serving.runtime import Runtime
+from gateway.store import StoreError
+
+log = logging.getLogger("gateway.edge.app")
+
+# Refusals of admission itself: the spec says they carry no rate-limit headers.
+_NO_RATE_HEADERS = {"invalid_api_key", "scope_denied", "invalid_tags", "missing_tags"}
+# Werkzeug's HTTP errors that can reach us before a handler runs.
+_HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+_MESSAGES = {
+    "not_found": "No such endpoint.",
+    "method_not_allowed": "This method is not allowed on this path.",
+}
+
+
+async def _discard_body() -> bool:
+    """Drop what is left of the request body before answering; False when the
+    connection must close instead.
+
+    An answer given without reading the body (a 401, 404 or 405 decided from the
+    headers) otherwise leaves its bytes on a kept-alive connection, and hypercorn can
+    then stall the next request on that connection (found by the fuzzing run: a 30 s
+    hang of the client's next call). The bytes are read and dropped, never kept
+    (gateway/edge/bodies.py); a body too large or too slow closes the connection instead.
+    """
+    gate = gate_of(request)
+    return gate is None or await gate.discard()
+
+
+def _allowed_methods() -> str:
+    """The ``Allow`` value of a 405 (RFC 9110 requires it): the path's methods, without
+    the HEAD the framework adds to GET routes (HEAD is a 405 here)."""
+    adapter = current_app.create_url_adapter(request)
+    try:
+        adapter.match(method="-")  # no route takes it: the path's methods come back
+    except MethodNotAllowed as exc:
+        return ", ".join(sorted(set(exc.valid_methods or ()) - {"HEAD"}))
+    except HTTPException:
+        pass
+    return ""
+
+
+class _HTTPConnection(TrioASGIHTTPConnection):
+    """Quart-Trio's HTTP connection with one task fewer per request: the request is
+    handled in the connection's own task, beside the task that watches for the client's
+    disconnect (which cancels it, as before), not in a second spawned task."""
+
+    async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        request = self._create_request_from_scope(send)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.handle_messages, nursery, request, receive)
+            await self.handle_request(nursery, request, send)
+
+
+def create_app(runtime: Runtime) -> QuartTrio:
+    app = QuartTrio("svc-gateway")
+    app.asgi_http_class = _HTTPConnection  # type: ignore[assignment]
+    app.config.update(
+        RUNTIME=runtime,
+        # Quart cuts any answer after RESPONSE_TIMEOUT (60 s) silently; we own deadlines.
+        RESPONSE_TIMEOUT=None,
+        PROVIDE_AUTOMATIC_OPTIONS=False,
+    )
+    # bodies are read only when a handler asks, within a deadline and a shared budget
+    app.asgi_app = BodyGateMiddleware(app.asgi_app, runtime.config.server)  # type: ignore[method-assign]
+    # "/v1//models" is an unknown path (a JSON 404), not an HTML redirect to the merged one
+    app.url_map.merge_slashes = False
+
+    readiness = runtime.readiness
+
+    @app.before_request
+    async def _assign_request_id() -> None:
+        g.request_id = new_request_id()
+        exchange.identified(g.request_id)
+        if request.method == "HEAD" and request.routing_exception is None:
+            # Quart answers HEAD on every GET route; the spec: any other method is a 405
+            raise GatewayError("method_not_allowed", _MESSAGES["method_not_allowed"])
+        if readiness.phase is Phase.STARTING and request.path not in health.PATHS:
+            raise GatewayError("service_unavailable", "The gateway is starting; retry shortly.")
+
+    @app.after_request
+    async def _common_headers(response: Response) -> Response:
+        if not await _discard_body():
+            response.headers["Connection"] = "close"
+        if response.status_code == 405:
+            response.headers["Allow"] = _allowed_methods()
+        request_id = getattr(g, "request_id", None)
+        if request_id is not None:
+            response.headers["X-Request-Id"] = request_id
+        exchange.identified(request_id, getattr(g, "key", None))
+        for name, value in getattr(g, "rate_headers", {}).items():
+            response.headers.setdefault(name, value)
+        return response
+
+    @app.errorhandler(GatewayError)
+    async def _gateway_error(error: GatewayError) -> Response:
+        if error.code in _NO_RATE_HEADERS:
+            g.rate_headers = {}
+        if error.svc is not None:
+            error.svc.setdefault("request_id", getattr(g, "request_id", None))
+        exchange.refused(error.code)
+        body, status, headers = render(error)
+        return Response(body, status=status, headers=headers)
+
+    @app.errorhandler(HTTPException)
+    async def _http_error(error: HTTPException) -> Response:
+        code = _HTTP_CODES.get(error.code or 500)
+        if code is None:
+            code = "invalid_request" if (error.code or 500) < 500 else "internal_error"
+        message = _MESSAGES.get(code)
+        return await _gateway_error(GatewayError(code, message))
+
+    @app.errorhandler(StoreError)
+    async def _store_unavailable(error: StoreError) -> Response:
+        """The database cannot answer (a server that went away): refuse, never serve
+        unrecorded, and say when to retry."""
+        log.warning("store unavailable: %s", error)
+        message = "The store is unavailable; retry shortly."
+        return await _gateway_error(GatewayError("admission_unavailable", message))
+
+    @app.errorhandler(Exception)
+    async def _unexpected(error: Exception) -> Response:
+        log.exception("unhandled error in a handler", exc_info=error)
+        return await _gateway_error(GatewayError("internal_error"))
+
+    for module in (
+        models,
+        key,
+        model_calls,
+        embedding_calls,
+        usage,
+        subkeys,
+        admin,
+        api_document,
+        dashboard,
+        health,
+        prometheus,
+    ):
+        module.register(app)
+    return app

@@ -1,0 +1,77 @@
+"""The operator's side of dashboard users, in the admin API (bearer SVC_ADMIN_TOKEN):
+
+    POST /admin/users                         {org_id, email, role, password?} -> 201
+    GET  /admin/users?org_id=                 list
+    POST /admin/users/{id}/disable | enable   the user
+    POST /admin/users/{id}/reset-password     {password?} -> the user, password?
+
+A password left out is generated and answered once (``password``); one given is never
+echoed. The CLI's ``user`` verbs call these.
+"""
+
+from __future__ import annotations
+
+from quart import Quart, Response, request
+
+from gateway.edge.dashboard import users
+from gateway.edge.dashboard.app_state import state
+from gateway.edge.http import json_response, read_json_object, runtime
+from gateway.edge.routes.admin import authorize_admin, org_or_404
+from gateway.errors import GatewayError
+from gateway.store import dashboard as ops
+
+
+def _with_password(view: dict[str, object], password: str | None) -> dict[str, object]:
+    if password is not None:
+        view["password"] = password
+    return view
+
+
+async def create_user() -> Response:
+    authorize_admin()
+    body = await read_json_object()
+    org = org_or_404(str(body.get("org_id", "")))
+    row, password = await users.create_user(runtime(), state(), org.id, body)
+    return json_response(_with_password(users.user_view(row), password), 201)
+
+
+async def list_users() -> Response:
+    authorize_admin()
+    org_id = request.args.get("org_id")
+    if org_id is not None:
+        org_or_404(org_id)  # an unknown organisation is a 404, not an empty list
+    rows = await runtime().store.read(ops.list_users, org_id)
+    return json_response({"object": "list", "data": [users.user_view(row) for row in rows]})
+
+
+async def change_user(user_id: str, action: str) -> Response:
+    authorize_admin()
+    status = "disabled" if action == "disable" else "active"
+    row = await users.set_status(runtime(), user_id, status)
+    return json_response(users.user_view(row))
+
+
+async def reset_password(user_id: str) -> Response:
+    authorize_admin()
+    body = await read_json_object(empty_ok=True)
+    if unknown := sorted(set(body) - {"password"}):
+        raise GatewayError("invalid_request", f"Unknown field {unknown[0]!r}.", unknown[0])
+    row, password = await users.reset_password(runtime(), state(), user_id, body.get("password"))
+    return json_response(_with_password(users.user_view(row), password))
+
+
+def register(app: Quart) -> None:
+    app.add_url_rule("/admin/users", "admin_create_user", create_user, methods=["POST"])
+    app.add_url_rule("/admin/users", "admin_list_users", list_users, methods=["GET"])
+    app.add_url_rule(
+        "/admin/users/<path:user_id>/<any(disable, enable):action>",
+        "admin_user_action",
+        change_user,
+        methods=["POST"],
+    )
+    app.add_url_rule(
+        "/admin/users/<path:user_id>/reset-password",
+        "admin_user_reset_password",
+        reset_password,
+        methods=["POST"],
+    )

@@ -1,0 +1,243 @@
+"""One HTTP exchange as an operator sees it: the ``request`` log line and the request series.
+
+    ASGI wrapper (this module)          the app                       a model call
+    --------------------------          -------                       ------------
+    open an Exchange, its trace  ──►    request id, key, error code
+    time first and last body byte       (app.py hooks)          ──►   model, usage, settled
+    answer done: one part finished                                    settled: one part finished
+                         └──────────── the last part reports ◄──────────────┘
+
+An exchange is reported exactly once, when its last open part finishes: the answer (the
+wrapper saw the app return) and, for a model call, its settlement (``Call.finish``). A
+stream whose client left settles in its pump after the answer ended, so the report waits
+for that instead of logging a call without its amounts.
+
+A request whose client left before any answer is reported with status 499 and the code
+``client_closed``. The access log of hypercorn is off: this ``request`` event replaces it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent
+from hypercorn.typing import Scope as ASGIScope
+from quart import request
+
+from gateway.accounts.catalog import nanos_to_usd
+from gateway.observe.logs import event
+from gateway.observe.metrics import CLIENT_CLOSED, Metrics, endpoint_of
+from gateway.observe.tracing import TraceContext, from_headers
+
+if TYPE_CHECKING:
+    from gateway.accounts.key_record import KeyRecord
+    from gateway.calls.lifecycle import Call
+    from gateway.calls.settlement import Settlement
+    from gateway.providers.base import Usage
+
+log = logging.getLogger("gateway.request")
+SCOPE_KEY = "svc.exchange"
+CLIENT_CLOSED_STATUS = 499
+
+
+@dataclass(slots=True, eq=False)
+class Exchange:
+    recorder: ExchangeRecorder
+    method: str
+    path: str
+    started: float
+    trace: TraceContext
+    request_id: str | None = None
+    status: int = 0
+    code: str | None = None
+    key_id: str | None = None
+    org_id: str | None = None
+    model: str | None = None
+    stream: bool = False
+    event_stream: bool = False
+    first_byte: float | None = None
+    ended: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    settled_nanos: int | None = None
+    #: the answer, and the model call once one is opened
+    open_parts: int = 1
+    answer_open: bool = True
+
+    def answer_done(self) -> None:
+        if self.answer_open:
+            self.answer_open = False
+            self.part_done()
+
+    def part_done(self) -> None:
+        self.open_parts -= 1
+        if self.open_parts == 0:
+            self.recorder.report(self)
+
+
+def current() -> Exchange | None:
+    """The exchange of the request being handled (None outside one)."""
+    return request.scope.get(SCOPE_KEY)
+
+
+def identified(request_id: str | None, key: KeyRecord | None = None) -> None:
+    """Who asks, under which request id: noted as soon as each is known (a client that
+    leaves before its answer still has its line name them), and again as answered (a
+    replay answers under the original's id)."""
+    exchange = current()
+    if exchange is None:
+        return
+    exchange.request_id = request_id
+    if key is not None:
+        exchange.key_id, exchange.org_id = key.id, key.org_id
+
+
+def refused(code: str) -> None:
+    """The answer is the error ``code``."""
+    exchange = current()
+    if exchange is not None:
+        exchange.code = code
+
+
+def call_opened(call: Call) -> None:
+    """A model call was admitted: its exchange waits for its settlement too."""
+    call.runtime.metrics.call_opened()
+    exchange = call.exchange = current()
+    if exchange is not None:
+        exchange.open_parts += 1
+
+
+def call_settled(call: Call, settlement: Settlement, usage: Usage | None, code: str | None) -> None:
+    """A model call settled (once): its series, and its part of the exchange."""
+    model = call.hold.model if call.hold is not None else None
+    provider = None
+    if model is not None:
+        provider = model.config.provider if call.live else "mock"
+    call.runtime.metrics.call_settled(
+        model=model.id if model else None,
+        mode=call.record.mode,
+        provider=provider,
+        upstream_seconds=time.perf_counter() - call.called_at if call.called_at else None,
+        input_tokens=usage.prompt_tokens if usage else 0,
+        output_tokens=usage.completion_tokens if usage else 0,
+        settled_nanos=settlement.cap_nanos,
+        billed_nanos=settlement.billed_nanos,
+    )
+    exchange = call.exchange
+    if exchange is None:
+        return
+    exchange.model = model.id if model else None
+    exchange.stream = call.stream
+    if usage is not None:
+        exchange.input_tokens = usage.prompt_tokens
+        exchange.output_tokens = usage.completion_tokens
+    exchange.settled_nanos = settlement.cap_nanos
+    if code is not None:
+        # a stream that failed in band: answered 200, yet the call ended with an error
+        exchange.code = code
+    exchange.part_done()
+
+
+def _header(scope: ASGIScope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
+class ExchangeRecorder:
+    """The ASGI wrapper that opens, times and reports every HTTP exchange."""
+
+    def __init__(self, app: ASGIFramework, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(
+        self, scope: ASGIScope, receive: ASGIReceiveCallable, send: ASGISendCallable
+    ) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        exchange = Exchange(
+            recorder=self,
+            method=scope["method"],
+            path=scope["path"],
+            started=time.perf_counter(),
+            trace=from_headers(_header(scope, b"traceparent"), _header(scope, b"tracestate")),
+        )
+        scope[SCOPE_KEY] = exchange  # type: ignore[literal-required]
+
+        async def timed_send(message: ASGISendEvent) -> None:
+            if message["type"] == "http.response.start":
+                exchange.status = message["status"]
+                for name, value in message["headers"]:
+                    if name.lower() == b"content-type":
+                        exchange.event_stream = value.startswith(b"text/event-stream")
+            elif message["type"] == "http.response.body":
+                now = time.perf_counter()
+                if exchange.first_byte is None and message.get("body"):
+                    exchange.first_byte = now
+                if not message.get("more_body"):
+                    # reported before the last byte leaves: a client that has the whole
+                    # answer finds it counted
+                    exchange.ended = now
+                    exchange.answer_done()
+            await send(message)
+
+        try:
+            await self.app(scope, receive, timed_send)
+        finally:
+            exchange.answer_done()
+
+    def report(self, exchange: Exchange) -> None:
+        """The series and the log line of one finished exchange."""
+        status, code = exchange.status, exchange.code
+        if status == 0:
+            status, code = CLIENT_CLOSED_STATUS, CLIENT_CLOSED
+        elif code is None:
+            code = "ok" if status < 400 else _fallback_code(status)
+        ended = exchange.ended if exchange.ended is not None else time.perf_counter()
+        seconds = ended - exchange.started
+        first = exchange.first_byte - exchange.started if exchange.first_byte else None
+        endpoint = endpoint_of(exchange.path)
+        self.metrics.answered(
+            endpoint, status, code, seconds, first if exchange.event_stream else None
+        )
+        if not log.isEnabledFor(logging.INFO):
+            return
+        settled = exchange.settled_nanos
+        fields = {
+            "request_id": exchange.request_id,
+            "method": exchange.method,
+            "path": exchange.path,
+            "status": status,
+            "code": code,
+            "key_id": exchange.key_id,
+            "org_id": exchange.org_id,
+            "model": exchange.model,
+            "stream": exchange.stream or exchange.event_stream,
+            "latency_ms": round(seconds * 1000, 3),
+            "ttfb_ms": round(first * 1000, 3) if first is not None else None,
+            "input_tokens": exchange.input_tokens,
+            "output_tokens": exchange.output_tokens,
+            "settled_usd": nanos_to_usd(settled) if settled is not None else None,
+            "trace_id": exchange.trace.trace_id,
+        }
+        log.info(
+            "%s %s %d %s",
+            exchange.method,
+            exchange.path,
+            status,
+            code,
+            extra=event("request", **fields),
+        )
+
+
+def _fallback_code(status: int) -> str:
+    """The code of an error answered without one (the public catalog's plain-text 429)."""
+    if status == 429:
+        return "rate_limited"
+    return "internal_error" if status >= 500 else "invalid_request"

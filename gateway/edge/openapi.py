@@ -1,0 +1,565 @@
+"""The OpenAPI 3.1 document of every /v1 endpoint, built from the routes' own tables.
+
+Error answers come from the error catalog (:mod:`gateway.errors`): each operation lists
+the codes it can answer, grouped by the status the catalog gives them, so a code that
+moves to another status moves here too. ``tests/test_openapi.py`` checks that every /v1
+route of the app is described and that the document is valid OpenAPI 3.1.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from functools import cache
+from typing import Any
+
+from gateway import __version__
+from gateway.accounts.key_record import DATA_MODES, ENVIRONMENTS, KEY_STATUSES, SCOPES, id_pattern
+from gateway.edge.request_schemas import (
+    CHAT_REQUEST,
+    EMBEDDINGS_REQUEST,
+    IDEMPOTENCY_HEADER,
+    KEYS_QUERY,
+    RESPONSES_REQUEST,
+    SUB_KEY_PATCH,
+    SUB_KEY_REQUEST,
+    TAG_MAP,
+    TAGS_HEADER,
+    USAGE_QUERY,
+    obj,
+    path_param,
+)
+from gateway.errors import CATALOG, SHOULD_RETRY, error_type, retry_hint
+
+JSON = "application/json"
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+STRING = {"type": "string"}
+COUNT = {"type": "integer", "minimum": 0}
+USD = {"type": "number", "minimum": 0}
+USD_OR_NULL = {"type": ["number", "null"], "minimum": 0}
+TIMESTAMP = {"type": "string", "format": "date-time"}
+TIMESTAMP_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
+USAGE_TOTALS = {
+    "requests": COUNT,
+    "input_tokens": COUNT,
+    "output_tokens": COUNT,
+    "cost_usd": USD,
+    "settled_usd": USD,
+}
+
+KEY = {
+    "object": {"const": "api_key"},
+    "id": {"type": "string", "pattern": id_pattern("key")},
+    "name": STRING,
+    "prefix": STRING,
+    "status": {"enum": list(KEY_STATUSES)},
+    "mode": {"enum": ["live", "sandbox"]},
+    "environment": {"enum": list(ENVIRONMENTS)},
+    "data_mode": {"enum": list(DATA_MODES)},
+    "scopes": {"type": "array", "items": {"enum": list(SCOPES)}},
+    "allowed_model_keys": {"type": ["array", "null"], "items": STRING},
+    "caps": _ref("Caps"),
+    "required_tags": TAG_MAP,
+    "default_tags": TAG_MAP,
+    "expires_at": TIMESTAMP_OR_NULL,
+    "last_used_at": TIMESTAMP_OR_NULL,
+    "created_at": TIMESTAMP,
+    "byok": {"type": "boolean"},
+    "parent_id": {"type": ["string", "null"]},
+    "org_id": STRING,
+}
+
+# Answers: the members a client can rely on are required; the objects stay open (the spec
+# lets answers grow: "further fields").
+SCHEMAS: dict[str, Any] = {
+    "Error": obj(
+        {
+            "error": obj(
+                {
+                    "message": STRING,
+                    "type": STRING,
+                    "code": {"type": "string", "enum": sorted(CATALOG)},
+                    "param": {"type": ["string", "null"]},
+                },
+                ("message", "type", "code", "param"),
+            ),
+            "svc": _ref("Svc"),
+        },
+        ("error",),
+    ),
+    "Svc": obj(
+        {
+            "request_id": {"type": "string", "pattern": id_pattern("req")},
+            "policy": obj(
+                {
+                    "decisions": {
+                        "type": "array",
+                        "items": obj(
+                            {"rule": STRING, "verdict": {"const": "deny"}}, ("rule", "verdict")
+                        ),
+                    }
+                }
+            ),
+            "ignored_parameters": {"type": "array", "items": STRING},
+        }
+    ),
+    "ChatCompletionRequest": CHAT_REQUEST,
+    "ResponsesRequest": RESPONSES_REQUEST,
+    "EmbeddingsRequest": EMBEDDINGS_REQUEST,
+    "SubKeyCreate": SUB_KEY_REQUEST,
+    "SubKeyPatch": SUB_KEY_PATCH,
+    "Caps": obj(
+        {
+            "usd_day": USD_OR_NULL,
+            "usd_month": USD_OR_NULL,
+            "rpm": COUNT,
+            "tpm": {"type": ["integer", "null"], "minimum": 0},
+            "max_in_flight": COUNT,
+            "max_output_tokens": COUNT,
+        },
+        ("usd_day", "usd_month", "rpm", "tpm", "max_in_flight", "max_output_tokens"),
+    ),
+    "Key": obj(KEY, tuple(KEY)),  # every member, always
+    "SpendWindow": obj(
+        {
+            "spent_usd": USD,
+            "reserved_usd": USD,
+            "limit_usd": USD_OR_NULL,
+            "remaining_usd": {"type": ["number", "null"]},
+            "resets_at": TIMESTAMP,
+        },
+        ("spent_usd", "reserved_usd", "limit_usd", "remaining_usd", "resets_at"),
+    ),
+    "KeySelf": {
+        "allOf": [
+            _ref("Key"),
+            obj(
+                {
+                    "usage": obj(
+                        {"day": _ref("SpendWindow"), "month": _ref("SpendWindow")},
+                        ("day", "month"),
+                    ),
+                    "rate_limit": obj(
+                        {
+                            "requests_per_minute": COUNT,
+                            "requests_this_minute": COUNT,
+                            "tokens_per_minute": {"type": ["integer", "null"], "minimum": 0},
+                            "tokens_this_minute": COUNT,
+                            "max_in_flight": COUNT,
+                            "in_flight": COUNT,
+                        },
+                        (
+                            "requests_per_minute",
+                            "requests_this_minute",
+                            "tokens_per_minute",
+                            "max_in_flight",
+                            "in_flight",
+                        ),
+                    ),
+                    "sub_key_count": COUNT,
+                },
+                ("usage", "rate_limit", "sub_key_count"),
+            ),
+        ]
+    },
+    "KeyWithToken": {
+        "allOf": [
+            _ref("Key"),
+            obj({"token": {"type": "string", "pattern": "^svc_(live|test)_"}}, ("token",)),
+        ],
+    },
+    "RevokedKey": {
+        "allOf": [_ref("Key"), obj({"deleted": {"const": True}}, ("deleted",))],
+    },
+    "KeyList": obj(
+        {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": _ref("Key")},
+            "has_more": {"type": "boolean"},
+        },
+        ("object", "data", "has_more"),
+    ),
+    "Model": obj(
+        {
+            "id": STRING,
+            "object": {"const": "model"},
+            "created": {"type": "integer"},
+            "owned_by": STRING,
+            "kind": {"enum": ["chat", "embedding"]},
+            "tools": {"type": "boolean"},
+            "structured_output": {"type": "boolean"},
+            "vision": {"type": "boolean"},
+            "web_search": {"type": "boolean"},
+            "zero_retention_available": {"type": "boolean"},
+            "byok_available": {"type": "boolean"},
+            "pricing": {"type": "object"},
+        },
+        (
+            "id",
+            "object",
+            "created",
+            "owned_by",
+            "tools",
+            "structured_output",
+            "vision",
+            "zero_retention_available",
+            "byok_available",
+        ),
+    ),
+    "ModelList": obj(
+        {"object": {"const": "list"}, "data": {"type": "array", "items": _ref("Model")}},
+        ("object", "data"),
+    ),
+    "ChatCompletion": obj(
+        {
+            "id": STRING,
+            "object": {"const": "chat.completion"},
+            "created": {"type": "integer"},
+            "model": STRING,
+            "choices": {
+                "type": "array",
+                "minItems": 1,
+                "items": obj(
+                    {
+                        "index": COUNT,
+                        "message": obj(
+                            {
+                                "role": {"const": "assistant"},
+                                "content": {"type": ["string", "null"]},
+                                "tool_calls": {"type": "array", "items": {"type": "object"}},
+                                "refusal": {"type": ["string", "null"]},
+                            },
+                            ("role", "content"),
+                        ),
+                        "finish_reason": {"type": ["string", "null"]},
+                    },
+                    ("index", "message", "finish_reason"),
+                ),
+            },
+            "usage": obj(
+                {"prompt_tokens": COUNT, "completion_tokens": COUNT, "total_tokens": COUNT},
+                ("prompt_tokens", "completion_tokens", "total_tokens"),
+            ),
+            "svc": _ref("Svc"),
+        },
+        ("id", "object", "created", "model", "choices"),
+    ),
+    "Response": obj(
+        {
+            "id": STRING,
+            "object": {"const": "response"},
+            "created_at": {"type": "integer"},
+            "status": STRING,
+            "model": STRING,
+            "output": {"type": "array", "items": obj({"type": STRING}, ("type",))},
+            "usage": {
+                "anyOf": [
+                    {"type": "null"},
+                    obj(
+                        {"input_tokens": COUNT, "output_tokens": COUNT, "total_tokens": COUNT},
+                        ("input_tokens", "output_tokens", "total_tokens"),
+                    ),
+                ]
+            },
+            "svc": _ref("Svc"),
+        },
+        ("id", "object", "status", "model", "output"),
+    ),
+    "EmbeddingList": obj(
+        {
+            "object": {"const": "list"},
+            "data": {
+                "type": "array",
+                "items": obj(
+                    {
+                        "object": {"const": "embedding"},
+                        "index": COUNT,
+                        "embedding": {
+                            "oneOf": [{"type": "array", "items": {"type": "number"}}, STRING],
+                            "description": "Numbers, or base64 of float32 values",
+                        },
+                    },
+                    ("object", "index", "embedding"),
+                ),
+            },
+            "model": STRING,
+            "usage": obj(
+                {"prompt_tokens": COUNT, "total_tokens": COUNT},
+                ("prompt_tokens", "total_tokens"),
+            ),
+            "svc": _ref("Svc"),
+        },
+        ("object", "data", "model", "usage"),
+    ),
+    "Usage": obj(
+        {
+            "object": {"const": "usage"},
+            "start": {"type": "string", "format": "date"},
+            "end": {"type": "string", "format": "date"},
+            "group_by": {"type": ["string", "null"]},
+            "totals": obj(USAGE_TOTALS, tuple(USAGE_TOTALS)),
+            "data": {
+                "type": "array",
+                "items": obj(
+                    {"group": {"type": ["string", "null"]}, **USAGE_TOTALS},
+                    ("group", *USAGE_TOTALS),
+                ),
+            },
+        },
+        ("object", "start", "end", "group_by", "totals", "data"),
+    ),
+    "Credits": obj(
+        {
+            "object": {"const": "credits"},
+            "org_id": STRING,
+            "balance_usd": {"type": "number"},
+            "reserved_usd": USD,
+            "available_usd": {"type": "number"},
+            "purchased_usd": USD,
+            "used_usd": USD,
+        },
+        ("object", "balance_usd", "reserved_usd", "available_usd", "purchased_usd", "used_usd"),
+    ),
+    "RequestRecord": obj(
+        {
+            "id": {"type": "string", "pattern": id_pattern("req")},
+            "object": {"const": "request"},
+            "created": TIMESTAMP,
+            "endpoint": STRING,
+            "model": STRING,
+            "provider": {"type": ["string", "null"]},
+            "key_id": STRING,
+            "mode": {"enum": ["live", "sandbox"]},
+            "status": {"enum": ["succeeded", "failed", "cancelled"]},
+            "http_status": {"type": "integer"},
+            "stream": {"type": "boolean"},
+            "tags": TAG_MAP,
+            "usage": {"type": ["object", "null"]},
+            "cost": obj(
+                {
+                    "estimated_usd": USD,
+                    "reserved_usd": USD,
+                    "settled_usd": USD,
+                    "billed_usd": USD,
+                },
+                ("estimated_usd", "reserved_usd", "settled_usd", "billed_usd"),
+            ),
+            "latency_ms": {"type": ["number", "null"]},
+            "error": {"anyOf": [{"type": "null"}, obj({"code": STRING}, ("code",))]},
+            "trace_id": {
+                "type": ["string", "null"],
+                "description": "The W3C trace id of the call (its traceparent).",
+            },
+        },
+        ("id", "object", "created", "endpoint", "model", "status", "cost"),
+    ),
+}
+
+#: one server-sent event of a streamed call (``stream: true``): its data a JSON object, or
+#: ``[DONE]`` closing a chat completions stream; keep-alive comments are no events
+SSE_EVENT = obj(
+    {
+        "event": STRING,
+        "data": {"anyOf": [{"const": "[DONE]"}, {"type": "string", "pattern": "^\\{"}]},
+    },
+    ("data",),
+)
+
+# -- operations --------------------------------------------------------------------------
+
+_ANY_KEY = ("invalid_api_key", "rate_limited", "admission_unavailable", "internal_error")
+_SCOPED = (*_ANY_KEY, "scope_denied")
+_BODY = ("invalid_request", "request_too_large", "request_body_timeout")
+_RESOLVE = (
+    "model_not_found",
+    "model_not_allowed",
+    "model_ambiguous",
+    "model_unavailable",
+    "model_not_priced",
+    "model_not_zdr",
+    "not_implemented",
+    "entitlement_denied",
+    "byok_unavailable",
+    "provider_credential_missing",
+    "pricing_unavailable",
+)
+_RESERVE = (
+    "key_cap_exceeded",
+    "insufficient_credits",
+    "budget_exceeded",
+    "spend_refused",
+    "max_cost_per_request",
+    "too_many_in_flight",
+)
+_PROVIDER = ("service_unavailable", "request_timeout", "byok_credential_rejected")
+_MODEL_CALL = (
+    *_SCOPED,
+    *_BODY,
+    *_RESOLVE,
+    *_RESERVE,
+    *_PROVIDER,
+    "invalid_tags",
+    "missing_tags",
+    "unsupported_parameter",
+    "max_tokens_exceeds_key_limit",
+    "model_lacks_vision",
+    "model_lacks_tools",
+    "model_lacks_structured_output",
+    "web_search_unavailable",
+    "web_search_not_allowed",
+    "connectors_require_user_session",
+    "idempotency_conflict",
+    "idempotency_key_reused",
+    "duplicate_request",
+)
+_KEYS = (*_SCOPED, *_BODY, "not_found", "child_exceeds_parent", "model_not_in_catalog")
+
+_IDEMPOTENCY, _TAGS = IDEMPOTENCY_HEADER, TAGS_HEADER
+
+
+# (method, path, scope, summary, request schema, 2xx status, answer schema, codes, params)
+OPERATIONS: tuple[tuple[Any, ...], ...] = (
+    ("get", "/v1/models", "inference (none without a key)", "The model catalog", None, 200,
+     "ModelList", ("invalid_api_key", "scope_denied", "rate_limited", "internal_error"), ()),
+    ("get", "/v1/models/{model_id}", "inference (none without a key)",
+     "One model of the catalog, by its id (which may hold a /) or an alias", None, 200,
+     "Model", ("invalid_api_key", "scope_denied", "rate_limited", "model_not_found",
+     "internal_error"), (path_param("model_id"),)),
+    ("post", "/v1/chat/completions", "inference", "Chat completion, streamed or not",
+     "ChatCompletionRequest", 200, "ChatCompletion", (*_MODEL_CALL, "validation_failed",
+     "invalid_messages"), (_IDEMPOTENCY, _TAGS)),
+    ("post", "/v1/responses", "inference", "A response (served through chat completions)",
+     "ResponsesRequest", 200, "Response", (*_MODEL_CALL, "invalid_input"),
+     (_IDEMPOTENCY, _TAGS)),
+    ("post", "/v1/embeddings", "embeddings", "Embeddings of the one served embedding model",
+     "EmbeddingsRequest", 200, "EmbeddingList", (*_SCOPED, *_BODY, *_RESOLVE, *_RESERVE,
+     *_PROVIDER, "invalid_tags", "missing_tags"), (_TAGS,)),
+    ("get", "/v1/key", "none (any valid key)", "The calling key", None, 200, "KeySelf",
+     _ANY_KEY, ()),
+    ("get", "/v1/keys", "keys:manage", "The caller's sub-keys", None, 200, "KeyList",
+     (*_SCOPED, "invalid_request"),
+     KEYS_QUERY),
+    ("post", "/v1/keys", "keys:manage", "Create a sub-key (its token is shown once)",
+     "SubKeyCreate", 201, "KeyWithToken", _KEYS, ()),
+    ("patch", "/v1/keys/{key_id}", "keys:manage", "Disable or re-enable a sub-key",
+     "SubKeyPatch", 200, "Key", (*_KEYS, "key_revoked"), (path_param("key_id", "key"),)),
+    ("delete", "/v1/keys/{key_id}", "keys:manage", "Revoke a sub-key", None, 200, "RevokedKey",
+     (*_SCOPED, "not_found"), (path_param("key_id", "key"),)),
+    ("get", "/v1/usage", "usage:read", "Usage totals and groups", None, 200, "Usage",
+     (*_SCOPED, "invalid_request"),
+     USAGE_QUERY),
+    ("get", "/v1/credits", "usage:read", "The organisation's credits", None, 200, "Credits",
+     _SCOPED, ()),
+    ("get", "/v1/requests/{request_id}", "usage:read", "One request record", None, 200,
+     "RequestRecord", (*_SCOPED, "not_found"), (path_param("request_id", "req"),)),
+)  # fmt: skip
+
+_ANSWER_HEADERS = {
+    "X-Request-Id": {"schema": {"type": "string"}, "description": "req_<hex>"},
+    "X-RateLimit-Limit-Requests": {"schema": {"type": "string"}},
+    "X-RateLimit-Remaining-Requests": {"schema": {"type": "string"}},
+    "X-RateLimit-Reset-Requests": {"schema": {"type": "string"}, "description": "e.g. 23s"},
+}
+
+
+# codes a path answers with another status besides the catalog's (the spec's 400 row
+# for a model other than the served embedding model; policy refusals stay 403)
+ALSO_AT: dict[str, tuple[tuple[str, int], ...]] = {
+    "/v1/embeddings": (("model_not_allowed", 400),),
+}
+
+
+# without a key GET /v1/models (and /v1/models/{id}) is limited per IP address: these
+# two headers (on its 404 too), and a 429 whose body is plain text (the spec puts it
+# outside the error shape)
+_PUBLIC_HEADERS = {
+    "X-RateLimit-Limit": {"schema": {"type": "string"}, "description": "Per IP, without a key"},
+    "X-RateLimit-Remaining": {"schema": {"type": "string"}, "description": "Per IP, without a key"},
+}
+
+
+def _error_headers(codes: list[str]) -> dict[str, Any]:
+    """Headers of an error answer; ``x-should-retry`` is a constant where the catalog
+    gives every code of the status the same answer (409 and 503 hold both kinds)."""
+    hints = sorted({retry_hint(CATALOG[code].retryable)[SHOULD_RETRY] for code in codes})
+    hint = {"const": hints[0]} if len(hints) == 1 else {"type": "string", "enum": hints}
+    return {
+        "X-Request-Id": _ANSWER_HEADERS["X-Request-Id"],
+        "Retry-After": {"schema": {"type": "string"}},
+        SHOULD_RETRY: {"schema": hint, "description": "Whether a retry can succeed"},
+    }
+
+
+def _error_responses(path: str, codes: tuple[str, ...]) -> dict[str, Any]:
+    by_status: dict[int, list[str]] = defaultdict(list)
+    for code in dict.fromkeys((*codes, "method_not_allowed")):
+        by_status[CATALOG[code].status].append(code)
+    for code, status in ALSO_AT.get(path, ()):
+        by_status[status].append(code)
+    return {
+        str(status): {
+            "description": f"{error_type(status)}: {', '.join(sorted(names))}",
+            "headers": _error_headers(names),
+            "content": {
+                JSON: {
+                    "schema": _ref("Error"),
+                    "x-error-codes": sorted(names),
+                }
+            },
+        }
+        for status, names in sorted(by_status.items())
+    }
+
+
+def _operation(row: tuple[Any, ...]) -> dict[str, Any]:
+    method, path, scope, summary, body, status, answer, codes, params = row
+    content: dict[str, Any] = {JSON: {"schema": _ref(answer)}}
+    if path in ("/v1/chat/completions", "/v1/responses"):
+        content["text/event-stream"] = {"schema": SSE_EVENT}
+    op: dict[str, Any] = {
+        "operationId": method + "_" + re.sub(r"[^a-z0-9]+", "_", path[len("/v1/") :]).strip("_"),
+        "summary": summary,
+        "description": f"Scope: {scope}.",
+        "parameters": list(params),
+        "responses": {
+            str(status): {"description": "OK", "headers": _ANSWER_HEADERS, "content": content},
+            **_error_responses(path, codes),
+        },
+    }
+    if body is not None:
+        op["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
+    if path.startswith("/v1/models"):
+        op["security"] = [{}, {"bearer": []}]
+        for status in ("200", "404", "429"):
+            answer = op["responses"].get(status)
+            if answer is not None:
+                answer["headers"] = {**answer["headers"], **_PUBLIC_HEADERS}
+        op["responses"]["429"]["content"]["text/plain"] = {"schema": {"type": "string"}}
+    return op
+
+
+@cache
+def document() -> dict[str, Any]:
+    paths: dict[str, dict[str, Any]] = defaultdict(dict)
+    for row in OPERATIONS:
+        paths[row[1]][row[0]] = _operation(row)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "svc-gateway",
+            "version": __version__,
+            "description": "A key-authenticated gateway for language-model calls.",
+        },
+        "servers": [{"url": "/"}],
+        "security": [{"bearer": []}],
+        "paths": dict(paths),
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": SCHEMAS,
+        },
+    }

@@ -1,0 +1,45 @@
+"""GET /healthz and GET /readyz: liveness and readiness for load balancers (no key).
+
+/healthz answers 200 ``{"status":"ok"}`` while the process serves at all. /readyz
+answers 200 ``{"status":"ready"}`` only when the server is past start-up, not stopping,
+every shard actor runs, the store answers within a bound and (several nodes) the node
+holds fresh leases; otherwise 503
+``{"status":"unready","reason":...}`` with the first reason found (see
+:mod:`gateway.serving.readiness`).
+"""
+
+from __future__ import annotations
+
+from quart import Quart, Response
+
+from gateway.edge.http import json_response, runtime
+from gateway.serving.readiness import STORE_TIMEOUT_S, Phase, unready_reason
+
+#: answered in every phase; every other path waits for READY (see gateway.edge.app)
+PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+async def healthz() -> Response:
+    return json_response({"status": "ok"}, headers=NO_STORE)
+
+
+async def readyz() -> Response:
+    rt = runtime()
+    phase = rt.readiness.phase
+    shards_running = rt.pool.statistics().running
+    store_answers = (
+        phase is Phase.READY and shards_running and await rt.store.answers(STORE_TIMEOUT_S)
+    )
+    fenced = rt.cluster is not None and not rt.cluster.admitting()
+    reason = unready_reason(
+        phase, shards_running, store_answers, fenced, settlements_queued=rt.store.deferred > 0
+    )
+    if reason is None:
+        return json_response({"status": "ready"}, headers=NO_STORE)
+    return json_response({"status": "unready", "reason": reason}, 503, headers=NO_STORE)
+
+
+def register(app: Quart) -> None:
+    app.add_url_rule("/healthz", "healthz", healthz, methods=["GET"])
+    app.add_url_rule("/readyz", "readyz", readyz, methods=["GET"])

@@ -1,0 +1,82 @@
+"""POST /v1/chat/completions and POST /v1/responses, and the HTTP side of every model call.
+
+A route only speaks HTTP: authenticate, check the scope, read the body (and the
+Idempotency-Key), hand them to :mod:`gateway.calls.pipeline`, answer. Both inference endpoints
+share one path: the responses body is translated to a chat call, served, and its answer
+translated back, which is why svc.ignored_parameters uses chat names on both endpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+from quart import Quart, Response, request
+
+from gateway.accounts.key_record import KeyRecord
+from gateway.calls import pipeline
+from gateway.calls.admission import admit
+from gateway.calls.lifecycle import Call
+from gateway.calls.pipeline import CHAT, RESPONSES, Endpoint
+from gateway.edge import idempotency
+from gateway.edge.auth import authenticate, require_scope
+from gateway.edge.http import json_response, read_json_object, request_id, runtime
+from gateway.edge.idempotency import Claim
+from gateway.errors import GatewayError
+from gateway.serving.runtime import Runtime
+
+#: what a route does with a prepared call: call the provider, answer
+Run = Callable[[Call, Endpoint, Any], Awaitable[Response]]
+
+
+async def serve_call(endpoint: Endpoint, run: Run) -> Response:
+    rt = runtime()
+    record = await authenticate(rt)
+    await require_scope(rt, record, endpoint.scope)
+    try:
+        idem_key = idempotency.header_value() if endpoint.idempotent else None
+        # the whole body is read before step 3 takes an in-flight slot: a client that
+        # never finishes sending holds its connection, never a slot of its key
+        body = await read_json_object()
+    except GatewayError:
+        # a malformed header or body is a refused request like any other: it counts in
+        # the key's request window (and may be its 429), though no call follows
+        await admit(rt, record, take_slot=False)
+        raise
+    call = partial(_call, rt, endpoint, run, record, body)
+    if idem_key is None:
+        return await call(None)
+    return await idempotency.serve(rt, record, endpoint.name, idem_key, body, call)
+
+
+async def _call(
+    rt: Runtime,
+    endpoint: Endpoint,
+    run: Run,
+    record: KeyRecord,
+    body: dict[str, Any],
+    claim: Claim | None,
+) -> Response:
+    async with pipeline.open_call(rt, record, request_id(), endpoint, claim) as call:
+        parsed = await pipeline.prepare(call, endpoint, body, request.headers.get("X-Svc-Tags"))
+        return await run(call, endpoint, parsed)
+
+
+async def _chat(call: Call, endpoint: Endpoint, chat: Any) -> Response:
+    if chat.stream:
+        return await pipeline.stream(call, endpoint, chat)
+    return json_response(await pipeline.complete(call, endpoint, chat))
+
+
+async def chat_completions() -> Response:
+    return await serve_call(CHAT, _chat)
+
+
+async def responses() -> Response:
+    return await serve_call(RESPONSES, _chat)
+
+
+def register(app: Quart) -> None:
+    app.add_url_rule("/v1/chat/completions", "chat", chat_completions, methods=["POST"])
+    app.add_url_rule("/v1/responses", "responses", responses, methods=["POST"])

@@ -1,0 +1,273 @@
+"""Every Prometheus series of the gateway, declared in one place (DESIGN.md, "Operations").
+
+    series                                     labels              counted where
+    -----------------------------------------  ------------------  ---------------------------
+    svc_requests_total                         endpoint,status,    each answered request
+                                               code                (gateway.edge.exchange)
+    svc_request_duration_seconds (histogram)   endpoint            whole answer, last byte
+    svc_time_to_first_byte_seconds (hist.)     endpoint            streams: first body byte
+    svc_upstream_duration_seconds (histogram)  provider            a call's provider part
+    svc_calls_in_flight (gauge)                                    model calls not yet settled
+    svc_tokens_total                           model,direction     usage a provider reported
+    svc_settled_usd_total                      model,mode          what counted against caps
+    svc_billed_usd_total                       model               what was billed (live)
+    svc_admission_refusals_total               code                the shards' refusals
+    svc_store_commit_seconds (histogram)                           each batch the writer commits
+    svc_shard_mailbox_depth (gauge)            shard               read at scrape time
+    svc_build_info (gauge, 1)                  version
+
+Label values are bounded by construction: ``endpoint`` is one of :data:`ENDPOINTS`;
+``code`` is an error-catalog code, ``ok`` or ``client_closed``; ``model`` a model of the
+configured catalog (anything else is ``other``); ``provider`` a configured provider or
+``mock``; ``shard`` an index below the configured count. Never a key, an organisation, a
+tag or a request id.
+
+Each :class:`Metrics` has its own registry (two servers in one process, as in the tests,
+share no series). The recording methods are what the request path calls; with
+``[server] metrics = false`` they return at once. Children of labelled series are cached
+per label tuple: ``labels()`` costs several times an ``inc()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import prometheus_client
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from gateway.errors import CATALOG
+
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+ENDPOINTS = (
+    "chat",
+    "responses",
+    "embeddings",
+    "models",
+    "key",
+    "keys",
+    "usage",
+    "credits",
+    "requests",
+    "admin",
+    "other",
+)
+#: the code of a request whose client left before any answer (status 499, nginx's)
+CLIENT_CLOSED = "client_closed"
+CODES = frozenset(CATALOG) | {"ok", CLIENT_CLOSED}
+#: whole answers: up to the 300 s time limit of a call
+DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+NANOS_PER_USD = 1_000_000_000
+
+_EXACT = {
+    "/v1/chat/completions": "chat",
+    "/v1/responses": "responses",
+    "/v1/embeddings": "embeddings",
+    "/v1/models": "models",
+    "/v1/key": "key",
+    "/v1/keys": "keys",
+    "/v1/usage": "usage",
+    "/v1/credits": "credits",
+}
+
+# series are only ever read through our registries; "_created" twins would double them
+prometheus_client.disable_created_metrics()
+
+
+def endpoint_of(path: str) -> str:
+    """The ``endpoint`` label of a request path (one of :data:`ENDPOINTS`)."""
+    name = _EXACT.get(path)
+    if name is not None:
+        return name
+    if path.startswith("/v1/keys/"):
+        return "keys"
+    if path.startswith("/v1/models/"):
+        return "models"
+    if path.startswith("/v1/requests/"):
+        return "requests"
+    if path == "/admin" or path.startswith("/admin/"):
+        return "admin"
+    return "other"
+
+
+class _MailboxCollector(Collector):
+    """``svc_shard_mailbox_depth``, read from the shard pool when scraped (no hot-path cost)."""
+
+    def __init__(self, depths: Callable[[], Iterable[int]]) -> None:
+        self.depths = depths
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "svc_shard_mailbox_depth", "Messages waiting in each shard's mailbox.", labels=["shard"]
+        )
+        for index, depth in enumerate(self.depths()):
+            family.add_metric([str(index)], depth)
+        yield family
+
+
+class Metrics:
+    """The registry of one server and every series in it (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        enabled: bool,
+        version: str,
+        models: Iterable[str],
+        providers: Iterable[str],
+        mailbox_depths: Callable[[], Iterable[int]],
+    ) -> None:
+        self.enabled = enabled
+        self.models = frozenset(models)
+        self.providers = frozenset(providers) | {"mock"}
+        self.registry = registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "svc_requests_total",
+            "Answered requests by endpoint, HTTP status and error code (ok: none).",
+            ["endpoint", "status", "code"],
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "svc_request_duration_seconds",
+            "Time from a request's arrival to the last byte of its answer.",
+            ["endpoint"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.first_byte = Histogram(
+            "svc_time_to_first_byte_seconds",
+            "Streamed answers: time from a request's arrival to the first body byte.",
+            ["endpoint"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.upstream = Histogram(
+            "svc_upstream_duration_seconds",
+            "Time a model call spent with its provider (a stream: until it ended).",
+            ["provider"],
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
+        self.in_flight = Gauge(
+            "svc_calls_in_flight", "Model calls admitted and not yet settled.", registry=registry
+        )
+        self.tokens = Counter(
+            "svc_tokens_total",
+            "Tokens the providers reported, by model and direction (input|output).",
+            ["model", "direction"],
+            registry=registry,
+        )
+        self.settled = Counter(
+            "svc_settled_usd_total",
+            "USD settled against spend caps, by model and key mode (live|sandbox).",
+            ["model", "mode"],
+            registry=registry,
+        )
+        self.billed = Counter(
+            "svc_billed_usd_total",
+            "USD billed to organisations, by model.",
+            ["model"],
+            registry=registry,
+        )
+        self.refusals = Counter(
+            "svc_admission_refusals_total",
+            "Requests the admission shards refused, by error code.",
+            ["code"],
+            registry=registry,
+        )
+        self.store_commit = Histogram(
+            "svc_store_commit_seconds",
+            "Time to commit one batch of store writes.",
+            buckets=COMMIT_BUCKETS,
+            registry=registry,
+        )
+        Gauge(
+            "svc_build_info", "The running version (value 1).", ["version"], registry=registry
+        ).labels(version).set(1)
+        registry.register(_MailboxCollector(mailbox_depths))
+        ProcessCollector(registry=registry)
+        self._children: dict[tuple[Any, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
+
+    def model_label(self, model: str | None) -> str:
+        return model if model in self.models else "other"
+
+    # -- what the request path calls --------------------------------------------------
+
+    def answered(
+        self, endpoint: str, status: int, code: str, seconds: float, first_byte: float | None
+    ) -> None:
+        """One answered request (``first_byte`` only for streams)."""
+        if not self.enabled:
+            return
+        if code not in CODES:
+            code = "internal_error" if status >= 500 else "invalid_request"
+        self._child(self.requests, endpoint, str(status), code).inc()
+        self._child(self.duration, endpoint).observe(seconds)
+        if first_byte is not None:
+            self._child(self.first_byte, endpoint).observe(first_byte)
+
+    def call_opened(self) -> None:
+        if self.enabled:
+            self.in_flight.inc()
+
+    def call_settled(
+        self,
+        *,
+        model: str | None,
+        mode: str,
+        provider: str | None,
+        upstream_seconds: float | None,
+        input_tokens: int,
+        output_tokens: int,
+        settled_nanos: int,
+        billed_nanos: int,
+    ) -> None:
+        """A model call settled (exactly once per :meth:`call_opened`)."""
+        if not self.enabled:
+            return
+        self.in_flight.dec()
+        if upstream_seconds is not None and provider is not None:
+            label = provider if provider in self.providers else "other"
+            self._child(self.upstream, label).observe(upstream_seconds)
+        if model is None:
+            return
+        model = self.model_label(model)
+        if input_tokens:
+            self._child(self.tokens, model, "input").inc(input_tokens)
+        if output_tokens:
+            self._child(self.tokens, model, "output").inc(output_tokens)
+        if settled_nanos:
+            self._child(self.settled, model, mode).inc(settled_nanos / NANOS_PER_USD)
+        if billed_nanos:
+            self._child(self.billed, model).inc(billed_nanos / NANOS_PER_USD)
+
+    def refused(self, code: str) -> None:
+        """An admission refusal (rate, in-flight, caps, credits, budget, unavailable)."""
+        if self.enabled:
+            self._child(self.refusals, code).inc()
+
+    def store_committed(self, seconds: float) -> None:
+        """Called from the store's writer thread (prometheus-client is thread-safe)."""
+        if self.enabled:
+            self.store_commit.observe(seconds)
+
+    def exposition(self) -> bytes:
+        """The text exposition of every series (prometheus-client's own writer)."""
+        return generate_latest(self.registry)

@@ -1,0 +1,276 @@
+"""One node of several on one PostgreSQL database (DESIGN "Past one machine").
+
+A :class:`Node` registers the process under ``[cluster] node_id`` and then, in the root
+nursery:
+
+- renews its registration every ``lease_s / 4``; a node that has not renewed for
+  ``lease_s * 3 / 4`` (the database lost, the process stalled) is *fenced*: it admits
+  nothing (503 admission_unavailable, ``/readyz`` 503) until a renewal succeeds, a
+  quarter of ``lease_s`` before the database may take its leases for expired. A
+  registration found gone (a live node swept it) ends the process: its leases and
+  pending rows have been taken over, and a supervisor restarts it afresh;
+- sweeps every ``lease_s / 4``: nodes whose registration expired lose their leases and
+  their pending rows are settled by recovery (:func:`gateway.store.node_leases.sweep`). Not
+  in the first ``lease_s / 2`` after this node could not reach the database: every node
+  lost it too, maybe, and each gets the time to renew (an expired registration that was
+  not swept is renewed, its leases intact) before it is taken for dead;
+- gives back, every ``lease_s / 4``, the unused leases not used for ``lease_s / 2``;
+- polls the change counter every :data:`POLL_S` and reloads keys, organisations and
+  provider credentials when it moved: a change made on any node (revocation, disable,
+  rotation, caps, policy, credits added, a model switched off or on) is seen by every
+  node within
+  ``POLL_S`` plus a reload. A new key need not wait for it: a node that meets a token of
+  a key it does not hold looks it up by its prefix first (:mod:`gateway.accounts.key_lookup`).
+
+Refills (:meth:`Node.refill`) run when a shard answers :class:`shards.LeaseShort`: one
+short transaction per limit, one at a time per limit on this node.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import trio
+
+from gateway.accounts.catalog import nanos_to_usd
+from gateway.accounts.key_lookup import KeyLookup
+from gateway.observe.logs import event
+from gateway.store import StoreError, records
+from gateway.store import node_leases as ops
+from shards import Admission, LeaseNeed, LeaseShort, ReserveRefusal
+
+if TYPE_CHECKING:
+    from gateway.serving.runtime import Runtime
+
+log = logging.getLogger("gateway.serving.node")
+#: how often the change counter is polled (the bound of a change reaching every node is
+#: this plus one reload)
+POLL_S = 1.0
+#: how long a start waits for a registration of its node id to expire, past lease_s
+REGISTER_MARGIN_S = 1.0
+
+
+class NodeLost(Exception):
+    """The node's registration is gone: another node took over its leases."""
+
+
+class Node:
+    """This process as one node: registration, fencing, leases and change polling."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self.rt = runtime
+        self.node_id = runtime.config.cluster.node_id
+        self.lease_s = runtime.config.cluster.lease_s
+        self.book = runtime.pool.use_leases()
+        self.epoch = 0
+        #: time.monotonic() until which the node may admit (fencing)
+        self._admit_until = 0.0
+        self._refilling: defaultdict[str, trio.Lock] = defaultdict(trio.Lock)
+        self._version = 0
+        #: keys made on other nodes, met before the poll brought them
+        self.keys = KeyLookup(runtime.store, runtime.keyring, self.know_org)
+        #: time.monotonic() of the first renewal after the database was last unreachable
+        self._reachable_since = time.monotonic()
+
+    # -- start-up (synchronous, before the store writer runs) ---------------------------
+
+    def register(self) -> None:
+        """Register the node id, waiting out a registration of it that has not expired
+        (a restart of the same node); StoreError when it is held by a live node."""
+        deadline = time.monotonic() + self.lease_s + REGISTER_MARGIN_S
+        while True:
+            sent = time.monotonic()
+            registration = self.rt.store.call(ops.register, self.node_id, self.lease_s)
+            if registration.epoch:
+                break
+            if time.monotonic() + registration.held_s > deadline:
+                raise StoreError(
+                    f"node id {self.node_id!r} is held by a live node on {self.rt.store.name}"
+                    " ([cluster] node_id must differ between nodes)"
+                )
+            time.sleep(min(registration.held_s, 1.0))
+        self.epoch = registration.epoch
+        self._admit_until = self._fence_at(sent)
+        log.info("node %s registered (lease %.1f s)", self.node_id, self.lease_s)
+
+    def recover(self) -> None:
+        """Start-up: settle what dead nodes left (their registrations expired) and the
+        rows no registered node covers; take the current changes."""
+        swept = self.rt.store.call(ops.sweep, self.rt.clock.now())
+        orphans = self.rt.store.call(ops.recover_orphans)
+        calls = swept["calls"] + orphans["calls"]
+        if calls:
+            log.warning(
+                "recovery: %d interrupted calls of gone nodes settled, %s USD counted",
+                calls,
+                nanos_to_usd(swept["nanos"] + orphans["nanos"]),
+                extra=event("recovery", calls=calls),
+            )
+        self._version = self.rt.store.call(ops.version)
+        self.switch_models(self.rt.store.call(ops.model_switches))
+
+    def renew_now(self) -> None:
+        """Renew at once (start-up, before the store writer runs)."""
+        sent = time.monotonic()
+        if not self.rt.store.call(ops.renew, self.node_id, self.epoch, self.lease_s):
+            raise StoreError(f"node {self.node_id}: its registration expired during start-up")
+        self._admit_until = self._fence_at(sent)
+
+    def _fence_at(self, sent: float) -> float:
+        """Admit until 3/4 of a lease after a renewal that was sent at monotonic ``sent``
+        (the database's expiry counts from its own later receipt)."""
+        return sent + self.lease_s * 0.75
+
+    # -- admission ----------------------------------------------------------------------
+
+    def admitting(self) -> bool:
+        return time.monotonic() < self._admit_until
+
+    async def refill(self, short: LeaseShort) -> Admission | ReserveRefusal | None:
+        """Refill every limit ``short`` names; the refusal of the first one the database
+        cannot cover, or None (ask the shard again). StoreError: the database is gone."""
+        for need, refusal in zip(short.needs, short.refusals, strict=True):
+            lock = self._refilling[need.limit_id]
+            try:
+                async with lock:
+                    covered = await self._refill_one(need)
+            finally:
+                if not lock.locked() and not lock.statistics().tasks_waiting:
+                    self._refilling.pop(need.limit_id, None)  # one lock per limit in use
+            if not covered:
+                return refusal
+        return None
+
+    async def _refill_one(self, need: LeaseNeed) -> bool:
+        deficit = self.book.deficit(need)
+        if not deficit:
+            return True  # a refill for another call covered it meanwhile
+        try:
+            grant = await self.rt.store.transact(
+                ops.refill, self.node_id, self.epoch, need._replace(amount=deficit)
+            )
+        except ops.Fenced:
+            self._admit_until = 0.0
+            raise StoreError("this node's leases expired") from None
+        if grant < deficit:
+            return False
+        self.book.grant(need.limit_id, grant, self.rt.clock.now())
+        return True
+
+    # -- background ---------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._renew)
+            nursery.start_soon(self._chores)
+            nursery.start_soon(self._poll)
+            task_status.started()
+
+    async def _renew(self) -> None:
+        while True:
+            await trio.sleep(self.lease_s / 4)
+            sent = time.monotonic()
+            try:
+                renewed = await self.rt.store.transact(
+                    ops.renew, self.node_id, self.epoch, self.lease_s
+                )
+            except StoreError:
+                log.warning("node %s: cannot renew its leases (database unreachable)", self.node_id)
+                self._reachable_since = float("inf")
+                continue
+            if not renewed:
+                self._admit_until = 0.0
+                raise NodeLost(
+                    f"node {self.node_id}: its registration expired and was taken over;"
+                    " stopping (a supervisor restarts it as a fresh node)"
+                )
+            self._admit_until = self._fence_at(sent)
+            self._reachable_since = min(self._reachable_since, sent)
+
+    async def _chores(self) -> None:
+        while True:
+            await trio.sleep(self.lease_s / 4)
+            try:
+                await self.give_back(self.rt.clock.now() - self.lease_s / 2)
+                if time.monotonic() - self._reachable_since < self.lease_s / 2:
+                    continue  # after an outage every node first gets its chance to renew
+                swept = await self.rt.store.transact(ops.sweep, self.rt.clock.now())
+            except StoreError:
+                continue
+            if swept["nodes"]:
+                log.warning(
+                    "swept %d expired nodes: %d interrupted calls settled",
+                    swept["nodes"],
+                    swept["calls"],
+                    extra=event("recovery", calls=swept["calls"], nodes=swept["nodes"]),
+                )
+
+    async def give_back(self, before: float) -> None:
+        """Unused leases not used since ``before`` go back to the database (dropped from
+        the book first: nothing may admit against them meanwhile)."""
+        returned = [(lid, self.book.reclaim(lid)) for lid in self.book.idle(before)]
+        returned = [(lid, amount) for lid, amount in returned if amount > 0]
+        if not returned:
+            return
+        try:
+            await self.rt.store.transact(ops.give_back, self.node_id, returned)
+        except StoreError:
+            for lid, amount in returned:  # still the node's: not stranded, used again
+                self.book.give(lid, amount)
+            raise
+
+    async def leave(self) -> None:
+        """A node stopping: every unused lease back, its registration expired now."""
+        with trio.move_on_after(2):
+            try:
+                await self.give_back(float("inf"))
+                await self.rt.store.transact(ops.leave, self.node_id, self.epoch)
+            except StoreError:
+                log.warning("node %s: could not leave; its lease expires", self.node_id)
+
+    async def _poll(self) -> None:
+        while True:
+            await trio.sleep(POLL_S)
+            try:
+                version = await self.rt.store.read(ops.version)
+                if version != self._version:
+                    self._version = version
+                    await self.reload()
+            except StoreError:
+                continue
+
+    async def reload(self) -> None:
+        """What other nodes changed: keys, organisations (policy, budget), credits
+        added, provider credentials, model switches."""
+        store, rt = self.rt.store, self.rt
+        rt.keyring.load(await store.read(records.all_keys))
+        await self._reload_orgs()
+        for row in await store.read(records.list_provider_credentials):
+            rt.byok[(row["org_id"], row["provider"])] = row["api_key_env"]
+        self.switch_models(await store.read(ops.model_switches))
+
+    async def _reload_orgs(self) -> None:
+        store, rt = self.rt.store, self.rt
+        rt.load_orgs(
+            await store.read(records.list_orgs),
+            await store.read(records.org_balances),
+            await store.read(records.org_billed, rt.month()),
+        )
+
+    async def know_org(self, org_id: str) -> None:
+        """Reload the organisations if ``org_id`` is not among them: a key looked up
+        before the poll brought it may be of an organisation made on another node."""
+        if org_id not in self.rt.orgs:
+            await self._reload_orgs()
+
+    def switch_models(self, switches: dict[str, bool]) -> None:
+        """The operator's model switches, as every node applies them."""
+        for model_id, enabled in switches.items():
+            self.rt.catalog.set_enabled(model_id, enabled)
+
+    async def switch_model(self, model_id: str, enabled: bool) -> None:
+        """Store a model's switch for every node (this one applies it itself)."""
+        await self.rt.store.write(ops.switch_model, model_id, enabled, self.rt.clock.now())

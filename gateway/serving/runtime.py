@@ -1,0 +1,286 @@
+"""The runtime: every long-lived part of one server, built once and handed to the app.
+
+Start-up order (see :func:`gateway.serving.server.serve`): open the store; start the HTTP server
+(it answers only health while starting); run the start-up work of
+:attr:`Runtime.readiness` (settle the calls a crash left ``pending``,
+:meth:`Runtime.recover`; load organisations, keys and today's and this month's settled
+spend into memory and into the shards, then create the demo organisation on an empty
+database); then start the store writer, the shards and the spend alerts, and be ready.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from gateway import __version__
+from gateway.accounts.catalog import Catalog, Model, nanos_to_usd, usd_to_nanos
+from gateway.accounts.key_record import KeyRecord, new_id
+from gateway.accounts.keyring import Keyring
+from gateway.accounts.orgs import Org
+from gateway.calls.inflight import InFlight
+from gateway.config.settings import Config
+from gateway.edge.public_limit import PublicCatalogLimiter
+from gateway.errors import GatewayError
+from gateway.observe.alerts import Alerts
+from gateway.observe.logs import event
+from gateway.observe.metrics import Metrics
+from gateway.providers.base import Provider
+from gateway.providers.mock import MockProvider
+from gateway.providers.registry import build_providers
+from gateway.serving.node import Node
+from gateway.serving.readiness import Readiness
+from gateway.store import Store, StoreError, is_postgres, records
+from gateway.store import claims as idempotency_ops
+from shards import ShardPool, SystemClock
+from shards.clock import Clock
+
+log = logging.getLogger("gateway.serving.runtime")
+if TYPE_CHECKING:
+    from gateway.edge.idempotency import Claim
+
+DEMO_ORG_NAME = "demo"
+DEMO_CREDITS_USD = 100.0
+
+
+@dataclass
+class Runtime:
+    config: Config
+    store: Store
+    clock: Clock = field(default_factory=SystemClock)
+    admin_token: str | None = None
+
+    def __post_init__(self) -> None:
+        self.pool = ShardPool(
+            n_shards=self.config.server.shards,
+            clock=self.clock,
+            platform_rpm=self.config.server.platform_rpm,
+        )
+        self.keyring = Keyring(self.store, self.pool.key_ref, self.clock.now)
+        self.catalog = Catalog(self.config)
+        self.orgs: dict[str, Org] = {}
+        #: calls in progress under an Idempotency-Key, by (key id, Idempotency-Key); see
+        #: :mod:`gateway.edge.idempotency`
+        self.idempotency_claims: dict[tuple[str, str], Claim] = {}
+        self.inflight = InFlight()
+        self.alerts = Alerts(self.store, self.keyring, self.pool, self.config.server, self.clock)
+        self.byok: dict[tuple[str, str], str] = {}
+        self.mock = MockProvider.for_models(self.config.models, clock=self.clock.now)
+        self.providers: dict[str, Provider] = build_providers(
+            self.config, self.mock, self.provider_secrets
+        )
+        #: the root nursery of the server, where stream pumps run (set by serve())
+        self.nursery: trio.Nursery | None = None
+        self.public_limiter = PublicCatalogLimiter(
+            self.config.server.public_catalog_rpm, self.clock.now
+        )
+        self.metrics = Metrics(
+            enabled=self.config.server.metrics,
+            version=__version__,
+            models=(model.id for model in self.config.models),
+            providers=(provider.name for provider in self.config.providers),
+            mailbox_depths=lambda: self.pool.statistics().queue_lengths,
+        )
+        self.store.on_commit = self.metrics.store_committed
+        self.readiness = Readiness(startup=[self.start_up])
+        #: whether the start-up work makes demo data on an empty database: only under the
+        #: embedded default (no config file) or when ``serve --demo`` asks
+        self.demo = self.config.source is None
+        #: the sandbox key made by the start-up work on an empty database (shown once)
+        self.demo_token: str | None = None
+        #: this process as one of several nodes (a PostgreSQL store), else None
+        self.cluster: Node | None = Node(self) if is_postgres(self.config.server.db) else None
+
+    @classmethod
+    def open(cls, config: Config, clock: Clock | None = None) -> Runtime:
+        """The runtime over its store; the state is loaded by the start-up work."""
+        store = Store(config.server.db)
+        runtime = cls(
+            config=config,
+            store=store,
+            clock=clock or SystemClock(),
+            admin_token=os.environ.get("SVC_ADMIN_TOKEN") or None,
+        )
+        if runtime.cluster is not None:
+            try:
+                runtime.cluster.register()
+            except StoreError:
+                store.close()
+                raise
+        return runtime
+
+    async def start_up(self) -> None:
+        """The start-up work: the rebuild from the store, then the demo bootstrap (if
+        ``demo``).
+
+        On a worker thread, so that the server answers /healthz and /readyz meanwhile.
+        Nothing reads or changes this state concurrently: until the phase is READY only
+        the health paths are served, and the store writer and the shards are not started.
+        """
+
+        def work() -> None:
+            self.load()
+            self.demo_token = self.bootstrap_demo() if self.demo else None
+
+        await trio.to_thread.run_sync(work)
+
+    def load(self) -> None:
+        """Rebuild the in-memory state from the store (start-up only), after recovery."""
+        if self.cluster is not None:
+            self.cluster.recover()
+        else:
+            self.recover()
+        self.load_orgs(
+            self.store.call(records.list_orgs),
+            self.store.call(records.org_balances),
+            self.store.call(records.org_billed, self.month()),
+        )
+        self.keyring.load(self.store.call(records.all_keys))
+        self.store.call(idempotency_ops.purge, self.clock.now() - idempotency_ops.RETENTION_S)
+        self.alerts.load()
+        for row in self.store.call(records.list_provider_credentials):
+            self.byok[(row["org_id"], row["provider"])] = row["api_key_env"]
+        now = datetime.fromtimestamp(self.clock.now(), UTC)
+        day, month = now.strftime("%Y-%m-%d"), now.strftime("%Y-%m")
+        totals: dict[str, list[int]] = {}
+        for row in self.store.call(records.settled_spend, day, month):
+            # a parent's windows hold its whole family's spend, as its caps count it: the
+            # parent of the call's time (a rotation has since moved sub-keys on)
+            for key_id in filter(None, (row["key_id"], row["parent_id"])):
+                total = totals.setdefault(key_id, [0, 0])
+                total[0] += row["day_nanos"] or 0
+                total[1] += row["month_nanos"] or 0
+        for key_id, (day_nanos, month_nanos) in totals.items():
+            record = self.keyring.get(key_id)
+            if record is not None:
+                self.pool.load_spend(record.id, record.family_id, day_nanos, month_nanos)
+        if self.cluster is not None:
+            self.cluster.renew_now()  # the rebuild may have taken a good part of a lease
+
+    def recover(self) -> None:
+        """Settle the calls a crash left in flight, before the rebuild counts spend.
+
+        Every ``pending`` request row belongs to a process that is gone (one server per
+        database): it is settled by the settlement table's row "anything else without
+        reported usage" (:func:`records.recover_pending`), so the rebuild below counts
+        its full reservation against the caps of its key and parent.
+        """
+        found = self.store.call(records.recover_pending)
+        if found["calls"]:
+            calls, usd = found["calls"], nanos_to_usd(found["nanos"])
+            log.warning(
+                "recovery: %d interrupted calls settled, %s USD counted against caps",
+                calls,
+                usd,
+                extra=event("recovery", calls=calls, settled_usd=usd),
+            )
+
+    def load_orgs(
+        self,
+        rows: list[dict[str, Any]],
+        balances: dict[str, dict[str, int]],
+        billed: dict[str, int],
+    ) -> None:
+        """Organisations and their accounts as the store has them (start-up, and a
+        node's reload after another node changed them)."""
+        for row in rows:
+            org = Org.from_row(row)
+            self.orgs[org.id] = org
+            self._load_org_account(org, balances.get(org.id, {}), billed.get(org.id, 0))
+
+    def _load_org_account(self, org: Org, balance: dict[str, int], billed: int = 0) -> None:
+        budget = org.policy.get("budget_usd_month")
+        self.pool.set_org(
+            org.id,
+            credits_nanos=balance.get("purchased", 0) - balance.get("used", 0),
+            budget_month_nanos=usd_to_nanos(budget) if budget is not None else None,
+            billed_month_nanos=billed,
+        )
+
+    def month(self) -> str:
+        return datetime.fromtimestamp(self.clock.now(), UTC).strftime("%Y-%m")
+
+    # -- organisations ---------------------------------------------------------------------
+
+    def org_from_new(self, name: str, residency: str | None) -> Org:
+        return Org(id=new_id("org"), name=name, residency=residency, created_at=time.time())
+
+    def ledger_row(self, org_id: str, amount_nanos: int, kind: str) -> dict[str, object]:
+        return {
+            "org_id": org_id,
+            "amount_nanos": amount_nanos,
+            "kind": kind,
+            "request_id": None,
+            "created_at": self.clock.now(),
+        }
+
+    def bootstrap_demo(self) -> str | None:
+        """On an empty database: a demo organisation and a sandbox key; returns its token."""
+        if self.orgs:
+            return None
+        org = self.org_from_new(DEMO_ORG_NAME, None)
+        self.store.call(records.create_org, org.to_row())
+        credits = usd_to_nanos(DEMO_CREDITS_USD)
+        self.store.call(records.add_ledger_row, self.ledger_row(org.id, credits, "purchase"))
+        self.orgs[org.id] = org
+        self._load_org_account(org, {"purchased": credits})
+        record, token = self.keyring.build(
+            org_id=org.id,
+            name="sandbox",
+            mode="sandbox",
+            environment="development",
+            scopes=("inference", "embeddings", "usage:read", "keys:manage"),
+        )
+        self.keyring.insert_now(record)
+        return token
+
+    # -- providers ---------------------------------------------------------------------------
+
+    def provider_for(self, record: KeyRecord, model: Model) -> Provider:
+        """Sandbox keys are served by the mock; live keys by the model's provider."""
+        if record.mode == "sandbox":
+            return self.mock
+        provider = self.providers.get(model.config.provider)
+        if provider is None:
+            raise GatewayError(
+                "model_unavailable", f"The provider of {model.id} is not available.", "model"
+            )
+        return provider
+
+    def provider_key(self, record: KeyRecord, model: Model) -> str | None:
+        """The upstream credential: the organisation's own for BYOK keys, else ours."""
+        if record.mode == "sandbox":
+            return None
+        if record.byok:
+            env = self.byok_env(record.org_id, model.config.provider)
+        else:
+            env = self.config.provider(model.config.provider).api_key_env
+        return os.environ.get(env) if env else None
+
+    def provider_secrets(self) -> list[str]:
+        """Every upstream credential this server can send now: the providers' keys and
+        the organisations' BYOK keys (read at each use, as :meth:`provider_key` does)."""
+        names = {p.api_key_env for p in self.config.providers} | set(self.byok.values())
+        return [value for name in names if name and (value := os.environ.get(name))]
+
+    async def aclose_providers(self) -> None:
+        for provider in self.providers.values():
+            aclose = getattr(provider, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    def byok_env(self, org_id: str, provider: str) -> str | None:
+        return self.byok.get((org_id, provider))
+
+    def serves_residency(self, provider: str, residency: str | None) -> bool:
+        """A provider with no residency list serves every zone."""
+        if residency is None:
+            return True
+        zones = self.config.provider(provider).residency
+        return not zones or residency in zones
