@@ -10,16 +10,31 @@ exactly the rules of ``POST /admin/keys`` and ``svc-gateway key rotate``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from gateway.accounts.catalog import Catalog
 from gateway.accounts.key_fields import parse_caps, parse_expiry, parse_name, string_list
 from gateway.accounts.key_record import DATA_MODES, ENVIRONMENTS, MODES, SCOPES, Caps, KeyRecord
+from gateway.accounts.keyring import Keyring
 from gateway.accounts.subkey_rules import child_caps
 from gateway.accounts.tag_rules import check_tag_map
+from gateway.config.settings import Config
 from gateway.errors import GatewayError
+from shards.clock import Clock
 
-if TYPE_CHECKING:
-    from gateway.serving.runtime import Runtime
+
+class KeyDesk(Protocol):
+    """What key changes use of the server (the runtime is one)."""
+
+    @property
+    def catalog(self) -> Catalog: ...
+    @property
+    def keyring(self) -> Keyring: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def config(self) -> Config: ...
+
 
 ROOT_SCOPES = ("inference", "embeddings", "usage:read")
 ACTIONS = ("rotate", "revoke", "disable", "enable")
@@ -33,7 +48,7 @@ KEY_FIELDS = frozenset(
 )  # fmt: skip
 
 
-def root_key_settings(rt: Runtime, body: dict[str, Any]) -> dict[str, Any]:
+def root_key_settings(rt: KeyDesk, body: dict[str, Any]) -> dict[str, Any]:
     """Keyword arguments of :meth:`Keyring.build` (besides org and name) from a key body."""
     # refused, not ignored: a typo ("allowed_model") or a field of sub-keys ("parent_id")
     # must not silently give a key without what was asked
@@ -88,7 +103,7 @@ def _flag(body: dict[str, Any], name: str) -> bool:
     return value
 
 
-async def create_root_key(rt: Runtime, org_id: str, body: dict[str, Any]) -> tuple[KeyRecord, str]:
+async def create_root_key(rt: KeyDesk, org_id: str, body: dict[str, Any]) -> tuple[KeyRecord, str]:
     """A new key of the organisation ``org_id`` (known to the caller) and its token."""
     name = parse_name(body)
     settings = root_key_settings(rt, body)
@@ -97,7 +112,7 @@ async def create_root_key(rt: Runtime, org_id: str, body: dict[str, Any]) -> tup
     return record, token
 
 
-async def key_action(rt: Runtime, record: KeyRecord, action: str) -> tuple[KeyRecord, str | None]:
+async def key_action(rt: KeyDesk, record: KeyRecord, action: str) -> tuple[KeyRecord, str | None]:
     """Apply one of :data:`ACTIONS`; a rotation answers the new key and its token."""
     if action == "rotate":
         if record.parent_id is not None:
@@ -115,7 +130,7 @@ async def key_action(rt: Runtime, record: KeyRecord, action: str) -> tuple[KeyRe
     return await rt.keyring.change(record, status=status), None
 
 
-async def set_caps(rt: Runtime, record: KeyRecord, raw: Any) -> KeyRecord:
+async def set_caps(rt: KeyDesk, record: KeyRecord, raw: Any) -> KeyRecord:
     """Caps fields given in ``raw`` replace the key's (null: unlimited, where allowed).
 
     A sub-key's caps stay within its parent's, as at its creation; a parent's may go

@@ -1,20 +1,21 @@
-"""The HTTP side of admission: ask the owning shard, turn its verdict into headers or errors.
+"""Admission: ask the owning shard, turn its verdict into an admission or an error.
 
 Step 3 (:func:`admit`) counts the request and takes an in-flight slot for model calls;
 step 8 (:func:`reserve`) reserves the worst case; step 10 (:func:`settle`) resolves it.
 A shard that cannot answer in time is a 503 admission_unavailable: nothing is ever
-admitted unchecked. Every function takes the runtime as an argument: a stream pump
-settles outside any request. With several nodes the shard admits against leased headroom
-and a step it cannot cover is refilled first (:func:`_ask`, :mod:`gateway.serving.node`).
+admitted unchecked. Every function takes the parts it asks (:class:`Admitting`): a
+stream pump settles outside any request. The rate-limit headers of an admitted request
+(:func:`rate_headers`) are the route's to set from the admission returned; a refusal by
+a limit above the key's carries them in its error. With several nodes the shard admits
+against leased headroom and a step it cannot cover is refilled first (:func:`_ask`,
+:mod:`gateway.serving.node`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any, TypeVar
-
-from quart import g
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from gateway.accounts.catalog import usd_to_nanos
 from gateway.accounts.key_record import KeyRecord, key_ref
@@ -25,13 +26,15 @@ from shards import (
     AdmitRequest,
     LeaseShort,
     Reservation,
+    ReserveRefusal,
     ReserveRequest,
     SettleRequest,
+    ShardPool,
     ShardUnavailable,
 )
 
 if TYPE_CHECKING:
-    from gateway.serving.runtime import Runtime
+    from gateway.accounts.orgs import Org
 
 ADMISSION_RETRY_AFTER = 1
 #: how many times a step is refilled and asked again before it is a 503
@@ -39,7 +42,37 @@ _REFILLS = 8
 T = TypeVar("T")
 
 
-def unavailable(rt: Runtime) -> GatewayError:
+class Refiller(Protocol):
+    """This node of several (:class:`gateway.serving.node.Node`): its leases."""
+
+    def admitting(self) -> bool: ...
+    async def refill(self, short: LeaseShort) -> Admission | ReserveRefusal | None: ...
+
+
+class Refusals(Protocol):
+    def refused(self, code: str) -> None: ...
+
+
+class Parents(Protocol):
+    def get(self, key_id: str) -> KeyRecord | None: ...
+
+
+class Admitting(Protocol):
+    """What admission asks of the server (the runtime is one)."""
+
+    @property
+    def pool(self) -> ShardPool: ...
+    @property
+    def cluster(self) -> Refiller | None: ...
+    @property
+    def metrics(self) -> Refusals: ...
+    @property
+    def orgs(self) -> Mapping[str, Org]: ...
+    @property
+    def keyring(self) -> Parents: ...
+
+
+def unavailable(rt: Admitting) -> GatewayError:
     rt.metrics.refused("admission_unavailable")
     return GatewayError(
         "admission_unavailable",
@@ -60,7 +93,7 @@ def _usd(value: float | None) -> int | None:
     return usd_to_nanos(value) if value is not None else None
 
 
-async def count_request(rt: Runtime, record: KeyRecord) -> None:
+async def count_request(rt: Admitting, record: KeyRecord) -> None:
     """Count a request refused before step 3 in the key's windows; nothing else.
 
     Its own refusal is the answer whatever the window says, so the admission's outcome
@@ -71,7 +104,7 @@ async def count_request(rt: Runtime, record: KeyRecord) -> None:
 
 
 def _admit_request(
-    rt: Runtime, record: KeyRecord, *, take_slot: bool, leased: bool = False
+    rt: Admitting, record: KeyRecord, *, take_slot: bool, leased: bool = False
 ) -> AdmitRequest:
     org = rt.orgs.get(record.org_id)
     ref = key_ref(record)
@@ -87,7 +120,7 @@ def _admit_request(
     )
 
 
-async def _ask(rt: Runtime, ask: Callable[[T], Awaitable[Any]], request: T) -> Any:
+async def _ask(rt: Admitting, ask: Callable[[T], Awaitable[Any]], request: T) -> Any:
     """The shard's verdict on ``request``. With leases (several nodes), a LeaseShort is
     refilled and asked again, or becomes the refusal of the limit that has no headroom
     left; a fenced node, or a database that cannot refill, is a 503."""
@@ -109,22 +142,20 @@ async def _ask(rt: Runtime, ask: Callable[[T], Awaitable[Any]], request: T) -> A
     raise unavailable(rt)  # other calls of this node took every refill first
 
 
-async def admit(rt: Runtime, record: KeyRecord, *, take_slot: bool) -> Admission:
-    """Step 3. On success the rate-limit headers are attached to every later answer."""
+async def admit(rt: Admitting, record: KeyRecord, *, take_slot: bool) -> Admission:
+    """Step 3: the admission, whose :func:`rate_headers` every later answer carries."""
     request = _admit_request(rt, record, take_slot=take_slot, leased=rt.cluster is not None)
     admission: Admission = await _ask(rt, rt.pool.admit, request)
     if not admission.ok:
-        if admission.scope in ("org", "platform"):
-            # a limit above the key's: the key was admitted, so its headers apply
-            g.rate_headers = rate_headers(admission)
         assert admission.code is not None
         rt.metrics.refused(admission.code)
         raise GatewayError(
             admission.code,
             _admit_message(admission),
             retry_after=admission.retry_after,
+            # a limit above the key's: the key was admitted, so its headers apply
+            headers=rate_headers(admission) if admission.scope in ("org", "platform") else {},
         )
-    g.rate_headers = rate_headers(admission)
     return admission
 
 
@@ -139,7 +170,7 @@ def _admit_message(admission: Admission) -> str:
 
 
 async def reserve(
-    rt: Runtime, record: KeyRecord, *, tokens: int, cost: int, org_cost: int
+    rt: Admitting, record: KeyRecord, *, tokens: int, cost: int, org_cost: int
 ) -> Reservation:
     """Step 8: tokens, key and parent spend caps, organisation credits and budget."""
     parent = rt.keyring.get(record.parent_id) if record.parent_id else None
@@ -182,7 +213,7 @@ def _reserve_message(code: str) -> str:
 
 
 async def settle(
-    rt: Runtime,
+    rt: Admitting,
     record: KeyRecord,
     *,
     slot_taken: bool,

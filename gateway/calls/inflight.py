@@ -11,22 +11,25 @@ request row stays ``pending`` after a graceful stop.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
-if TYPE_CHECKING:
-    from gateway.calls.lifecycle import Call
-
 #: what a call cut by a graceful stop answers
 STOPPING_MESSAGE = "The server is shutting down; retry the call."
+
+
+class Cuttable(Protocol):
+    """A call in flight, as a graceful stop sees it (:class:`gateway.calls.lifecycle.Call`)."""
+
+    def cut(self) -> None: ...
 
 
 class InFlight:
     """Every call from step 3 until :meth:`gateway.calls.lifecycle.Call.finish` settled it."""
 
     def __init__(self) -> None:
-        self._calls: set[Call] = set()
+        self._calls: set[Cuttable] = set()
         self._settled = trio.Event()
         #: the grace has run out: every call, even one admitted from now on, is cut
         self.cutting = False
@@ -34,12 +37,12 @@ class InFlight:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def add(self, call: Call) -> None:
+    def add(self, call: Cuttable) -> None:
         self._calls.add(call)
         if self.cutting:
             call.cut()
 
-    def discard(self, call: Call) -> None:
+    def discard(self, call: Cuttable) -> None:
         self._calls.discard(call)
         if not self._calls:
             self._settled.set()

@@ -27,9 +27,10 @@ from __future__ import annotations
 import enum
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 import trio
@@ -37,21 +38,23 @@ import trio
 from gateway.accounts.catalog import Model
 from gateway.accounts.key_record import KeyRecord
 from gateway.calls import admission
-from gateway.calls.inflight import STOPPING_MESSAGE
+from gateway.calls.inflight import STOPPING_MESSAGE, InFlight
+from gateway.calls.policy import PolicySource
 from gateway.calls.settlement import Ending, Settlement, ending_for, settle_amounts
-from gateway.edge.exchange import Exchange, call_settled
 from gateway.errors import GatewayError
 from gateway.observe.logs import event
+from gateway.observe.tracing import TraceContext
 from gateway.providers.base import Provider, Usage
 from gateway.store import StoreError, records
 from gateway.store.claims import ClaimHeld
 from shards import Admission, Reservation, posted
+from shards.clock import Clock
 
 if TYPE_CHECKING:
-    from gateway.edge.idempotency import Claim
-    from gateway.serving.runtime import Runtime
+    from gateway.store import Store
+    from gateway.store.claims import Claim
 
-log = logging.getLogger("gateway.calls.parse")
+log = logging.getLogger("gateway.calls")
 
 
 class CallState(enum.Enum):
@@ -67,6 +70,61 @@ _CALLED = frozenset({CallState.CALLED, CallState.HANDED_OFF})
 
 
 @dataclass(frozen=True, slots=True)
+class SettledCall:
+    """What a settled call tells its report: the request's log line and series."""
+
+    model: str | None
+    provider: str | None
+    mode: str
+    stream: bool
+    #: seconds since the provider was asked (None: it was not)
+    upstream_s: float | None
+    #: the reported usage (None: none was reported)
+    input_tokens: int | None
+    output_tokens: int | None
+    settled_nanos: int
+    billed_nanos: int
+    #: the call's error code (a stream that failed in band was answered 200)
+    code: str | None
+
+
+class CallReport(Protocol):
+    """Who hears of a call's opening and settlement (the request it answers)."""
+
+    @property
+    def trace(self) -> TraceContext | None: ...
+    def opened(self) -> None: ...
+    def settled(self, call: SettledCall) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class CallParts:
+    """The parts of the server a call uses: built once by the server, shared by every
+    call (the walk, the call's own transitions, its settlement)."""
+
+    store: Store
+    clock: Clock
+    #: the key shards, as admission asks them
+    shards: admission.Admitting
+    #: the catalog, organisations and keys, as the model checks read them
+    policy: PolicySource
+    inflight: InFlight
+    #: a settled amount, for the spend alerts
+    notice_spend: Callable[[KeyRecord, int], None]
+    #: a credit-ledger row: organisation, nano-USD, kind
+    ledger_row: Callable[[str, int, str], dict[str, Any]]
+    provider_for: Callable[[KeyRecord, Model], Provider]
+    #: the provider credential of a call (the organisation's own under BYOK)
+    provider_key: Callable[[KeyRecord, Model], str | None]
+    #: this node's id when several nodes share the database, else None
+    node_id: str | None
+    request_timeout_s: float
+    keepalive_s: float
+    #: the server's root nursery, where stream pumps and idempotent calls outlive requests
+    nursery: Callable[[], trio.Nursery | None]
+
+
+@dataclass(frozen=True, slots=True)
 class Hold:
     """What a reserved call holds: the model as priced, its provider, the reservation."""
 
@@ -79,7 +137,7 @@ class Hold:
 
 @dataclass(eq=False)  # a call is itself: held in sets by identity
 class Call:
-    runtime: Runtime
+    parts: CallParts
     record: KeyRecord
     request_id: str
     endpoint: str
@@ -102,8 +160,8 @@ class Call:
     scope: trio.CancelScope | None = None
     #: when the provider was asked (perf_counter; 0 before), for the upstream duration
     called_at: float = 0.0
-    #: the HTTP exchange the call answers (its log line, its trace)
-    exchange: Exchange | None = None
+    #: the request the call answers hears of it (its log line, its series, its trace)
+    report: CallReport | None = None
 
     @property
     def live(self) -> bool:
@@ -145,12 +203,12 @@ class Call:
         hold = self.held
         claim = self.claim
         claim_row = (
-            claim.running_row(self.record.id, self.stream, self.runtime.clock.now())
+            claim.running_row(self.record.id, self.stream, self.parts.clock.now())
             if claim is not None
             else None
         )
         try:
-            held = await self.runtime.store.write(
+            held = await self.parts.store.write(
                 records.open_call, self._pending_row(hold), claim_row
             )
         except StoreError:
@@ -261,17 +319,39 @@ class Call:
             finally:
                 # memory settles whatever the store said: nothing stays reserved or in flight
                 await admission.settle(
-                    self.runtime,
+                    self.parts.shards,
                     self.record,
                     slot_taken=self.admission.slot_taken,
                     reservation=hold.reservation if hold is not None else None,
                     cap_amount=settlement.cap_nanos,
                     billed_amount=settlement.billed_nanos,
                 )
-        self.runtime.inflight.discard(self)
-        self.runtime.alerts.notice(self.record, settlement.cap_nanos)
-        call_settled(self, settlement, usage, error_code)
+        self.parts.inflight.discard(self)
+        self.parts.notice_spend(self.record, settlement.cap_nanos)
+        if self.report is not None:
+            self.report.settled(self._settled_call(settlement, usage, error_code))
         return settlement
+
+    @property
+    def trace(self) -> TraceContext | None:
+        return self.report.trace if self.report is not None else None
+
+    def _settled_call(
+        self, settlement: Settlement, usage: Usage | None, code: str | None
+    ) -> SettledCall:
+        model = self.hold.model if self.hold is not None else None
+        return SettledCall(
+            model=model.id if model else None,
+            provider=(model.config.provider if self.live else "mock") if model else None,
+            mode=self.record.mode,
+            stream=self.stream,
+            upstream_s=time.perf_counter() - self.called_at if self.called_at else None,
+            input_tokens=usage.prompt_tokens if usage else None,
+            output_tokens=usage.completion_tokens if usage else None,
+            settled_nanos=settlement.cap_nanos,
+            billed_nanos=settlement.billed_nanos,
+            code=code,
+        )
 
     async def _write_settlement(
         self,
@@ -291,7 +371,7 @@ class Call:
         """
         claim = self.claim
         try:
-            await self.runtime.store.write(
+            await self.parts.store.write(
                 records.settle_call,
                 self.request_id,
                 self._settled_values(settlement, usage, http_status, error_code),
@@ -310,12 +390,12 @@ class Call:
 
     def _lease_use(self, settlement: Settlement) -> tuple[str, list[tuple[str, int]]] | None:
         """Several nodes: this node's id and what the settlement posts out of its leases."""
-        node = self.runtime.cluster
-        if node is None:
+        node_id = self.parts.node_id
+        if node_id is None:
             return None
         hold = self.hold
         taken = hold.reservation.leases if hold is not None else ()
-        return node.node_id, posted(taken, settlement.cap_nanos, settlement.billed_nanos)
+        return node_id, posted(taken, settlement.cap_nanos, settlement.billed_nanos)
 
     def _pending_row(self, hold: Hold) -> dict[str, Any]:
         """The request row of a call about to be asked: what it holds, nothing settled."""
@@ -343,8 +423,8 @@ class Call:
             "latency_ms": None,
             "error_code": None,
             "mode": self.record.mode,
-            "trace_id": self.exchange.trace.trace_id if self.exchange else None,
-            "node_id": self.runtime.cluster.node_id if self.runtime.cluster else None,
+            "trace_id": self.trace.trace_id if self.trace else None,
+            "node_id": self.parts.node_id,
         }
 
     def _settled_values(
@@ -357,7 +437,7 @@ class Call:
             "usage": usage.as_dict() if usage else None,
             "settled_usd_nanos": settlement.cap_nanos,
             "billed_usd_nanos": settlement.billed_nanos,
-            "latency_ms": round((self.runtime.clock.now() - self.started) * 1000, 3),
+            "latency_ms": round((self.parts.clock.now() - self.started) * 1000, 3),
             "error_code": error,
         }
 
@@ -384,6 +464,6 @@ class Call:
     def _ledger_row(self, settlement: Settlement) -> dict[str, Any] | None:
         if not settlement.billed_nanos:
             return None
-        row = self.runtime.ledger_row(self.record.org_id, -settlement.billed_nanos, "usage")
+        row = self.parts.ledger_row(self.record.org_id, -settlement.billed_nanos, "usage")
         row["request_id"] = self.request_id
         return row

@@ -30,10 +30,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import trio
-from quart import Response
 
 from gateway.accounts.catalog import Model
 from gateway.accounts.key_record import KeyRecord
@@ -41,7 +40,7 @@ from gateway.accounts.orgs import Org
 from gateway.calls import admission
 from gateway.calls.estimate import worst_case_tokens
 from gateway.calls.inflight import STOPPING_MESSAGE
-from gateway.calls.lifecycle import Call, Hold
+from gateway.calls.lifecycle import Call, CallParts, CallReport, Hold
 from gateway.calls.parse import ChatCall, EmbeddingCall
 from gateway.calls.parse.chat import capability_param, check_capabilities, parse_chat
 from gateway.calls.parse.embeddings import check_dimensions, parse_embeddings
@@ -52,22 +51,24 @@ from gateway.calls.parse.responses import (
 )
 from gateway.calls.parse.tags import collect_tags
 from gateway.calls.policy import (
+    PolicySource,
     check_entitlements,
     check_model,
     check_spend_controls,
     check_web_search,
 )
 from gateway.calls.provider_errors import map_provider_error
-from gateway.calls.streaming import ChatFormat, ResponsesFormat, StreamFormat, start_stream
-from gateway.edge.exchange import CLIENT_CLOSED_STATUS, call_opened
-from gateway.edge.idempotency import Claim
+from gateway.calls.streaming import (
+    ChatFormat,
+    EventStream,
+    ResponsesFormat,
+    StreamFormat,
+    start_stream,
+)
 from gateway.errors import GatewayError
-from gateway.observe.metrics import CLIENT_CLOSED
+from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS
 from gateway.providers.base import ProviderError, ProviderRequest, embedding_response
-from gateway.store.claims import ClaimHeld
-
-if TYPE_CHECKING:
-    from gateway.serving.runtime import Runtime
+from gateway.store.claims import Claim, ClaimHeld
 
 T = TypeVar("T")
 
@@ -99,7 +100,7 @@ class Endpoint:
     #: False: every failure after the provider was asked counts nothing
     failures_count: bool
     #: step 5: the body, validated, for this key
-    parse: Callable[[Runtime, KeyRecord, dict[str, Any]], Any]
+    parse: Callable[[PolicySource, KeyRecord, dict[str, Any]], Any]
     #: step 6, once the model is resolved: what the parsed call asks of it
     check: Callable[[Org | None, Any, Model], None]
     #: a chat completion as this endpoint answers it (chat-shaped endpoints)
@@ -108,22 +109,24 @@ class Endpoint:
     stream_format: Callable[[Call, ChatCall, dict[str, Any]], StreamFormat] | None = None
 
 
-def _parse_chat(_: Runtime, record: KeyRecord, body: dict[str, Any]) -> ChatCall:
+def _parse_chat(_: PolicySource, record: KeyRecord, body: dict[str, Any]) -> ChatCall:
     return parse_chat(body, record.caps.max_output_tokens)
 
 
-def _parse_responses(_: Runtime, record: KeyRecord, body: dict[str, Any]) -> ChatCall:
+def _parse_responses(_: PolicySource, record: KeyRecord, body: dict[str, Any]) -> ChatCall:
     return parse_responses(body, record.caps.max_output_tokens)
 
 
-def _parse_embeddings(rt: Runtime, record: KeyRecord, body: dict[str, Any]) -> EmbeddingCall:
+def _parse_embeddings(
+    policy: PolicySource, record: KeyRecord, body: dict[str, Any]
+) -> EmbeddingCall:
     named = body.get("model")
-    if isinstance(named, str) and rt.catalog.get(named) is None:
+    if isinstance(named, str) and policy.catalog.get(named) is None:
         # a model that does not exist is 404 model_not_found (decision unknown_model)
         # on every endpoint; 400 model_not_allowed is for a model of the catalog that
         # is not the served embedding model
-        check_model(rt, record, named, "embedding")
-    served = rt.catalog.embedding_model()
+        check_model(policy, record, named, "embedding")
+    served = policy.catalog.embedding_model()
     return parse_embeddings(body, served.id if served else None)
 
 
@@ -170,7 +173,7 @@ RESPONSES = _chat_shaped(
     answer=lambda call, chat, completion: chat_to_response(completion, chat, response_id(call)),
     stream_format=lambda call, chat, svc: ResponsesFormat(
         ResponseStreamTranslator(
-            chat, response_id(call), created_at=int(call.runtime.clock.now()), svc=svc
+            chat, response_id(call), created_at=int(call.parts.clock.now()), svc=svc
         )
     ),
 )
@@ -188,28 +191,32 @@ EMBEDDINGS = Endpoint(
 
 @asynccontextmanager
 async def open_call(
-    runtime: Runtime,
+    parts: CallParts,
     record: KeyRecord,
     request_id: str,
     endpoint: Endpoint,
     claim: Claim | None = None,
+    report: CallReport | None = None,
 ) -> AsyncIterator[Call]:
     """Step 3: count the request and take an in-flight slot; the call is settled on the
-    way out, whatever happened, unless it settled itself or was handed to a pump."""
-    admitted = await admission.admit(runtime, record, take_slot=True)
+    way out, whatever happened, unless it settled itself or was handed to a pump.
+    ``report`` hears of the call's opening and settlement (the request's line)."""
+    admitted = await admission.admit(parts.shards, record, take_slot=True)
     call = Call(
         claim=claim,
-        runtime=runtime,
+        parts=parts,
         record=record,
         request_id=request_id,
         endpoint=endpoint.name,
         admission=admitted,
-        started=runtime.clock.now(),
-        deadline=trio.current_time() + runtime.config.server.request_timeout_s,
+        started=parts.clock.now(),
+        deadline=trio.current_time() + parts.request_timeout_s,
         failures_count=endpoint.failures_count,
+        report=report,
     )
-    runtime.inflight.add(call)
-    call_opened(call)
+    parts.inflight.add(call)
+    if report is not None:
+        report.opened()
     try:
         yield call
     except trio.Cancelled:
@@ -231,21 +238,21 @@ async def prepare(
     call: Call, endpoint: Endpoint, body: dict[str, Any], tags_header: str | None
 ) -> Any:
     """Steps 4 to 8: tags, validate, resolve, estimate, reserve; the parsed call."""
-    rt, record = call.runtime, call.record
+    parts, record = call.parts, call.record
     call.tags = collect_tags(tags_header, body, record.default_tags, record.required_tags)
-    parsed: Parsed = endpoint.parse(rt, record, body)
+    parsed: Parsed = endpoint.parse(parts.policy, record, body)
     call.stream = parsed.stream
     features = [endpoint.feature] + ["streaming"] * parsed.stream + sorted(parsed.needs)
-    org = rt.orgs.get(record.org_id)
+    org = parts.policy.orgs.get(record.org_id)
     check_entitlements(org, record, features)
-    model = check_model(rt, record, parsed.model, endpoint.model_kind)
-    provider = rt.provider_for(record, model)
+    model = check_model(parts.policy, record, parsed.model, endpoint.model_kind)
+    provider = parts.provider_for(record, model)
     endpoint.check(org, parsed, model)
     prompt, output = parsed.prompt_estimate(), parsed.output_ceiling
     cost = model.cost_nanos(prompt, output)
     check_spend_controls(org, record, cost)
     reservation = await admission.reserve(
-        rt,
+        parts.shards,
         record,
         tokens=worst_case_tokens(prompt, output),
         cost=cost,
@@ -285,8 +292,8 @@ def _provider_request(call: Call, chat: ChatCall) -> tuple[ProviderRequest, list
     request = ProviderRequest(
         upstream_model=upstream_id,
         body=body,
-        api_key=call.runtime.provider_key(call.record, hold.model),
-        trace=call.exchange.trace if call.exchange else None,
+        api_key=call.parts.provider_key(call.record, hold.model),
+        trace=call.trace,
         request_id=call.request_id,
     )
     return request, hold.provider.ignored_parameters(body)
@@ -319,7 +326,7 @@ async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, 
     return answer
 
 
-async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> Response:
+async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> EventStream:
     """Step 9 of a streamed call: hand it to a pump (which settles it), answer the stream."""
     assert endpoint.stream_format is not None
     request, ignored = _provider_request(call, chat)
@@ -331,7 +338,7 @@ async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
     """Steps 9-10 of an embeddings call: the answer, settled."""
     hold = call.held
     config = hold.model.config
-    api_key = call.runtime.provider_key(call.record, hold.model)
+    api_key = call.parts.provider_key(call.record, hold.model)
     result = await _ask(
         call,
         lambda: hold.provider.embed(
@@ -339,7 +346,7 @@ async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
             parsed.inputs,
             parsed.dimensions,
             api_key,
-            call.exchange.trace if call.exchange else None,
+            call.trace,
         ),
         "The call ran out of time.",
     )

@@ -33,7 +33,6 @@ from typing import Any, Protocol
 
 import orjson
 import trio
-from quart import Response
 
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call
@@ -174,7 +173,7 @@ async def _body(
     scope: trio.CancelScope,
     first: list[Frame],
 ) -> AsyncIterator[bytes]:
-    keepalive = call.runtime.config.server.keepalive_s
+    keepalive = call.parts.keepalive_s
     ended = False
     try:
         for frame in first:
@@ -216,24 +215,33 @@ def _frame_bytes(frame: Frame, fmt: StreamFormat) -> list[bytes]:
     return fmt.error(frame.error) if frame.error is not None else [frame.data]
 
 
-async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) -> Response:
-    """Hand the call to a pump and answer with the event stream.
+@dataclass(frozen=True, slots=True)
+class EventStream:
+    """The answer of a stream: its body (server-sent events) and headers, for the route
+    to send as a ``text/event-stream`` answer with status 200."""
+
+    body: AsyncIterator[bytes]
+    headers: dict[str, str]
+
+
+async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) -> EventStream:
+    """Hand the call to a pump and return the event stream to answer.
 
     Waits up to one keep-alive interval for the first frame, so that a refusal that
     comes before anything is produced is answered with its real HTTP status; when none
     came, the body starts with a keep-alive.
     """
-    runtime = call.runtime
-    assert runtime.nursery is not None
+    nursery = call.parts.nursery()
+    assert nursery is not None
     send, receive = trio.open_memory_channel[Frame](BUFFER)
     await call.start_provider_call()
     scope = call.watch(trio.CancelScope(deadline=call.deadline))
     call.hand_off()
     answered = trio.Event()
-    runtime.nursery.start_soon(pump, call, request, fmt, send, scope, answered)
+    nursery.start_soon(pump, call, request, fmt, send, scope, answered)
     first: list[Frame] = []
     try:
-        with trio.move_on_after(runtime.config.server.keepalive_s), suppress(trio.EndOfChannel):
+        with trio.move_on_after(call.parts.keepalive_s), suppress(trio.EndOfChannel):
             first.append(await receive.receive())
     except BaseException:
         call.client_left()
@@ -249,12 +257,7 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
         first.append(Frame(KEEPALIVE))
     answered.set()
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return Response(
-        _body(call, receive, fmt, scope, first),
-        status=200,
-        headers=headers,
-        content_type="text/event-stream",
-    )
+    return EventStream(_body(call, receive, fmt, scope, first), headers)
 
 
 class ChatFormat:

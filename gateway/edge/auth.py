@@ -12,9 +12,10 @@ from typing import TYPE_CHECKING
 from quart import g, request
 
 from gateway.accounts.key_record import KeyRecord
-from gateway.calls.admission import admit, count_request
+from gateway.calls.admission import admit, count_request, rate_headers
 from gateway.edge import exchange
 from gateway.errors import GatewayError
+from shards import Admission
 
 if TYPE_CHECKING:
     from gateway.serving.runtime import Runtime
@@ -67,5 +68,16 @@ async def admit_reader(rt: Runtime, scope: str | None) -> KeyRecord:
     record = await authenticate(rt)
     if scope is not None:
         await require_scope(rt, record, scope)
-    await admit(rt, record, take_slot=False)
+    await admit_request(rt, record)
     return record
+
+
+async def admit_request(rt: Runtime, record: KeyRecord) -> None:
+    """Step 3 of a request that takes no in-flight slot (a read, an idempotent repeat, a
+    body refused): counted in the key's request window (its 429 past the limit)."""
+    carry_rate_headers(await admit(rt, record, take_slot=False))
+
+
+def carry_rate_headers(admission: Admission) -> None:
+    """The request was admitted: every answer to it carries its rate-limit headers."""
+    g.rate_headers = rate_headers(admission)

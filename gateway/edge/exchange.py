@@ -29,18 +29,15 @@ from quart import request
 
 from gateway.accounts.catalog import nanos_to_usd
 from gateway.observe.logs import event
-from gateway.observe.metrics import CLIENT_CLOSED, Metrics, endpoint_of
+from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS, Metrics, endpoint_of
 from gateway.observe.tracing import TraceContext, from_headers
 
 if TYPE_CHECKING:
     from gateway.accounts.key_record import KeyRecord
-    from gateway.calls.lifecycle import Call
-    from gateway.calls.settlement import Settlement
-    from gateway.providers.base import Usage
+    from gateway.calls.lifecycle import SettledCall
 
 log = logging.getLogger("gateway.request")
 SCOPE_KEY = "svc.exchange"
-CLIENT_CLOSED_STATUS = 499
 
 
 @dataclass(slots=True, eq=False)
@@ -102,43 +99,49 @@ def refused(code: str) -> None:
         exchange.code = code
 
 
-def call_opened(call: Call) -> None:
-    """A model call was admitted: its exchange waits for its settlement too."""
-    call.runtime.metrics.call_opened()
-    exchange = call.exchange = current()
-    if exchange is not None:
-        exchange.open_parts += 1
+class ExchangeReport:
+    """What a model call tells the request it answers (:class:`gateway.calls.lifecycle.CallReport`):
+    the call series, and its part of the exchange, whose line waits for the settlement."""
 
+    __slots__ = ("exchange", "metrics")
 
-def call_settled(call: Call, settlement: Settlement, usage: Usage | None, code: str | None) -> None:
-    """A model call settled (once): its series, and its part of the exchange."""
-    model = call.hold.model if call.hold is not None else None
-    provider = None
-    if model is not None:
-        provider = model.config.provider if call.live else "mock"
-    call.runtime.metrics.call_settled(
-        model=model.id if model else None,
-        mode=call.record.mode,
-        provider=provider,
-        upstream_seconds=time.perf_counter() - call.called_at if call.called_at else None,
-        input_tokens=usage.prompt_tokens if usage else 0,
-        output_tokens=usage.completion_tokens if usage else 0,
-        settled_nanos=settlement.cap_nanos,
-        billed_nanos=settlement.billed_nanos,
-    )
-    exchange = call.exchange
-    if exchange is None:
-        return
-    exchange.model = model.id if model else None
-    exchange.stream = call.stream
-    if usage is not None:
-        exchange.input_tokens = usage.prompt_tokens
-        exchange.output_tokens = usage.completion_tokens
-    exchange.settled_nanos = settlement.cap_nanos
-    if code is not None:
-        # a stream that failed in band: answered 200, yet the call ended with an error
-        exchange.code = code
-    exchange.part_done()
+    def __init__(self, metrics: Metrics) -> None:
+        self.metrics = metrics
+        self.exchange = current()
+
+    @property
+    def trace(self) -> TraceContext | None:
+        return self.exchange.trace if self.exchange is not None else None
+
+    def opened(self) -> None:
+        self.metrics.call_opened()
+        if self.exchange is not None:
+            self.exchange.open_parts += 1
+
+    def settled(self, call: SettledCall) -> None:
+        self.metrics.call_settled(
+            model=call.model,
+            mode=call.mode,
+            provider=call.provider,
+            upstream_seconds=call.upstream_s,
+            input_tokens=call.input_tokens or 0,
+            output_tokens=call.output_tokens or 0,
+            settled_nanos=call.settled_nanos,
+            billed_nanos=call.billed_nanos,
+        )
+        exchange = self.exchange
+        if exchange is None:
+            return
+        exchange.model = call.model
+        exchange.stream = call.stream
+        if call.input_tokens is not None:
+            exchange.input_tokens = call.input_tokens
+            exchange.output_tokens = call.output_tokens
+        exchange.settled_nanos = call.settled_nanos
+        if call.code is not None:
+            # a stream that failed in band: answered 200, yet the call ended with an error
+            exchange.code = call.code
+        exchange.part_done()
 
 
 def _header(scope: ASGIScope, name: bytes) -> str | None:

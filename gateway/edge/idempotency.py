@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -43,12 +42,12 @@ import outcome
 import trio
 from quart import Response, g, request
 
-from gateway.calls.admission import admit
 from gateway.calls.inflight import STOPPING_MESSAGE
+from gateway.edge.auth import admit_request
 from gateway.edge.http import request_id
 from gateway.errors import GatewayError
 from gateway.store import claims as store_ops
-from gateway.store.claims import RETENTION_S, ClaimHeld
+from gateway.store.claims import RETENTION_S, Claim, ClaimHeld
 
 if TYPE_CHECKING:
     from gateway.accounts.key_record import KeyRecord
@@ -57,44 +56,6 @@ if TYPE_CHECKING:
 HEADER = "Idempotency-Key"
 MAX_LENGTH = 255
 IN_PROGRESS_RETRY_AFTER = 1
-#: outcomes kept in the table: a replayable answer, or only the original's id
-STORED, NOT_STORED = "stored", "not_stored"
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """A call's hold on an Idempotency-Key: the rows it writes with the call's own."""
-
-    idem_key: str
-    body_hash: str
-    request_id: str
-
-    def running_row(self, key_id: str, stream: bool, now: float) -> dict[str, Any]:
-        """The claim, written with the call's pending request row."""
-        return {
-            "key_id": key_id,
-            "idem_key": self.idem_key,
-            "body_hash": self.body_hash,
-            "request_id": self.request_id,
-            "state": store_ops.RUNNING,
-            "stream": int(stream),
-            "status": None,
-            "headers": {},
-            "body": None,
-            "created_at": now,
-        }
-
-    @staticmethod
-    def outcome(*, stream: bool, answer: bytes | None, keep: bool) -> dict[str, Any]:
-        """What a call answered 200 leaves, written with its settlement: its answer
-        (not streamed, ``keep``), else only its id."""
-        stored = answer is not None and keep and not stream
-        return {
-            "state": STORED if stored else NOT_STORED,
-            "status": 200,
-            "headers": {"Content-Type": "application/json"} if stored else {},
-            "body": answer if stored else None,
-        }
 
 
 def header_value() -> str | None:
@@ -142,7 +103,7 @@ async def serve(
     digest = body_hash(endpoint, body)
     running = rt.idempotency_claims.get(slot)
     if running is not None:
-        await admit(rt, record, take_slot=False)
+        await admit_request(rt, record)
         _refuse_repeat(running.body_hash, digest, running.request_id, in_progress=True)
     claim = Claim(idem_key, digest, request_id())
     rt.idempotency_claims[slot] = claim
@@ -151,7 +112,7 @@ async def serve(
         try:
             row = await rt.store.read(store_ops.get, *slot)
             if row is not None and row["created_at"] > rt.clock.now() - RETENTION_S:
-                await admit(rt, record, take_slot=False)
+                await admit_request(rt, record)
                 return _repeat(row, digest)
             try:
                 return await run(claim)
@@ -214,7 +175,7 @@ def _refuse_repeat(stored_hash: str, digest: str, original: str, *, in_progress:
 
 
 def _replay(row: dict[str, Any]) -> Response:
-    if row["state"] != STORED:
+    if row["state"] != store_ops.STORED:
         if row["state"] == store_ops.INTERRUPTED:
             why = "was interrupted (the server stopped during the call)"
         else:

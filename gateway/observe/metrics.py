@@ -63,6 +63,8 @@ ENDPOINTS = (
 )
 #: the code of a request whose client left before any answer (status 499, nginx's)
 CLIENT_CLOSED = "client_closed"
+#: the status logged (and recorded) for a request whose client left before its answer
+CLIENT_CLOSED_STATUS = 499
 CODES = frozenset(CATALOG) | {"ok", CLIENT_CLOSED}
 #: whole answers: up to the 300 s time limit of a call
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)

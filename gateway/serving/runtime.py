@@ -25,6 +25,7 @@ from gateway.accounts.key_record import KeyRecord, new_id
 from gateway.accounts.keyring import Keyring
 from gateway.accounts.orgs import Org
 from gateway.calls.inflight import InFlight
+from gateway.calls.lifecycle import CallParts
 from gateway.config.settings import Config
 from gateway.edge.public_limit import PublicCatalogLimiter
 from gateway.errors import GatewayError
@@ -43,7 +44,7 @@ from shards.clock import Clock
 
 log = logging.getLogger("gateway.serving.runtime")
 if TYPE_CHECKING:
-    from gateway.edge.idempotency import Claim
+    from gateway.store.claims import Claim
 
 DEMO_ORG_NAME = "demo"
 DEMO_CREDITS_USD = 100.0
@@ -96,6 +97,22 @@ class Runtime:
         self.demo_token: str | None = None
         #: this process as one of several nodes (a PostgreSQL store), else None
         self.cluster: Node | None = Node(self) if is_postgres(self.config.server.db) else None
+        #: what a model call uses of this server (the calls/ layer sees nothing else)
+        self.call_parts = CallParts(
+            store=self.store,
+            clock=self.clock,
+            shards=self,
+            policy=self,
+            inflight=self.inflight,
+            notice_spend=self.alerts.notice,
+            ledger_row=self.ledger_row,
+            provider_for=self.provider_for,
+            provider_key=self.provider_key,
+            node_id=self.cluster.node_id if self.cluster is not None else None,
+            request_timeout_s=self.config.server.request_timeout_s,
+            keepalive_s=self.config.server.keepalive_s,
+            nursery=lambda: self.nursery,
+        )
 
     @classmethod
     def open(cls, config: Config, clock: Clock | None = None) -> Runtime:

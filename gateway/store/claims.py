@@ -13,6 +13,7 @@ a repeat of it. Nothing kept in a process decides it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from gateway.store import sql as sq
@@ -26,6 +27,48 @@ def get(conn: Conn, key_id: str, idem_key: str) -> dict[str, Any] | None:
     return sq.select_one(
         conn, "idempotency", "WHERE key_id = ? AND idem_key = ?", (key_id, idem_key)
     )
+
+
+#: a claimed key whose call is in flight; what recovery makes of one whose process is gone
+RUNNING, INTERRUPTED = "running", "interrupted"
+#: outcomes kept in the table: a replayable answer, or only the original's id
+STORED, NOT_STORED = "stored", "not_stored"
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """A call's hold on an Idempotency-Key: the rows it writes with the call's own."""
+
+    idem_key: str
+    body_hash: str
+    request_id: str
+
+    def running_row(self, key_id: str, stream: bool, now: float) -> dict[str, Any]:
+        """The claim, written with the call's pending request row."""
+        return {
+            "key_id": key_id,
+            "idem_key": self.idem_key,
+            "body_hash": self.body_hash,
+            "request_id": self.request_id,
+            "state": RUNNING,
+            "stream": int(stream),
+            "status": None,
+            "headers": {},
+            "body": None,
+            "created_at": now,
+        }
+
+    @staticmethod
+    def outcome(*, stream: bool, answer: bytes | None, keep: bool) -> dict[str, Any]:
+        """What a call answered 200 leaves, written with its settlement: its answer
+        (not streamed, ``keep``), else only its id."""
+        stored = answer is not None and keep and not stream
+        return {
+            "state": STORED if stored else NOT_STORED,
+            "status": 200,
+            "headers": {"Content-Type": "application/json"} if stored else {},
+            "body": answer if stored else None,
+        }
 
 
 class ClaimHeld(Exception):
@@ -63,10 +106,6 @@ def claim(conn: Conn, row: dict[str, Any]) -> dict[str, Any] | None:
 def purge(conn: Conn, before: float) -> int:
     """Drop rows created before ``before``; returns how many."""
     return conn.execute("DELETE FROM idempotency WHERE created_at < ?", (before,)).rowcount
-
-
-#: a claimed key whose call is in flight; what recovery makes of one whose process is gone
-RUNNING, INTERRUPTED = "running", "interrupted"
 
 
 def settle(

@@ -16,15 +16,15 @@ from quart import Quart, Response, request
 
 from gateway.accounts.key_record import KeyRecord
 from gateway.calls import pipeline
-from gateway.calls.admission import admit
 from gateway.calls.lifecycle import Call
 from gateway.calls.pipeline import CHAT, RESPONSES, Endpoint
 from gateway.edge import idempotency
-from gateway.edge.auth import authenticate, require_scope
+from gateway.edge.auth import admit_request, authenticate, carry_rate_headers, require_scope
+from gateway.edge.exchange import ExchangeReport
 from gateway.edge.http import json_response, read_json_object, request_id, runtime
-from gateway.edge.idempotency import Claim
 from gateway.errors import GatewayError
 from gateway.serving.runtime import Runtime
+from gateway.store.claims import Claim
 
 #: what a route does with a prepared call: call the provider, answer
 Run = Callable[[Call, Endpoint, Any], Awaitable[Response]]
@@ -42,7 +42,7 @@ async def serve_call(endpoint: Endpoint, run: Run) -> Response:
     except GatewayError:
         # a malformed header or body is a refused request like any other: it counts in
         # the key's request window (and may be its 429), though no call follows
-        await admit(rt, record, take_slot=False)
+        await admit_request(rt, record)
         raise
     call = partial(_call, rt, endpoint, run, record, body)
     if idem_key is None:
@@ -58,14 +58,21 @@ async def _call(
     body: dict[str, Any],
     claim: Claim | None,
 ) -> Response:
-    async with pipeline.open_call(rt, record, request_id(), endpoint, claim) as call:
+    report = ExchangeReport(rt.metrics)
+    async with pipeline.open_call(
+        rt.call_parts, record, request_id(), endpoint, claim, report
+    ) as call:
+        carry_rate_headers(call.admission)
         parsed = await pipeline.prepare(call, endpoint, body, request.headers.get("X-Svc-Tags"))
         return await run(call, endpoint, parsed)
 
 
 async def _chat(call: Call, endpoint: Endpoint, chat: Any) -> Response:
     if chat.stream:
-        return await pipeline.stream(call, endpoint, chat)
+        events = await pipeline.stream(call, endpoint, chat)
+        return Response(
+            events.body, status=200, headers=events.headers, content_type="text/event-stream"
+        )
     return json_response(await pipeline.complete(call, endpoint, chat))
 
 
