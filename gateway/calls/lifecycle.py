@@ -67,6 +67,14 @@ class CallState(enum.Enum):
 
 #: the states from which a call has reached the provider
 _CALLED = frozenset({CallState.CALLED, CallState.HANDED_OFF})
+#: every transition a call may make (the diagram above); each goes through Call._move
+_NEXT = {
+    CallState.ADMITTED: frozenset({CallState.RESERVED, CallState.SETTLED}),
+    CallState.RESERVED: frozenset({CallState.CALLED, CallState.SETTLED}),
+    CallState.CALLED: frozenset({CallState.HANDED_OFF, CallState.SETTLED}),
+    CallState.HANDED_OFF: frozenset({CallState.SETTLED}),
+    CallState.SETTLED: frozenset(),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,8 +166,8 @@ class Call:
     cut_short: bool = False
     #: the cancel scope of the provider call, which :meth:`cut` cancels
     scope: trio.CancelScope | None = None
-    #: when the provider was asked (perf_counter; 0 before), for the upstream duration
-    called_at: float = 0.0
+    #: when the provider was asked (perf_counter; None before), for the upstream duration
+    called_at: float | None = None
     #: the request the call answers hears of it (its log line, its series, its trace)
     report: CallReport | None = None
 
@@ -179,14 +187,15 @@ class Call:
 
     # -- transitions -----------------------------------------------------------------------
 
-    def _move(self, expected: CallState, to: CallState) -> None:
-        if self.state is not expected:
+    def _move(self, to: CallState) -> None:
+        """The one place the state changes: only along the diagram's arrows."""
+        if to not in _NEXT[self.state]:
             raise RuntimeError(f"call {self.request_id}: {self.state.value} → {to.value}")
         self.state = to
 
     def reserved(self, hold: Hold) -> None:
         """ADMITTED → RESERVED."""
-        self._move(CallState.ADMITTED, CallState.RESERVED)
+        self._move(CallState.RESERVED)
         self.hold = hold
 
     async def start_provider_call(self) -> None:
@@ -217,12 +226,12 @@ class Call:
             ) from None
         if held is not None:
             raise ClaimHeld(held)  # another attempt (maybe on another node) holds the key
-        self._move(CallState.RESERVED, CallState.CALLED)
+        self._move(CallState.CALLED)
         self.called_at = time.perf_counter()
 
     def hand_off(self) -> None:
         """CALLED → HANDED_OFF: a stream pump owns the call from now on."""
-        self._move(CallState.CALLED, CallState.HANDED_OFF)
+        self._move(CallState.HANDED_OFF)
 
     def watch(self, scope: trio.CancelScope) -> trio.CancelScope:
         """Make ``scope`` the provider call's: :meth:`cut` cancels it."""
@@ -311,7 +320,7 @@ class Call:
             else Settlement(Ending.NOT_CALLED, 0, 0)
         )
         self.settlement = settlement
-        self.state = CallState.SETTLED
+        self._move(CallState.SETTLED)
         with trio.CancelScope(shield=True):
             try:
                 if recorded:
@@ -345,7 +354,7 @@ class Call:
             provider=(model.config.provider if self.live else "mock") if model else None,
             mode=self.record.mode,
             stream=self.stream,
-            upstream_s=time.perf_counter() - self.called_at if self.called_at else None,
+            upstream_s=time.perf_counter() - self.called_at if self.called_at is not None else None,
             input_tokens=usage.prompt_tokens if usage else None,
             output_tokens=usage.completion_tokens if usage else None,
             settled_nanos=settlement.cap_nanos,
