@@ -28,8 +28,6 @@ from __future__ import annotations
 from array import array
 from typing import NamedTuple, TypeAlias
 
-from .messages import Reservation
-
 __all__ = [
     "DAY",
     "DAY_PENDING",
@@ -133,11 +131,12 @@ def over_cap(key: KeyState, cost: int, usd_day: int | None, usd_month: int | Non
     return ""
 
 
-def resolve(key: KeyState, res: Reservation, reserved: int, posted: int) -> None:
-    """Move ``reserved`` out of pending and post ``posted``, per window."""
-    if key[DAY] == res.day:
+def resolve(key: KeyState, day: int, month: int, reserved: int, posted: int) -> None:
+    """Move ``reserved`` (made in the windows ``day`` and ``month``) out of pending and
+    post ``posted``, per window."""
+    if key[DAY] == day:
         key[DAY_PENDING] -= reserved
         key[DAY_POSTED] += posted
-    if key[MONTH] == res.month:
+    if key[MONTH] == month:
         key[MONTH_PENDING] -= reserved
         key[MONTH_POSTED] += posted

@@ -306,10 +306,10 @@ class ShardState:
         day = int(t // DAY_S)
         month = month_of_day(day)
         roll_spend(key, day, month)
-        resolve(key, res, res.key_nanos, cap)
+        resolve(key, res.day, res.month, res.key_nanos, cap)
         if parent is not None:
             roll_spend(parent, day, month)
-            resolve(parent, res, res.parent_nanos, cap)
+            resolve(parent, res.day, res.month, res.parent_nanos, cap)
         org = self.orgs.get(res.org_id)
         org.pending -= res.org_nanos
         org.debited += billed

@@ -5,7 +5,11 @@
 - ``shards/`` imports nothing from ``gateway/`` (it decides admissions for any front end);
 - only ``gateway/store/`` imports a database driver (sqlite, psycopg): nothing above the
   store knows which backend it runs on;
-- no import cycle inside ``gateway/`` (imports under ``if TYPE_CHECKING:`` excepted);
+- no import cycle inside ``gateway/`` or ``shards/``, imports under ``if TYPE_CHECKING:``
+  included, and those type-only imports are counted (they may not grow unseen);
+- only ``gateway/edge/`` imports quart; only ``gateway/serving/`` imports hypercorn's
+  internals (``edge/`` its ASGI types at most); ``calls/`` and ``accounts/`` never import
+  ``serving/`` (the runtime): they take the parts they use, or a protocol beside them;
 - only the HTTP handlers (``gateway/edge/routes/``, ``gateway/edge/dashboard/``) read
   the runtime from the request's app (``http.runtime()``); below them it is passed as an
   argument.
@@ -181,3 +185,84 @@ def test_only_the_http_handlers_read_the_runtime_from_the_app() -> None:
     assert readers, "the scanner sees no reader at all"
     handlers = ("gateway/edge/routes/", "gateway/edge/dashboard/")
     assert [r for r in readers if not r.startswith(handlers)] == []
+
+
+def every_import(path: Path) -> Iterator[str]:
+    """Every module, or ``module.name``, ``path`` imports, type-only imports included."""
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            yield from (f"{module}.{alias.name}" for alias in node.names)
+
+
+def full_graph(package: str) -> dict[str, set[str]]:
+    modules = {module_name(path): path for path in sources(package)}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        edges = set()
+        for imported in every_import(path):
+            while imported and imported not in modules:
+                imported = imported.rpartition(".")[0]
+            if imported and imported != name:
+                edges.add(imported)
+        graph[name] = edges
+    return graph
+
+
+@pytest.mark.parametrize("package", ["gateway", "shards"])
+def test_no_import_cycle_even_of_type_only_imports(package: str) -> None:
+    assert cycles(full_graph(package)) == []
+
+
+#: ``if TYPE_CHECKING:`` blocks in gateway/ and shards/, at most: each is an import a
+#: module needs only for its annotations; a new one must be a choice, not a way around
+#: the rules above
+TYPE_CHECKING_BLOCKS = 13
+
+
+def test_type_only_imports_are_counted() -> None:
+    blocks = [
+        str(path.relative_to(ROOT))
+        for package in ("gateway", "shards")
+        for path in sources(package)
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    ]
+    assert 0 < len(blocks) <= TYPE_CHECKING_BLOCKS, blocks
+
+
+def importers(package: str, prefix: str) -> list[str]:
+    """The modules of ``package`` that import ``prefix`` (a module or package name)."""
+    return sorted(
+        str(path.relative_to(ROOT))
+        for path in sources(package)
+        if any(m == prefix or m.startswith(prefix + ".") for m in every_import(path))
+    )
+
+
+def test_only_the_edge_imports_quart() -> None:
+    assert [p for p in importers("gateway", "quart") if not p.startswith("gateway/edge/")] == []
+    assert importers("gateway", "quart"), "the scanner sees no quart import at all"
+
+
+def test_only_serving_imports_hypercorns_internals() -> None:
+    outside = [
+        str(path.relative_to(ROOT))
+        for path in sources("gateway")
+        if not str(path.relative_to(ROOT)).startswith("gateway/serving/")
+        for module in every_import(path)
+        if module.startswith("hypercorn.") and not module.startswith("hypercorn.typing")
+    ]
+    assert outside == []
+
+
+@pytest.mark.parametrize("layer", ["calls", "accounts"])
+def test_calls_and_accounts_never_take_the_runtime(layer: str) -> None:
+    assert importers(f"gateway/{layer}", "gateway.serving") == []
+    assert importers("gateway/edge", "gateway.serving"), "the scanner sees no such import"

@@ -31,19 +31,20 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import trio
 
-from gateway.accounts.catalog import nanos_to_usd
+from gateway.accounts.catalog import Catalog, nanos_to_usd
 from gateway.accounts.key_lookup import KeyLookup
+from gateway.accounts.keyring import Keyring
+from gateway.accounts.orgs import Org
+from gateway.config.settings import Config
 from gateway.observe.logs import event
-from gateway.store import StoreError, records
+from gateway.store import Store, StoreError, records
 from gateway.store import node_leases as ops
-from shards import Admission, LeaseNeed, LeaseShort, ReserveRefusal
-
-if TYPE_CHECKING:
-    from gateway.serving.runtime import Runtime
+from shards import Admission, LeaseNeed, LeaseShort, ReserveRefusal, ShardPool
+from shards.clock import Clock
 
 log = logging.getLogger("gateway.serving.node")
 #: how often the change counter is polled (the bound of a change reaching every node is
@@ -53,6 +54,35 @@ POLL_S = 1.0
 REGISTER_MARGIN_S = 1.0
 
 
+class Host(Protocol):
+    """What a node uses of its server (:class:`gateway.serving.runtime.Runtime`, which
+    builds the node: a protocol, not an import, keeps the two out of a circle)."""
+
+    @property
+    def config(self) -> Config: ...
+    @property
+    def store(self) -> Store: ...
+    @property
+    def clock(self) -> Clock: ...
+    @property
+    def pool(self) -> ShardPool: ...
+    @property
+    def keyring(self) -> Keyring: ...
+    @property
+    def catalog(self) -> Catalog: ...
+    @property
+    def orgs(self) -> dict[str, Org]: ...
+    @property
+    def byok(self) -> dict[tuple[str, str], str]: ...
+    def month(self) -> str: ...
+    def load_orgs(
+        self,
+        rows: list[dict[str, Any]],
+        balances: dict[str, dict[str, int]],
+        billed: dict[str, int],
+    ) -> None: ...
+
+
 class NodeLost(Exception):
     """The node's registration is gone: another node took over its leases."""
 
@@ -60,7 +90,7 @@ class NodeLost(Exception):
 class Node:
     """This process as one node: registration, fencing, leases and change polling."""
 
-    def __init__(self, runtime: Runtime) -> None:
+    def __init__(self, runtime: Host) -> None:
         self.rt = runtime
         self.node_id = runtime.config.cluster.node_id
         self.lease_s = runtime.config.cluster.lease_s
