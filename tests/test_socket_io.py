@@ -1,6 +1,6 @@
-"""The plain-socket sends and receives of the hot path (gateway/serving/socket_io.py) and the
-store's connection threads (gateway/store/thread.py), on real loopback TCP connections
-and real threads."""
+"""The plain-socket sends and receives of the hot path
+(gateway/serving/patches/trio_socket.py) and the store's connection threads
+(gateway/store/thread.py), on real loopback TCP connections and real threads."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from gateway.serving import socket_io
+from gateway.serving.patches import trio_socket as socket_io
 from gateway.store.thread import ConnThread
 
 

@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import logging
 
-import trio
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
 from quart import Response, current_app, g, request
 from quart_trio import QuartTrio
-from quart_trio.asgi import TrioASGIHTTPConnection
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from gateway.edge import dashboard, exchange
@@ -76,21 +73,8 @@ def _allowed_methods() -> str:
     return ""
 
 
-class _HTTPConnection(TrioASGIHTTPConnection):
-    """Quart-Trio's HTTP connection with one task fewer per request: the request is
-    handled in the connection's own task, beside the task that watches for the client's
-    disconnect (which cancels it, as before), not in a second spawned task."""
-
-    async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
-        request = self._create_request_from_scope(send)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.handle_messages, nursery, request, receive)
-            await self.handle_request(nursery, request, send)
-
-
 def create_app(runtime: Runtime) -> QuartTrio:
     app = QuartTrio("svc-gateway")
-    app.asgi_http_class = _HTTPConnection  # type: ignore[assignment]
     app.config.update(
         RUNTIME=runtime,
         # Quart cuts any answer after RESPONSE_TIMEOUT (60 s) silently; we own deadlines.

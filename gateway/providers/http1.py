@@ -35,7 +35,7 @@ from urllib.parse import unquote, urlsplit
 
 import trio
 
-from gateway.serving import socket_io
+from gateway.serving.patches import trio_socket as socket_io
 
 #: the most bytes of a status line and headers
 MAX_HEAD = 64 * 1024

@@ -4,11 +4,11 @@ Why: every connection holds a file descriptor, and hypercorn accepts without bou
 thousand clients that trickle their requests exhausted the process's descriptors
 (EMFILE), and then every endpoint, the catalog included, timed out. Here:
 
-- :func:`serve_http` runs hypercorn's trio worker loop (plain HTTP, the only transport
-  the gateway serves) over listeners that accept a connection only while fewer than
-  ``[server] max_connections`` are open. Past the cap the next ``accept`` waits: the
-  kernel's listen backlog holds the new client until a connection closes, and the
-  process never runs out of descriptors.
+- :class:`CappedListener` accepts a connection only while fewer than ``[server]
+  max_connections`` are open (hypercorn's worker serves over it:
+  :func:`gateway.serving.patches.hypercorn_worker.serve_http`). Past the cap the next
+  ``accept`` waits: the kernel's listen backlog holds the new client until a connection
+  closes, and the process never runs out of descriptors.
 - ``serve`` raises the soft descriptor limit to the hard one at start
   (:func:`raise_descriptor_limit`) and, when even that cannot hold the cap beside the
   upstream connection pools and the server's own files, :func:`fit_descriptor_limit`
@@ -19,28 +19,18 @@ thousand clients that trickle their requests exhausted the process's descriptors
 from __future__ import annotations
 
 import logging
-import math
 import resource
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import replace
 from functools import partial
-from typing import Any
 
 import trio
-from hypercorn.config import Config as HyperConfig
-from hypercorn.config import Sockets
-from hypercorn.events import Closed, Event, RawData, Updated
-from hypercorn.trio.lifespan import Lifespan
-from hypercorn.trio.tcp_server import TCPServer
-from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import AppWrapper, ConnectionState
-from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr
 
 from gateway.config.settings import Config
 from gateway.observe.logs import event
-from gateway.serving import socket_io
+from gateway.serving.patches import trio_socket
 
 log = logging.getLogger("gateway.serving.connections")
 
@@ -131,15 +121,18 @@ class _CountedStream(trio.abc.HalfCloseableStream):
     """A client connection that gives its place back when closed (once).
 
     Its sends are serialised, EOF included: hypercorn sends answers under a lock but
-    half-closes without it, from the reading task, when a client keeps sending after an
-    answer that closes the connection (a refused trickling body); the answer's last
-    send then failed with BusyResourceError, logged as an error of the app.
+    half-closes without it (``TCPServer._close``), from the reading task, when a client
+    keeps sending after an answer that closes the connection (a refused trickling body);
+    the answer's last send then failed with BusyResourceError, logged as an error of the
+    app. hypercorn reads the addresses from ``socket`` and, finding no ``do_handshake``,
+    serves it as plain HTTP (``TCPServer.run``; both reviewed in
+    :mod:`gateway.serving.patches.hypercorn_worker`).
     """
 
     def __init__(self, stream: trio.SocketStream, release: Callable[[], None]) -> None:
         self.stream = stream
         self.socket = stream.socket  # hypercorn reads the peer and local addresses
-        self._raw = socket_io.raw_socket(stream)
+        self._raw = trio_socket.raw_socket(stream)
         self._release: Callable[[], None] | None = release
         self._sending = trio.Lock()
         self._eof_sent = False
@@ -147,10 +140,10 @@ class _CountedStream(trio.abc.HalfCloseableStream):
         self._client_closed = trio.Event()
 
     async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        await _acquire(self._sending)
+        await acquire(self._sending)
         try:
             if self._raw is not None:
-                await socket_io.send_all(self.stream, self._raw, data)
+                await trio_socket.send_all(self.stream, self._raw, data)
             else:
                 await self.stream.send_all(data)
         finally:
@@ -163,7 +156,7 @@ class _CountedStream(trio.abc.HalfCloseableStream):
         self._receiving = True
         try:
             if self._raw is not None:
-                data = await socket_io.receive_some(self._raw, max_bytes)
+                data = await trio_socket.receive_some(self._raw, max_bytes)
             else:
                 data = await self.stream.receive_some(max_bytes)
         finally:
@@ -206,119 +199,11 @@ class _CountedStream(trio.abc.HalfCloseableStream):
                     pass
 
 
-class _IdleTimer:
-    """hypercorn's idle timer for one connection, without a task per request.
-
-    hypercorn stops its timer when a request comes in and starts it again (a new task,
-    under a lock) when the answer is sent: per request a task spawned, one cancelled and
-    two locks taken, a tenth of a call's scheduler passes. Here one task per connection
-    waits under a cancel scope whose deadline moves instead. Same rules: an idle
-    connection is closed after ``keep_alive_timeout``, or at once when the server is
-    stopping (one that is busy then, as soon as its answer is sent).
-    """
-
-    def __init__(self, connection: TCPServer) -> None:
-        self.connection = connection
-        self.idle = False
-        self.deadline = math.inf
-        self.scope: trio.CancelScope | None = None
-        self.running = False
-        self.ended = False
-
-    async def restart(self, task_group: Any, action: Callable[[], Awaitable[None]]) -> None:
-        """The connection is idle from now on (``action``, hypercorn's own timer task,
-        is what this replaces)."""
-        if self.ended:
-            return
-        self.idle = True
-        self.deadline = trio.current_time() + self.connection.config.keep_alive_timeout
-        if not self.running:
-            self.running = True
-            task_group._nursery.start_soon(self._watch)
-        elif self.scope is not None:
-            self.scope.deadline = self.deadline
-            if self.connection.context.terminated.is_set():
-                self.scope.cancel()
-
-    async def stop(self) -> None:
-        """The connection is busy (a request came in)."""
-        self.idle = False
-        self.deadline = math.inf
-        if self.scope is not None:
-            self.scope.deadline = math.inf
-
-    def end(self) -> None:
-        """The connection is over: the timer task ends too."""
-        self.ended = True
-        self.idle = False
-        if self.scope is not None:
-            self.scope.cancel()
-
-    async def _watch(self) -> None:
-        terminated = self.connection.context.terminated
-        while not self.ended:
-            with trio.CancelScope(deadline=self.deadline) as scope:
-                self.scope = scope
-                if terminated.is_set():
-                    await trio.sleep_forever()  # until idle (or the end)
-                else:
-                    await terminated.wait()
-            self.scope = None
-            if self.idle and not self.ended:
-                # idle past the keep-alive timeout, or the server stops: close it
-                with trio.CancelScope(shield=True):
-                    await self.connection._initiate_server_close()
-                return
-
-
-class _Connection(TCPServer):
-    """hypercorn's connection, ended as soon as the client is gone, with a cheaper idle
-    timer (:class:`_IdleTimer`).
-
-    Once its read loop ends (the client closed or reset the connection), hypercorn
-    still waits for the connection's idle timer (``keep_alive_timeout``, 30 s) before it
-    closes the socket: a client that connects and leaves held a descriptor, and a
-    place under the cap, for that long. The timer is ended instead, so the socket is
-    closed at once (a request still in progress was already told of the disconnect),
-    and an answer that finishes after that does not start it again.
-    """
-
-    client_gone = False
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.idle_task = _IdleTimer(self)  # type: ignore[assignment]
-
-    async def _read_data(self) -> None:
-        await super()._read_data()
-        self.client_gone = True
-        self.idle_task.end()  # type: ignore[attr-defined]
-
-    async def protocol_send(self, event: Event) -> None:
-        if isinstance(event, RawData):
-            # hypercorn's own, but an empty write (h11's end of a sized body) is no
-            # write, and a free lock is taken without a scheduler pass
-            if not event.data:
-                return
-            await _acquire(self.send_lock)
-            try:
-                try:
-                    with trio.CancelScope(shield=True):
-                        await self.stream.send_all(event.data)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self.protocol.handle(Closed())
-            finally:
-                self.send_lock.release()
-            return
-        if self.client_gone and isinstance(event, Updated) and event.idle:
-            return  # an answer finishing after the client left: no timer to wait for
-        await super().protocol_send(event)
-
-
-async def _acquire(lock: trio.Lock) -> None:
+async def acquire(lock: trio.Lock) -> None:
     """Take ``lock``: at once when it is free (``async with`` always passes through the
     scheduler), else wait for it. A send that follows passes through the scheduler only
-    when it must wait (:mod:`gateway.serving.socket_io`); the task's next receive always does."""
+    when it must wait (:mod:`gateway.serving.patches.trio_socket`); the task's next receive
+    always does."""
     if lock.locked():
         await lock.acquire()
     else:
@@ -344,61 +229,3 @@ class CappedListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
 
     async def aclose(self) -> None:
         await self.listener.aclose()
-
-
-async def serve_http(
-    app: AppWrapper,
-    config: HyperConfig,
-    sockets: Sockets,
-    max_connections: int,
-    *,
-    shutdown_trigger: Callable[[], Awaitable[None]],
-    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    """hypercorn's ``trio.run.worker_serve`` for plain HTTP, over capped listeners.
-
-    Same order: the app's lifespan starts, the listeners serve until
-    ``shutdown_trigger`` returns, connections in progress get ``graceful_timeout``, then
-    the lifespan ends. Reports the bound URLs through ``task_status``.
-    """
-    lifespan_state: dict[str, object] = {}
-    lifespan = Lifespan(app, config, lifespan_state)
-    context = WorkerContext(None)
-    limiter = trio.CapacityLimiter(max_connections)
-    async with trio.open_nursery() as lifespan_nursery:
-        await lifespan_nursery.start(lifespan.handle_lifespan)
-        await lifespan.wait_for_startup()
-        async with trio.open_nursery() as server_nursery:
-            listeners = [
-                CappedListener(trio.SocketListener(trio.socket.from_stdlib_socket(sock)), limiter)
-                for sock in sockets.insecure_sockets
-            ]
-            binds = [
-                f"http://{repr_socket_addr(sock.family, sock.getsockname())}"
-                for sock in sockets.insecure_sockets
-            ]
-            for bind in binds:
-                await config.log.info(f"Running on {bind} (CTRL + C to quit)")
-            task_status.started(binds)
-            handler = partial(_Connection, app, config, context, ConnectionState(lifespan_state))
-            try:
-                async with trio.open_nursery(strict_exception_groups=True) as nursery:
-                    nursery.start_soon(raise_shutdown, shutdown_trigger)
-                    nursery.start_soon(
-                        partial(
-                            trio.serve_listeners,
-                            handler,
-                            listeners,
-                            handler_nursery=server_nursery,
-                        )
-                    )
-                    await trio.sleep_forever()
-            except BaseExceptionGroup as error:
-                _, others = error.split(ShutdownError)
-                if others is not None:
-                    raise others from None
-            finally:
-                await context.terminated.set()
-                server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
-        await lifespan.wait_for_shutdown()
-        lifespan_nursery.cancel_scope.cancel()

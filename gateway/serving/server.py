@@ -33,15 +33,15 @@ from collections.abc import Awaitable, Callable
 import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.config import Sockets
-from hypercorn.utils import wrap_app
 
 from gateway.calls.streaming import FINAL_SEND_S
 from gateway.config.settings import Config
 from gateway.edge.app import create_app
 from gateway.edge.exchange import ExchangeRecorder
 from gateway.observe.logs import event
-from gateway.serving.asgi_guard import FinalSendGuard
-from gateway.serving.connections import serve_http
+from gateway.serving.patches import quart_trio_connection
+from gateway.serving.patches.asgi_guard import FinalSendGuard
+from gateway.serving.patches.hypercorn_worker import serve_http
 from gateway.serving.readiness import Phase
 from gateway.serving.runtime import Runtime
 
@@ -124,8 +124,9 @@ async def serve(
     config = hypercorn_config(runtime.config)
     if sockets is None:
         sockets = bind_sockets(config)
-    app = ExchangeRecorder(FinalSendGuard(create_app(runtime)), runtime.metrics)
-    app = wrap_app(app, config.wsgi_max_body_size, None)
+    quart_app = create_app(runtime)
+    quart_trio_connection.install(quart_app)
+    app = ExchangeRecorder(FinalSendGuard(quart_app), runtime.metrics)
     readiness = runtime.readiness
     drain_s = runtime.config.server.drain_s
     grace = runtime.config.server.shutdown_grace_s

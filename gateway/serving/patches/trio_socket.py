@@ -13,8 +13,11 @@ fifth of a call's task steps. Here:
 
 Errors are the stream's: a closed socket is ``trio.ClosedResourceError``, any other
 ``OSError`` is ``trio.BrokenResourceError``. The stdlib socket under a trio socket is
-reached through trio's private ``_sock`` (trio is pinned); a stream without one (TLS, a
-future trio) uses its own methods.
+reached through trio's private ``_sock``; a stream without one (TLS, a future trio) uses
+its own methods.
+
+Patches trio 0.35.0: reaches ``trio.socket.SocketType``'s private ``_sock`` and stands in
+for ``trio.SocketStream.send_all`` and ``receive_some`` (same errors, fewer passes).
 """
 
 from __future__ import annotations
@@ -25,12 +28,32 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
+#: the upstream code this module was reviewed against (see gateway/serving/patches/):
+#: qualified name → (version, SHA-256 of its source)
+REVIEWED: dict[str, tuple[str, str]] = {
+    # sets ``_sock``, the stdlib socket that raw_socket() returns
+    "trio._socket._SocketType.__init__": (
+        "0.35.0",
+        "a8bf543c8bfd9ecf2af566a928e2389d69e298f1f7391c0c96a50148309efc9d",
+    ),
+    # send_all() and receive_some() below keep their errors and their cancellation
+    "trio._highlevel_socket.SocketStream.send_all": (
+        "0.35.0",
+        "df9f0a360b5bbd20d3b05f9bb9bc1f39fb03098f1786dcab975c9817c9955720",
+    ),
+    "trio._highlevel_socket.SocketStream.receive_some": (
+        "0.35.0",
+        "94a55ee3c587ffa7e9fa9e4e21754ce7170765af5a969107d4ca97d037a8a946",
+    ),
+}
+
 #: trio's own default for ``receive_some()`` without a size
 DEFAULT_RECEIVE_SIZE = 65536
 
 
 def raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
-    """The stdlib socket of a plain ``trio.SocketStream``, else None."""
+    """The stdlib socket of a plain ``trio.SocketStream``, else None (trio 0.35.0 keeps
+    it in the private ``_sock`` of the stream's trio socket)."""
     if type(stream) is not trio.SocketStream:
         return None
     raw = getattr(stream.socket, "_sock", None)

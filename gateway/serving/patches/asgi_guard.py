@@ -9,6 +9,12 @@ connection stayed open forever. Here an ``http.disconnect`` that arrives while t
 body message is being sent is handed over only once that send has returned. A client
 that goes away mid-answer is still seen at once (its disconnect does not come during
 the final send).
+
+Patches the meeting of hypercorn 0.18.0 (``HTTPStream.app_send`` closes the stream with
+the last body message; ``H11Protocol._maybe_recycle`` hands the app its disconnect before
+it readies the connection) and Quart-Trio 0.12.0 over Quart 0.22.0 (the request's
+nursery is cancelled as soon as ``handle_messages`` reads that disconnect): a wrapper
+around the app, since neither side offers a hook.
 """
 
 from __future__ import annotations
@@ -22,6 +28,30 @@ from hypercorn.typing import (
     ASGISendEvent,
     Scope,
 )
+
+#: the upstream code this module was reviewed against (see gateway/serving/patches/):
+#: qualified name → (version, SHA-256 of its source)
+REVIEWED: dict[str, tuple[str, str]] = {
+    # the final body message is followed by StreamClosed, in the sending task
+    "hypercorn.protocol.http_stream.HTTPStream.app_send": (
+        "0.18.0",
+        "c806044b997369855904b5496ef44bd2bf273f599e686647500ce507c1b0250b",
+    ),
+    # the disconnect first (_close_stream), then the next cycle and the idle timer
+    "hypercorn.protocol.h11.H11Protocol._maybe_recycle": (
+        "0.18.0",
+        "3ac53f52bc4e65de7e9b898df5c1c76c9865479e2821ed524acdf426c2075a88",
+    ),
+    # reads until the disconnect, then cancels the request's nursery
+    "quart.asgi.ASGIHTTPConnection.handle_messages": (
+        "0.22.0",
+        "c69dd49dbf636109e9f22d5970782611bff650f840d3bfb24c2ec11c3b913ee6",
+    ),
+    "quart_trio.asgi.TrioASGIHTTPConnection.handle_messages": (
+        "0.12.0",
+        "8d994a7d28dcac9d62dc483b2678e46b96529faa4d0e0d550b2daec36e56a1df",
+    ),
+}
 
 
 class FinalSendGuard:

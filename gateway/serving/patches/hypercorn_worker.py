@@ -1,0 +1,259 @@
+"""hypercorn's trio worker for plain HTTP, with a cheaper connection.
+
+Patches hypercorn 0.18.0's trio worker:
+
+- :func:`serve_http` is ``hypercorn.trio.run.worker_serve`` for plain HTTP (the only
+  transport the gateway serves), over listeners that accept only while fewer than
+  ``[server] max_connections`` are open (:class:`gateway.serving.connections.CappedListener`);
+- :class:`_Connection` is its ``TCPServer``, ended as soon as the client is gone, its
+  empty writes skipped;
+- :class:`_IdleTimer` stands in for its per-connection ``TrioSingleTask`` idle timer,
+  and reaches its ``TaskGroup``'s private ``_nursery`` as that timer does.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Any
+
+import trio
+from hypercorn.config import Config as HyperConfig
+from hypercorn.config import Sockets
+from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.trio.lifespan import Lifespan
+from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.worker_context import WorkerContext
+from hypercorn.typing import ASGIFramework, ConnectionState
+from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
+
+from gateway.serving.connections import CappedListener, acquire
+
+#: the upstream code this module was reviewed against (see gateway/serving/patches/):
+#: qualified name → (version, SHA-256 of its source)
+REVIEWED: dict[str, tuple[str, str]] = {
+    # serve_http is its copy for plain HTTP
+    "hypercorn.trio.run.worker_serve": (
+        "0.18.0",
+        "8dc8347a9fc357ca334f8c3e4bcf0368176510a96d434f21a5eb4c9ec4103726",
+    ),
+    # _Connection's base: its idle_task replaced after __init__; run() restarts it with
+    # _idle_timeout, then reads; run() tells a plain stream (connections._CountedStream)
+    # from TLS by its missing do_handshake and reads its ``socket``
+    "hypercorn.trio.tcp_server.TCPServer.__init__": (
+        "0.18.0",
+        "4c1d42457bc197b22f41b54b7dd6a79e195cdc037f9cc55f50e3e4332ebf6988",
+    ),
+    "hypercorn.trio.tcp_server.TCPServer.run": (
+        "0.18.0",
+        "fd34b021d1a86c9859514de9472306ea47f4a6763732b26b7a5945278ded0e08",
+    ),
+    # overridden: the RawData branch copied, Updated(idle) skipped once the client left
+    "hypercorn.trio.tcp_server.TCPServer.protocol_send": (
+        "0.18.0",
+        "225856426bff7be02990c0badb90f51f801db14ac5db0f3d0c210cafbeb528ab",
+    ),
+    # extended: its end marks the client gone and ends the idle timer
+    "hypercorn.trio.tcp_server.TCPServer._read_data": (
+        "0.18.0",
+        "7ca747d922c65cf1fb6bd7ceabe82b0b51bb9de218ce159d7b7e093ec279f728",
+    ),
+    # the rule _IdleTimer keeps; and the close it calls
+    "hypercorn.trio.tcp_server.TCPServer._idle_timeout": (
+        "0.18.0",
+        "210ce1014d98e1cba3c0e2218c53a1c1a1c361cd86457168cbb9391ebb139d1d",
+    ),
+    "hypercorn.trio.tcp_server.TCPServer._initiate_server_close": (
+        "0.18.0",
+        "7c1b548a65adc8b1b1358fdacbc860be3070fe99d5b1bdcfcde4c5c73a9cce03",
+    ),
+    # half-closes without the send lock: connections._CountedStream serialises its sends
+    "hypercorn.trio.tcp_server.TCPServer._close": (
+        "0.18.0",
+        "bc73c4ae25a1ceec1d535639443b57b3d3dea8b03c5375d58bf9702b8056ee15",
+    ),
+    # replaced by _IdleTimer (its restart() and stop())
+    "hypercorn.trio.worker_context.TrioSingleTask": (
+        "0.18.0",
+        "aa59316c028b876ad16369d57fcf70a82969bfb76436df033de96541935c7212",
+    ),
+    # its private _nursery holds _IdleTimer's task
+    "hypercorn.trio.task_group.TaskGroup": (
+        "0.18.0",
+        "8467a3a16a7e8763079b8727fe73d7d2115d0cb99441984856ff1bfcb4fcfbf2",
+    ),
+}
+
+
+class _IdleTimer:
+    """hypercorn 0.18.0's idle timer for one connection, without a task per request.
+
+    hypercorn stops its timer when a request comes in and starts it again (a new task,
+    under a lock) when the answer is sent: per request a task spawned, one cancelled and
+    two locks taken, a tenth of a call's scheduler passes. Here one task per connection
+    waits under a cancel scope whose deadline moves instead. Same rules: an idle
+    connection is closed after ``keep_alive_timeout``, or at once when the server is
+    stopping (one that is busy then, as soon as its answer is sent).
+    """
+
+    def __init__(self, connection: TCPServer) -> None:
+        self.connection = connection
+        self.idle = False
+        self.deadline = math.inf
+        self.scope: trio.CancelScope | None = None
+        self.running = False
+        self.ended = False
+
+    async def restart(self, task_group: Any, action: Callable[[], Awaitable[None]]) -> None:
+        """The connection is idle from now on (``action``, hypercorn's own timer task,
+        is what this replaces)."""
+        if self.ended:
+            return
+        self.idle = True
+        self.deadline = trio.current_time() + self.connection.config.keep_alive_timeout
+        if not self.running:
+            self.running = True
+            # hypercorn's TaskGroup has no public spawn for this; TrioSingleTask reaches
+            # its _nursery too
+            task_group._nursery.start_soon(self._watch)
+        elif self.scope is not None:
+            self.scope.deadline = self.deadline
+            if self.connection.context.terminated.is_set():
+                self.scope.cancel()
+
+    async def stop(self) -> None:
+        """The connection is busy (a request came in)."""
+        self.idle = False
+        self.deadline = math.inf
+        if self.scope is not None:
+            self.scope.deadline = math.inf
+
+    def end(self) -> None:
+        """The connection is over: the timer task ends too."""
+        self.ended = True
+        self.idle = False
+        if self.scope is not None:
+            self.scope.cancel()
+
+    async def _watch(self) -> None:
+        terminated = self.connection.context.terminated
+        while not self.ended:
+            with trio.CancelScope(deadline=self.deadline) as scope:
+                self.scope = scope
+                if terminated.is_set():
+                    await trio.sleep_forever()  # until idle (or the end)
+                else:
+                    await terminated.wait()
+            self.scope = None
+            if self.idle and not self.ended:
+                # idle past the keep-alive timeout, or the server stops: close it
+                with trio.CancelScope(shield=True):
+                    await self.connection._initiate_server_close()
+                return
+
+
+class _Connection(TCPServer):
+    """hypercorn 0.18.0's connection, ended as soon as the client is gone, with a cheaper
+    idle timer (:class:`_IdleTimer`).
+
+    Once its read loop ends (the client closed or reset the connection), hypercorn
+    still waits for the connection's idle timer (``keep_alive_timeout``, 30 s) before it
+    closes the socket: a client that connects and leaves held a descriptor, and a
+    place under the cap, for that long. The timer is ended instead, so the socket is
+    closed at once (a request still in progress was already told of the disconnect),
+    and an answer that finishes after that does not start it again.
+    """
+
+    client_gone = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.idle_task = _IdleTimer(self)  # type: ignore[assignment]  # not a TrioSingleTask
+
+    async def _read_data(self) -> None:
+        await super()._read_data()
+        self.client_gone = True
+        self.idle_task.end()  # type: ignore[attr-defined]  # the _IdleTimer of __init__
+
+    async def protocol_send(self, event: Event) -> None:
+        if isinstance(event, RawData):
+            # hypercorn's own, but an empty write (h11's end of a sized body) is no
+            # write, and a free lock is taken without a scheduler pass
+            if not event.data:
+                return
+            await acquire(self.send_lock)
+            try:
+                try:
+                    with trio.CancelScope(shield=True):
+                        await self.stream.send_all(event.data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    await self.protocol.handle(Closed())
+            finally:
+                self.send_lock.release()
+            return
+        if self.client_gone and isinstance(event, Updated) and event.idle:
+            return  # an answer finishing after the client left: no timer to wait for
+        await super().protocol_send(event)
+
+
+async def serve_http(
+    app: ASGIFramework,
+    config: HyperConfig,
+    sockets: Sockets,
+    max_connections: int,
+    *,
+    shutdown_trigger: Callable[[], Awaitable[None]],
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """hypercorn 0.18.0's ``trio.run.worker_serve`` for plain HTTP, over capped listeners
+    (``app`` wrapped as its ``trio_worker`` wraps the app it loads).
+
+    Same order: the app's lifespan starts, the listeners serve until
+    ``shutdown_trigger`` returns, connections in progress get ``graceful_timeout``, then
+    the lifespan ends. Reports the bound URLs through ``task_status``.
+    """
+    wrapped = wrap_app(app, config.wsgi_max_body_size, None)
+    lifespan_state: dict[str, object] = {}
+    lifespan = Lifespan(wrapped, config, lifespan_state)
+    context = WorkerContext(None)
+    limiter = trio.CapacityLimiter(max_connections)
+    async with trio.open_nursery() as lifespan_nursery:
+        await lifespan_nursery.start(lifespan.handle_lifespan)
+        await lifespan.wait_for_startup()
+        async with trio.open_nursery() as server_nursery:
+            listeners = [
+                CappedListener(trio.SocketListener(trio.socket.from_stdlib_socket(sock)), limiter)
+                for sock in sockets.insecure_sockets
+            ]
+            binds = [
+                f"http://{repr_socket_addr(sock.family, sock.getsockname())}"
+                for sock in sockets.insecure_sockets
+            ]
+            for bind in binds:
+                await config.log.info(f"Running on {bind} (CTRL + C to quit)")
+            task_status.started(binds)
+            handler = partial(
+                _Connection, wrapped, config, context, ConnectionState(lifespan_state)
+            )
+            try:
+                async with trio.open_nursery(strict_exception_groups=True) as nursery:
+                    nursery.start_soon(raise_shutdown, shutdown_trigger)
+                    nursery.start_soon(
+                        partial(
+                            trio.serve_listeners,
+                            handler,
+                            listeners,
+                            handler_nursery=server_nursery,
+                        )
+                    )
+                    await trio.sleep_forever()
+            except BaseExceptionGroup as error:
+                _, others = error.split(ShutdownError)
+                if others is not None:
+                    raise others from None
+            finally:
+                await context.terminated.set()
+                server_nursery.cancel_scope.deadline = trio.current_time() + config.graceful_timeout
+        await lifespan.wait_for_shutdown()
+        lifespan_nursery.cancel_scope.cancel()
