@@ -291,9 +291,12 @@ class Node:
         )
 
     async def know_org(self, org_id: str) -> None:
-        """Reload the organisations if ``org_id`` is not among them: a key looked up
-        before the poll brought it may be of an organisation made on another node."""
-        if org_id not in self.rt.orgs:
+        """Bring the organisations up to date before a key looked up is learned: the
+        key may be of an organisation made on another node, or changed there since
+        this node's last poll (credits added, a policy): reloaded when ``org_id`` is
+        not known or the change counter moved."""
+        version = await self.rt.store.read(ops.version)
+        if org_id not in self.rt.orgs or version != self._version:
             await self._reload_orgs()
 
     def switch_models(self, switches: dict[str, bool]) -> None:
