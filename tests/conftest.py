@@ -40,10 +40,10 @@ from gateway.store import Store
 from gateway.store import sql as store_sql
 from shards import FakeClock
 from shards.clock import Clock
-from tests.fake_upstream import FakeUpstream
-from tests.pg_cluster import Cluster, destroy, find_bin_dir, start_cluster
-from tests.procs import ADMIN_TOKEN as PROCS_ADMIN_TOKEN
-from tests.procs import Server, start_server
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.pg_cluster import Cluster, destroy, find_bin_dir, start_cluster
+from tests.support.procs import ADMIN_TOKEN as PROCS_ADMIN_TOKEN
+from tests.support.procs import Server, start_server
 
 ADMIN_TOKEN = "test-admin-token"
 BACKENDS = ("sqlite", "postgres")
@@ -193,7 +193,7 @@ async def start_gateway(
 
 @pytest.fixture
 async def upstream(nursery: trio.Nursery) -> FakeUpstream:
-    """The fake OpenAI-compatible upstream (tests/fake_upstream.py), a real server."""
+    """The fake OpenAI-compatible upstream (tests/support/fake_upstream.py), a real server."""
     return await nursery.start(FakeUpstream().serve)
 
 
