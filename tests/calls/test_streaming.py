@@ -24,6 +24,7 @@ import trio
 from gateway.providers.mock import MockProvider
 from shards import FakeClock
 from tests.conftest import Gateway, make_config, start_gateway
+from tests.support.waiting import until
 
 CHAT = "/v1/chat/completions"
 RESP = "/v1/responses"
@@ -307,9 +308,12 @@ async def test_a_dropped_stream_frees_its_slot_and_counts_the_full_estimate(
     with trio.fail_after(5):
         request_id, sock = await open_raw_stream(gw, path, body, key["token"], data_lines=4)
         await sock.aclose()  # the client goes away mid-stream
-    with trio.fail_after(1.0):
-        while (view := await key_view(gw, key["token"]))["rate_limit"]["in_flight"] != 0:
-            await trio.sleep(0.02)
+
+    async def freed() -> dict[str, Any] | None:
+        view = await key_view(gw, key["token"])
+        return view if view["rate_limit"]["in_flight"] == 0 else None
+
+    view = await until(freed, within=1.0, every=0.02)
     assert view["usage"]["day"]["reserved_usd"] == 0
     row = await record(gw, request_id)
     assert row["stream"] == 1
@@ -317,6 +321,11 @@ async def test_a_dropped_stream_frees_its_slot_and_counts_the_full_estimate(
     assert row["usage"] is None  # the usage chunk never came
     assert row["settled_usd_nanos"] == row["reserved_usd_nanos"] > 0
     assert view["usage"]["day"]["spent_usd"] == pytest.approx(row["reserved_usd_nanos"] / 1e9)
+
+
+async def ended_call(gw: Gateway) -> bool:
+    """No call of the sandbox key is in flight."""
+    return bool((await key_view(gw))["rate_limit"]["in_flight"] == 0)
 
 
 async def test_a_client_that_stops_reading_is_ended_by_the_deadline(gw: Gateway) -> None:
@@ -335,12 +344,15 @@ async def test_a_client_that_stops_reading_is_ended_by_the_deadline(gw: Gateway)
             request_id, sock = await open_raw_stream(gw, CHAT, body, gw.token)
             async with sock:
                 # every read counts against the key's requests per minute: poll gently
-                while (await key_view(gw))["rate_limit"]["in_flight"] != 0:
-                    await trio.sleep(0.05)
+                await until(lambda: ended_call(gw), within=DEADLINE_S + 3)
                 ended = trio.current_time() - start
             # the client goes away: the pump stops waiting for it and ends
-            while any(t.name.endswith(".pump") for t in gw.runtime.nursery.child_tasks):
-                await trio.sleep(0.02)
+            nursery = gw.runtime.nursery
+            await until(
+                lambda: not any(t.name.endswith(".pump") for t in nursery.child_tasks),
+                within=DEADLINE_S + 3,
+                every=0.02,
+            )
         gc.collect()
     assert DEADLINE_S - 0.1 <= ended < DEADLINE_S + 1.0
     assert [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)] == []

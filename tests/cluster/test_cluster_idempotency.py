@@ -26,6 +26,7 @@ from tests.cluster.test_cluster import LEASE_S, books, db_of, live_key, nodes, o
 from tests.money.test_durable_money import MAX_TOKENS
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.procs import Server
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.timeout(100)
 
@@ -164,9 +165,7 @@ def answered_ids(answers: list[Answer]) -> dict[int, set[str]]:
 
 async def pending_settled(db: str, bound_s: float) -> None:
     """Wait (bounded) until no request row is pending."""
-    with trio.fail_after(bound_s):
-        while books(db)["pending"]:
-            await trio.sleep(0.1)
+    await until(lambda: not books(db)["pending"], within=bound_s, every=0.1)
 
 
 async def assert_spend_is_the_records(

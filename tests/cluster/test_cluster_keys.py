@@ -29,6 +29,7 @@ from tests.cluster.test_cluster import ADMIN, admin, body, live_key, nodes, org_
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster
 from tests.support.procs import Server
+from tests.support.waiting import until
 
 __all__ = ["nodes"]  # the fixture, imported to be used here
 
@@ -163,17 +164,15 @@ async def lookups_made(server: Server, db: str) -> int:
     await trio.to_thread.run_sync(server.stop)
     dbname = db.rsplit("/", 1)[1]
 
-    def others() -> int:
+    def closed() -> bool:
         (row,) = rows(
             db,
             "SELECT COUNT(*) AS n FROM pg_stat_activity"
             f" WHERE datname = '{dbname}' AND pid != pg_backend_pid()",
         )
-        return int(row["n"])
+        return int(row["n"]) == 0
 
-    with trio.fail_after(10):
-        while await trio.to_thread.run_sync(others):
-            await trio.sleep(0.05)
+    await until(lambda: trio.to_thread.run_sync(closed), within=10)
     (row,) = rows(
         db,
         "SELECT idx_scan FROM pg_stat_user_indexes WHERE indexrelname = 'idx_keys_prefix'",

@@ -31,6 +31,7 @@ from tests.conftest import db_for
 from tests.money.test_durable_money import chat_body, live_key, nanos, start
 from tests.support.fake_upstream import WORDS, FakeUpstream
 from tests.support.procs import Server
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -106,12 +107,12 @@ async def retry_while_held(
 
 async def settled_record(server: Server, token: str, request_id: str) -> dict[str, Any]:
     """The call's record once it is no longer pending (bounded)."""
-    with trio.fail_after(10):
-        while True:
-            record = await get(server, token, f"/v1/requests/{request_id}")
-            if record["status"] != "pending":
-                return record
-            await trio.sleep(0.05)
+
+    async def settled() -> dict[str, Any] | None:
+        record = await get(server, token, f"/v1/requests/{request_id}")
+        return record if record["status"] != "pending" else None
+
+    return await until(settled, within=10)
 
 
 def only_request_id(tmp_path: Path) -> str:
@@ -220,8 +221,7 @@ async def test_the_log_line_of_a_call_whose_client_left_names_it(
         with trio.fail_after(20):
             await leave_mid_call(server, token, chat_body("c3001", "hold", stream=False), upstream)
             request_id = only_request_id(tmp_path)
-            while not (lines := chat_lines(server)):  # logged once the call settled
-                await trio.sleep(0.05)
+            lines = await until(lambda: chat_lines(server), within=20)  # once it settled
     finally:
         upstream.release.set()
         await trio.to_thread.run_sync(server.stop)

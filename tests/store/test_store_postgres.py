@@ -29,6 +29,7 @@ from tests.conftest import start_gateway
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster, free_port
 from tests.support.procs import Server, assert_one_line_error, base_env, run_cli, start_server
+from tests.support.waiting import until
 
 _names = itertools.count()
 
@@ -46,11 +47,14 @@ def rows(url: str, sql: str) -> list[dict[str, Any]]:
         return conn.execute(sql).fetchall()
 
 
-async def ready_again(url: str) -> None:
+async def ready_again(url: str, within: float) -> None:
     """Wait until /readyz says ready (the store's reader reconnects on a probe)."""
     async with httpx.AsyncClient(base_url=url) as http:
-        while (await http.get("/readyz")).status_code != 200:
-            await trio.sleep(READ_RETRY_S)
+
+        async def ready() -> bool:
+            return (await http.get("/readyz")).status_code == 200
+
+        await until(ready, within=within, every=READ_RETRY_S)
 
 
 def on(config: Config, url: str) -> Config:
@@ -191,7 +195,7 @@ async def test_the_database_stopped_and_started_under_load(
             restarted = True
             await served_after.wait()
             await upstream.wait_until(lambda: upstream.calls >= 60)
-            await ready_again(gw.url)
+            await ready_again(gw.url, within=60)
         stop_load.set()
     with trio.fail_after(10):
         await gw.runtime.inflight.wait_settled()
