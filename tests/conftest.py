@@ -166,7 +166,10 @@ def make_config(tmp_path: Path, **server: Any) -> Config:
 
 
 async def start_gateway(
-    nursery: trio.Nursery, config: Config, clock: Clock | None = None
+    nursery: trio.Nursery,
+    config: Config,
+    clock: Clock | None = None,
+    admin_token: str = ADMIN_TOKEN,
 ) -> Gateway:
     lock = DatabaseLock(config.server.db)
     lock.acquire()  # one server per database, as `serve` has it
@@ -175,7 +178,7 @@ async def start_gateway(
     except BaseException:
         lock.release()
         raise
-    runtime.admin_token = ADMIN_TOKEN
+    runtime.admin_token = admin_token
     stop, stopped = trio.Event(), trio.Event()
 
     async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:

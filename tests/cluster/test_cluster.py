@@ -6,6 +6,8 @@ the session's throwaway PostgreSQL (``pg_cluster``); live keys call the fake ups
 calls round-robin over the nodes. Admitted calls are held at the upstream
 (``[[fault hold]]``) until every call has its answer or is held, so no settlement frees
 headroom during a race: a cap of k worst-case reservations and a half admits exactly k.
+The test of a clock minute's rpm serves its three nodes in this process instead, on one
+injected clock (``clocked_nodes``): a ``serve`` process reads the machine's clock.
 """
 
 from __future__ import annotations
@@ -18,19 +20,24 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 import psycopg
 import pytest
 import trio
 
+from gateway.config.settings import load_config
+from shards import FakeClock
+from tests.conftest import Gateway, start_gateway
 from tests.money.test_durable_money import CONFIG, MAX_TOKENS, OUT_PRICE, WORST_CASE
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster, free_port
 from tests.support.procs import ADMIN_TOKEN, Server, base_env, start_server
+from tests.support.waiting import until
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -60,15 +67,18 @@ def start_node(tmp_path: Path, db: str, upstream: FakeUpstream, n: int) -> Serve
     return start_server(where, "--config", str(config), db=db, env=env)
 
 
+def fresh_db(pg_cluster: Cluster) -> str:
+    """A new database, under a random name, on the session's cluster."""
+    name = f"pgn_{secrets.token_hex(6)}"
+    pg_cluster.psql(f"CREATE DATABASE {name}")
+    return pg_cluster.url(name)
+
+
 @pytest.fixture
 async def nodes(
     tmp_path: Path, pg_cluster: Cluster, upstream: FakeUpstream
 ) -> AsyncIterator[list[Server]]:
-    # random, not counted: other test modules import this fixture (pytest may load this
-    # file under a second module name, with a counter of its own)
-    name = f"pgn_{secrets.token_hex(6)}"
-    pg_cluster.psql(f"CREATE DATABASE {name}")
-    db = pg_cluster.url(name)
+    db = fresh_db(pg_cluster)
     started: list[Server] = []
     try:
         for n in range(3):
@@ -80,7 +90,43 @@ async def nodes(
             await trio.to_thread.run_sync(server.stop)
 
 
-def urls(nodes: list[Server]) -> list[str]:
+@pytest.fixture
+async def clocked_nodes(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    pg_cluster: Cluster,
+    upstream: FakeUpstream,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[list[Gateway]]:
+    """Three nodes as ``nodes`` starts them, but served in this process, each on the
+    injected ``clock`` (standing mid-minute): the windows of their limits stay put for as
+    long as a test runs."""
+    monkeypatch.setenv("FAKE_UPSTREAM_KEY", "sk-upstream")
+    config = tmp_path / "gateway.toml"
+    config.write_text(CONFIG.format(url=upstream.url, price=OUT_PRICE))
+    db = fresh_db(pg_cluster)
+    started: list[Gateway] = []
+    try:
+        for n in range(3):
+            env = {"SVC_CLUSTER_NODE_ID": f"n{n}", "SVC_CLUSTER_LEASE_S": str(LEASE_S)}
+            node = load_config(config, environ=env, db=db, port=0)
+            started.append(await start_gateway(nursery, node, clock, admin_token=ADMIN_TOKEN))
+        yield started
+    finally:
+        upstream.release.set()
+        for gateway in started:
+            await gateway.aclose()
+
+
+class Reachable(Protocol):
+    """A node as the helpers below reach it: a ``serve`` process or a server in this
+    process (``clocked_nodes``)."""
+
+    url: str
+
+
+def urls(nodes: Sequence[Reachable]) -> list[str]:
     return [server.url for server in nodes]
 
 
@@ -88,33 +134,36 @@ def db_of(nodes: list[Server]) -> str:
     return str(nodes[0].proc.args[nodes[0].proc.args.index("--db") + 1])  # type: ignore[union-attr]
 
 
-async def admin(server: Server, method: str, path: str, **body: Any) -> dict[str, Any]:
+async def admin(server: Reachable, method: str, path: str, **body: Any) -> dict[str, Any]:
     async with httpx.AsyncClient(base_url=server.url, headers=ADMIN) as client:
         response = await client.request(method, path, json=body or None)
     assert response.status_code in (200, 201), response.text
     return dict(response.json())
 
 
-async def org_id(server: Server, credits_usd: float = 1000.0) -> str:
+async def org_id(server: Reachable, credits_usd: float = 1000.0) -> str:
     """A new organisation with ``credits_usd``, made on ``server``."""
     org = str((await admin(server, "POST", "/admin/orgs", name="acme"))["id"])
     await admin(server, "POST", f"/admin/orgs/{org}/credits", add_usd=credits_usd)
     return org
 
 
-async def seen_everywhere(nodes: list[Server], token: str, status: int = 200) -> float:
+async def seen_everywhere(nodes: Sequence[Reachable], token: str, status: int = 200) -> float:
     """Seconds until every node answers GET /v1/key for ``token`` with ``status``."""
     start = time.monotonic()
     headers = {"Authorization": f"Bearer {token}"}
+
+    async def answers(client: httpx.AsyncClient) -> bool:
+        return (await client.get("/v1/key")).status_code == status
+
     with trio.fail_after(10):
         for server in nodes:
             async with httpx.AsyncClient(base_url=server.url, headers=headers) as client:
-                while (await client.get("/v1/key")).status_code != status:
-                    await trio.sleep(0.05)
+                await until(partial(answers, client), within=10)
     return time.monotonic() - start
 
 
-async def live_key(nodes: list[Server], org: str, at: int = 0, **caps: Any) -> str:
+async def live_key(nodes: Sequence[Reachable], org: str, at: int = 0, **caps: Any) -> str:
     made = await admin(
         nodes[at],
         "POST",
@@ -241,20 +290,16 @@ async def test_an_orgs_credits_admit_exactly_k_across_nodes(
 
 
 async def test_a_keys_rpm_admits_exactly_rpm_in_a_clock_minute_across_nodes(
-    nodes: list[Server], upstream: FakeUpstream
+    clocked_nodes: list[Gateway], upstream: FakeUpstream
 ) -> None:
     """The key's rpm across the nodes: within one clock minute exactly rpm requests are
-    admitted, the GET /v1/key that found the key on each node (one each) included."""
+    admitted, the GET /v1/key that found the key on each node (one each) included. The
+    nodes read the minute off one injected clock, so the race never crosses one."""
+    nodes = clocked_nodes
     rpm = 25
     org = await org_id(nodes[0])
-    # everything within one clock minute (the nodes' clocks are this machine's)
-    with trio.fail_after(40):
-        while time.time() % 60 > 25:
-            await trio.sleep(0.2)
-    minute = time.time() // 60
     token = await live_key(nodes, org, rpm=rpm)
     answers = await race(urls(nodes), [token], upstream, faults="delay=0")
-    assert time.time() // 60 == minute, "the race crossed a clock minute"
     reads = len(nodes)
     assert answers == {(200, "ok"): rpm - reads, (429, "rate_limited"): CALLS - rpm + reads}
 
@@ -282,9 +327,7 @@ async def test_in_flight_slots_and_an_org_budget_hold_exactly_across_nodes(
 async def within(bound_s: float, check: Any) -> float:
     """Seconds until ``check()`` (async) is true, failing past ``bound_s``."""
     start = time.monotonic()
-    with trio.fail_after(bound_s):
-        while not await check():
-            await trio.sleep(0.05)
+    await until(check, within=bound_s)
     return time.monotonic() - start
 
 
@@ -370,9 +413,9 @@ async def test_kill_9_of_a_node_under_load_keeps_the_books(
             killed.set()
     assert served_after[0] + served_after[2] > 0
     db = db_of(nodes)
-    with trio.fail_after(LEASE_S * 3):  # the dead node's registration expires, is swept
-        while rows(db, "SELECT 1 FROM cluster_nodes WHERE node_id = 'n1'"):
-            await trio.sleep(0.2)
+    # the dead node's registration expires, is swept
+    swept = "SELECT 1 FROM cluster_nodes WHERE node_id = 'n1'"
+    await until(lambda: not rows(db, swept), within=LEASE_S * 3, every=0.2)
     got = books(db)
     assert got["pending"] == 0
     assert got["settled"] <= cap
@@ -417,10 +460,13 @@ async def test_the_database_briefly_unreachable_stops_and_resumes_every_node(
                 assert (await http.get("/readyz")).status_code == 503
     finally:
         await trio.to_thread.run_sync(pg_cluster.start)
+
+    async def serves(server: Server) -> bool:
+        return (await call(server)).status_code == 200
+
     with trio.fail_after(LEASE_S * 3):
         for server in nodes:
-            while (await call(server)).status_code != 200:
-                await trio.sleep(0.2)
+            await until(partial(serves, server), within=LEASE_S * 3, every=0.2)
     got = books(db_of(nodes))
     assert got["pending"] == 0 and got["billed"] == got["debited"]
 
@@ -443,15 +489,15 @@ async def test_the_shipped_haproxy_config_in_front_of_three_nodes(
     )
     try:
         front = f"http://127.0.0.1:{port}"
-        with trio.fail_after(10):
-            while True:
-                try:
-                    async with httpx.AsyncClient(base_url=front) as client:
-                        if (await client.get("/readyz")).status_code == 200:
-                            break
-                except httpx.TransportError:
-                    pass
-                await trio.sleep(0.1)
+
+        async def proxy_ready() -> bool:
+            try:
+                async with httpx.AsyncClient(base_url=front) as client:
+                    return (await client.get("/readyz")).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        await until(proxy_ready, within=10, every=0.1)
         org = await org_id(nodes[0])
         token = await live_key(nodes, org, usd_day=(K + 0.5) * WORST_CASE / 1e9)
         answers = await race([front], [token], upstream)
@@ -488,9 +534,9 @@ async def test_a_stalled_node_is_fenced_and_its_leases_taken_over(
         await upstream.wait_until(lambda: upstream.calls >= 1)  # in flight, held upstream
         stalled.proc.send_signal(signal.SIGSTOP)
         try:
-            with trio.fail_after(LEASE_S * 4):  # expired, then swept by a live node
-                while rows(db, "SELECT 1 FROM cluster_nodes WHERE node_id = 'n2'"):
-                    await trio.sleep(0.2)
+            # expired, then swept by a live node
+            swept = "SELECT 1 FROM cluster_nodes WHERE node_id = 'n2'"
+            await until(lambda: not rows(db, swept), within=LEASE_S * 4, every=0.2)
             (row,) = rows(db, "SELECT status, settled_usd_nanos FROM requests")
             assert row["status"] == "interrupted" and row["settled_usd_nanos"] == WORST_CASE
             upstream.release.set()
