@@ -7,67 +7,26 @@ Raw loopback sockets, so that the test alone decides how fast a body arrives.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-import orjson
 import pytest
 import trio
 
 from gateway.edge.bodies import MIN_RATE, MIN_RATE_GRACE_S
 from gateway.providers.mock import MockProvider
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.serving.test_connections import _complete, closed_within, connect, exchange, models
-
-CHAT = "/v1/chat/completions"
-PROSE = "The quick brown fox jumps over the lazy dog, again and again. "
-
-
-def chat_body(size: int = 0, **fields: Any) -> bytes:
-    """A chat call whose message pads the body to about ``size`` bytes."""
-    body = {"model": "gpt-4o-mini", "max_tokens": 4, "messages": [{"role": "user", "content": ""}]}
-    body.update(fields)
-    pad = max(0, size - len(orjson.dumps(body)))
-    body["messages"][0]["content"] = (PROSE * (pad // len(PROSE) + 1))[:pad]
-    return orjson.dumps(body)
-
-
-def head(url: str, length: int | None, token: str | None = None, path: str = CHAT) -> bytes:
-    host = url.removeprefix("http://")
-    lines = [f"POST {path} HTTP/1.1", f"Host: {host}", "Content-Type: application/json"]
-    if token:
-        lines.append(f"Authorization: Bearer {token}")
-    lines.append(
-        f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked"
-    )
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-async def read_answer(stream: trio.SocketStream, seconds: float = 15) -> bytes:
-    data = b""
-    with trio.fail_after(seconds):
-        while not _complete(data):
-            chunk = await stream.receive_some(65536)
-            assert chunk, f"closed mid-answer: {data!r}"
-            data += chunk
-    return data
-
-
-def status_of(answer: bytes) -> int:
-    return int(answer.split(b" ", 2)[1])
-
-
-def error_of(answer: bytes) -> dict[str, Any]:
-    return orjson.loads(answer.partition(b"\r\n\r\n")[2])["error"]
-
-
-async def trickle(stream: trio.SocketStream, every: float) -> None:
-    """One byte of body every ``every`` seconds until the server stops reading."""
-    try:
-        while True:
-            await stream.send_all(b" ")
-            await trio.sleep(every)
-    except (trio.BrokenResourceError, trio.ClosedResourceError):
-        pass
+from tests.support.fake_client import (
+    chat_body,
+    closed_within,
+    connect,
+    error_of,
+    exchange,
+    head,
+    models,
+    read_answer,
+    send_paced,
+    status_of,
+    trickle,
+)
 
 
 @pytest.fixture
@@ -81,7 +40,7 @@ async def test_a_trickling_body_gets_408_at_the_deadline_and_the_connection_clos
     quick: Gateway, token: bool
 ) -> None:
     gw = quick
-    stream = await connect(gw)
+    stream = await connect(gw.url)
     async with stream, trio.open_nursery() as nursery:
         await stream.send_all(head(gw.url, 1000, gw.token if token else None) + b"{")
         start = trio.current_time()
@@ -108,7 +67,7 @@ async def test_a_trickling_body_gets_408_at_the_deadline_and_the_connection_clos
 async def test_a_body_below_the_minimum_rate_is_cut_after_the_grace(gateway: Gateway) -> None:
     """The default 30 s deadline, but one byte every 0.25 s is below the minimum rate."""
     assert gateway.runtime.config.server.body_timeout_s == 30
-    stream = await connect(gateway)
+    stream = await connect(gateway.url)
     async with stream, trio.open_nursery() as nursery:
         await stream.send_all(head(gateway.url, 100_000, gateway.token))
         start = trio.current_time()
@@ -123,13 +82,10 @@ async def test_a_body_below_the_minimum_rate_is_cut_after_the_grace(gateway: Gat
 async def test_a_slow_steady_body_above_the_minimum_rate_is_read(gateway: Gateway) -> None:
     """Twice the minimum rate for longer than the grace: the body is served."""
     body = chat_body(int(2 * MIN_RATE * (MIN_RATE_GRACE_S + 1.5)))
-    stream = await connect(gateway)
+    stream = await connect(gateway.url)
     async with stream:
         await stream.send_all(head(gateway.url, len(body), gateway.token))
-        step = MIN_RATE // 5
-        for offset in range(0, len(body), step):
-            await stream.send_all(body[offset : offset + step])
-            await trio.sleep(0.1)
+        await send_paced(stream, body, step=MIN_RATE // 5, every=0.1)
         answer = await read_answer(stream)
     assert status_of(answer) == 200, answer[:300]
 
@@ -142,13 +98,13 @@ async def test_a_refused_body_is_discarded_and_the_connection_kept(
     the next request on the same connection is served."""
     key = await gateway.create_key(name="no-inference", scopes=["embeddings"])
     body = chat_body(3 * 1024 * 1024)
-    stream = await connect(gateway)
+    stream = await connect(gateway.url)
     async with stream:
         await stream.send_all(head(gateway.url, len(body), key["token"] if token else None) + body)
         answer = await read_answer(stream)
         assert status_of(answer) == (403 if token else 401), answer
         assert b"connection: close" not in answer.lower()
-        again = await exchange(stream, models(gateway))
+        again = await exchange(stream, models(gateway.url))
     assert again.startswith(b"HTTP/1.1 200"), again[:200]
 
 
@@ -158,7 +114,7 @@ async def test_a_chunked_body_is_read_and_one_over_the_limit_is_413(
     gw = await start_gateway(nursery, make_config(tmp_path, max_body_bytes=4096))
     body = chat_body(1000)
     chunked = b"".join(b"%x\r\n%s\r\n" % (len(part), part) for part in (body[:500], body[500:]))
-    stream = await connect(gw)
+    stream = await connect(gw.url)
     async with stream:
         await stream.send_all(head(gw.url, None, gw.token) + chunked + b"0\r\n\r\n")
         answer = await read_answer(stream)
@@ -195,10 +151,10 @@ async def test_bodies_past_the_budget_wait_then_are_refused_503(
         with trio.fail_after(5):
             assert (await stream.receive_some(12)).startswith(b"HTTP/1.1 200")
 
-    held = [await connect(gw), await connect(gw)]
+    held = [await connect(gw.url), await connect(gw.url)]
     for stream in held:
         await started(stream)
-    third = await connect(gw)
+    third = await connect(gw.url)
     async with third:
         await third.send_all(head(gw.url, len(body), gw.token) + body)
         with trio.move_on_after(1.0):
@@ -207,7 +163,7 @@ async def test_bodies_past_the_budget_wait_then_are_refused_503(
         await held.pop().aclose()  # that call ends: its share goes back
         with trio.fail_after(5):
             assert (await third.receive_some(12)).startswith(b"HTTP/1.1 200")
-        fourth = await connect(gw)
+        fourth = await connect(gw.url)
         async with fourth:
             start = trio.current_time()
             await fourth.send_all(head(gw.url, len(body), gw.token) + body)

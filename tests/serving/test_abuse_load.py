@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from tests.edge.test_bodies import chat_body, head, read_answer, status_of, trickle
+from tests.support.fake_client import chat_body, head, read_answer, status_of, trickle
 from tests.support.procs import ADMIN_TOKEN, Server, base_env, start_server
 
 POLLER = """

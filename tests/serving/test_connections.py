@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 import trio
+import trio.testing
 
 from tests.conftest import Gateway, make_config, start_gateway
+from tests.support.fake_client import closed_within, connect, exchange, models
 
 IDLE_S = 1.0
 
@@ -18,42 +20,6 @@ IDLE_S = 1.0
 @pytest.fixture
 async def idle_gateway(nursery: trio.Nursery, tmp_path: Path) -> Gateway:
     return await start_gateway(nursery, make_config(tmp_path, connection_idle_s=IDLE_S))
-
-
-async def exchange(stream: trio.SocketStream, request: bytes) -> bytes:
-    """Send one request and read its whole answer (it ends with the body's last chunk)."""
-    await stream.send_all(request)
-    data = b""
-    with trio.fail_after(10):
-        while not (data.endswith(b"0\r\n\r\n") or _complete(data)):
-            chunk = await stream.receive_some(65536)
-            assert chunk, f"closed mid-answer: {data!r}"
-            data += chunk
-    return data
-
-
-def _complete(data: bytes) -> bool:
-    head, sep, body = data.partition(b"\r\n\r\n")
-    if not sep:
-        return False
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            return len(body) >= int(value)
-    return False
-
-
-async def closed_within(stream: trio.SocketStream, seconds: float) -> float:
-    """Seconds until the server closes the connection (EOF), failing past ``seconds``."""
-    start = trio.current_time()
-    with trio.fail_after(seconds):
-        assert await stream.receive_some(1) == b""
-    return trio.current_time() - start
-
-
-def models(gw: Gateway) -> bytes:
-    host = gw.url.removeprefix("http://")
-    return f"GET /v1/models HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
 
 
 def chat(gw: Gateway, stream: bool) -> bytes:
@@ -70,18 +36,13 @@ def chat(gw: Gateway, stream: bool) -> bytes:
     ).encode() + body
 
 
-async def connect(gw: Gateway) -> trio.SocketStream:
-    host, port = gw.url.removeprefix("http://").rsplit(":", 1)
-    return await trio.open_tcp_stream(host, int(port))
-
-
 @pytest.mark.parametrize("kind", ["catalog", "call", "streamed call"])
 async def test_an_idle_connection_is_closed_after_its_answer(
     idle_gateway: Gateway, kind: str
 ) -> None:
     gw = idle_gateway
-    request = {"catalog": models(gw), "call": chat(gw, False), "streamed call": chat(gw, True)}
-    stream = await connect(gw)
+    request = {"catalog": models(gw.url), "call": chat(gw, False), "streamed call": chat(gw, True)}
+    stream = await connect(gw.url)
     async with stream:
         answer = await exchange(stream, request[kind])
         assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
@@ -89,16 +50,27 @@ async def test_an_idle_connection_is_closed_after_its_answer(
         assert waited >= IDLE_S - 0.2
 
 
-async def test_a_connection_in_use_is_kept(idle_gateway: Gateway) -> None:
-    """Requests closer together than the idle timeout share one connection throughout."""
+async def test_a_connection_in_use_is_kept(
+    idle_gateway: Gateway, mock_clock: trio.testing.MockClock
+) -> None:
+    """Requests closer together than the idle timeout share one connection throughout;
+    once one is followed by a whole timeout without a request, the connection is closed.
+    On virtual time: the server's idle timer runs on trio's clock, which only this test
+    moves, once the server has done all it can (every task blocked)."""
     gw = idle_gateway
-    stream = await connect(gw)
+    stream = await connect(gw.url)
     async with stream:
-        start = trio.current_time()
-        while trio.current_time() - start < 3 * IDLE_S:
-            answer = await exchange(stream, models(gw))
+        for _ in range(4):  # three timeouts' worth of time, in gaps of 3/4 of one
+            answer = await exchange(stream, models(gw.url))
             assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
-            await trio.sleep(IDLE_S / 4)
+            await trio.testing.wait_all_tasks_blocked()
+            mock_clock.jump(IDLE_S * 3 / 4)
+        answer = await exchange(stream, models(gw.url))
+        assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+        await trio.testing.wait_all_tasks_blocked()
+        mock_clock.jump(IDLE_S)
+        mock_clock.autojump_threshold = 0  # the bound below runs on virtual time too
+        await closed_within(stream, IDLE_S / 4)
 
 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/embeddings"])
@@ -113,10 +85,10 @@ async def test_a_body_that_never_finishes_holds_no_in_flight_slot(
         'Content-Type: application/json\r\nContent-Length: 60\r\n\r\n{"mod'
     )
     await stalled.send_all(head.encode())
-    # time for the server to have the headers and part of the body; nothing signals it,
-    # and a server that has not read them yet holds no slot either (the test cannot
-    # fail falsely, only pass weakly)
-    await trio.sleep(0.3)
+    # the server (in this process) has read all it was sent, the headers and part of
+    # the body, once every task waits: it waits for the rest of the body
+    with trio.fail_after(5):
+        await trio.testing.wait_all_tasks_blocked()
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
     if path.endswith("embeddings"):
         body = {"model": "text-embedding-3-small", "input": "hi"}
