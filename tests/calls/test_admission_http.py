@@ -50,12 +50,14 @@ def cap_for(gw: Gateway, k: int) -> float:
 
 class HeldMock:
     """The sandbox mock, holding each call until every call of the race was either
-    admitted (it reached the provider) or refused (its answer came back)."""
+    admitted (it reached the provider) or refused (its answer came back). ``moved`` is
+    set at each admission or refusal (a watcher replaces it once it has looked)."""
 
     def __init__(self, gw: Gateway) -> None:
         self.inner = MockProvider.for_models(gw.runtime.config.models)
         self.admitted = self.refused = 0
         self.everyone_in = trio.Event()
+        self.moved = trio.Event()
         gw.runtime.mock = self  # type: ignore[assignment]
 
     def count(self, *, refused: bool) -> None:
@@ -63,6 +65,7 @@ class HeldMock:
             self.refused += 1
         else:
             self.admitted += 1
+        self.moved.set()
         if self.admitted + self.refused == CALLS:
             self.everyone_in.set()
 
@@ -85,7 +88,8 @@ async def race(
     gw: Gateway, held: HeldMock, tokens: list[str], watched: list[str], cap_usd: float
 ) -> Counter:
     """CALLS concurrent calls spread over ``tokens``; meanwhile spend of ``watched`` keys is
-    sampled and must never pass ``cap_usd``. Returns the count of each answer."""
+    sampled after every admission or refusal and must never pass ``cap_usd``. Returns the
+    count of each answer."""
     answers: Counter = Counter()
     peaks: list[float] = []
     limits = httpx.Limits(max_connections=CALLS + 10)
@@ -100,21 +104,23 @@ async def race(
             if response.status_code != 200:
                 held.count(refused=True)
 
-        async def watch(done: trio.Event) -> None:
-            while not done.is_set():
+        async def watch() -> None:
+            """One sample for the admissions and refusals since the last (at most one
+            per call: every read counts against the keys' requests per minute)."""
+            while True:
+                await held.moved.wait()
+                held.moved = trio.Event()
                 for token in watched:
                     usage = await key_usage(client, token)
                     peaks.append(usage["spent_usd"] + usage["reserved_usd"])
-                await trio.sleep(0.05)
 
-        done = trio.Event()
         with trio.fail_after(60):
             async with trio.open_nursery() as outer:
-                outer.start_soon(watch, done)
+                outer.start_soon(watch)
                 async with trio.open_nursery() as calls:
                     for i in range(CALLS):
                         calls.start_soon(one, tokens[i % len(tokens)])
-                done.set()
+                outer.cancel_scope.cancel()
         for token in watched:
             usage = await key_usage(client, token)
             assert usage["reserved_usd"] == 0
