@@ -10,8 +10,9 @@ expectations), ``calls/`` (parsing, estimates, admission, policy, settlement, st
 (several nodes on one PostgreSQL). At the root: ``conftest.py`` (the in-process gateway
 and the shared fixtures), ``test_layering.py`` (the tree itself) and
 ``test_error_catalog.py`` (``gateway/errors.py``). Helpers that are not tests live in
-``support/``: ``procs.py`` (``serve`` subprocesses), ``fake_upstream.py``,
-``pg_cluster.py``.
+``support/``: ``procs.py`` (``serve`` subprocesses), ``pg_cluster.py`` (a throwaway
+PostgreSQL), ``fake_upstream.py`` and ``fake_client.py`` (the fakes on either side of
+the gateway), ``waiting.py`` (the one bounded poll).
 
 Every folder is a package, so a test module is imported once, under its dotted name, even
 when another module imports its fixtures.
