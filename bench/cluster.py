@@ -47,7 +47,7 @@ from bench.streaming import (  # noqa: E402
 from gateway.store import Store  # noqa: E402
 from gateway.store import node_leases as ops  # noqa: E402
 from shards import LeaseNeed  # noqa: E402
-from tests.pg_cluster import Cluster  # noqa: E402
+from tests.support.pg_cluster import Cluster  # noqa: E402
 
 SECTION = "## Several nodes on one PostgreSQL"
 CONCURRENCY = 16

@@ -10,7 +10,7 @@ Run it from a clone, no install needed::
                                                   # (pip install -e '.[bench]')
 
 Three processes on 127.0.0.1: the fake OpenAI-compatible upstream of the tests
-(``tests/fake_upstream.py``, trio + h11, answers at once), a ``svc-gateway serve``
+(``tests/support/fake_upstream.py``, trio + h11, answers at once), a ``svc-gateway serve``
 configured with that upstream as an ``openai`` provider, and this client: httpx for the
 one-caller phases (where the same client also calls the upstream directly), the lean
 keep-alive client of ``bench/raw_http.py`` for the 16-caller phases (so that the load
@@ -111,7 +111,7 @@ HARD_LIMIT_S = 90.0
 PHASE_LIMIT_S = 40.0
 UPSTREAM_SCRIPT = f"""
 import sys, trio
-from tests.fake_upstream import FakeUpstream
+from tests.support.fake_upstream import FakeUpstream
 
 async def main():
     async with trio.open_nursery() as nursery:

@@ -6,7 +6,7 @@ Run it from a clone, no install needed (PostgreSQL 15's binaries must be on the 
     python bench/stores.py --no-write # prints only
 
 One run, the same for both stores: the fake upstream of the tests (answers at once), a
-throwaway PostgreSQL cluster (``tests/pg_cluster.py``, default durability: fsync on,
+throwaway PostgreSQL cluster (``tests/support/pg_cluster.py``, default durability: fsync on,
 synchronous_commit on), then for each store a ``svc-gateway serve`` and an httpx client
 with a live key. Figures: a non-streamed call's whole answer one at a time (median, p99),
 calls per second with 16 at once, and the CPU each call costs the gateway process and,
@@ -44,7 +44,7 @@ from bench.streaming import (  # noqa: E402
     wants_write,
 )
 from gateway.store import Store, records  # noqa: E402
-from tests.pg_cluster import Cluster, destroy, find_bin_dir, start_cluster  # noqa: E402
+from tests.support.pg_cluster import Cluster, destroy, find_bin_dir, start_cluster  # noqa: E402
 
 SECTION = "## Stores: SQLite and PostgreSQL"
 SEQUENTIAL_CALLS = 300

@@ -8,12 +8,20 @@
   test's backend; ``make_config`` uses it.
 - Loopback only (127.0.0.1); nothing else is ever a target.
 - Time: the shards and key expiry read an injectable clock; tests that depend on the
-  minute, the day or the month use ``FakeClock`` instead of sleeping.
+  minute, the day or the month use ``FakeClock`` instead of sleeping (several nodes on
+  one clock: ``clocked_nodes`` of tests/cluster/test_cluster.py). Timers on trio's clock
+  are tested on virtual time (``mock_clock``, ``autojump_clock``).
 - Every I/O test is bounded: pytest-timeout per test, and ``trio.fail_after`` where a
   wait could hang.
 - Tests wait on events, not on time: a gateway says when it has stopped
   (:meth:`Gateway.aclose`), the fake upstream when it received a call
-  (:meth:`FakeUpstream.received`). A sleep is left only where time itself is the subject.
+  (:meth:`FakeUpstream.received`), an in-process server that it has done all it can
+  (``trio.testing.wait_all_tasks_blocked``). A condition in another process is polled,
+  bounded, by ``tests/support/waiting.py``'s ``until``, the one poll loop. A sleep is
+  left only in fakes (``tests/support/fake_upstream.py`` and ``fake_client.py``, the
+  scripted upstream of ``tests/providers/test_http1.py``: their pace is what a test is
+  about), in samplers of what moves by itself (a process's memory, the latency of its
+  answers) and on virtual time.
 - A gateway holds its database's one-server lock, as ``serve`` does: a restart test must
   stop the first server before it starts the second.
 - No mocks of our own code: the pieces under test run for real.
@@ -40,10 +48,10 @@ from gateway.store import Store
 from gateway.store import sql as store_sql
 from shards import FakeClock
 from shards.clock import Clock
-from tests.fake_upstream import FakeUpstream
-from tests.pg_cluster import Cluster, destroy, find_bin_dir, start_cluster
-from tests.procs import ADMIN_TOKEN as PROCS_ADMIN_TOKEN
-from tests.procs import Server, start_server
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.pg_cluster import Cluster, destroy, find_bin_dir, start_cluster
+from tests.support.procs import ADMIN_TOKEN as PROCS_ADMIN_TOKEN
+from tests.support.procs import Server, start_server
 
 ADMIN_TOKEN = "test-admin-token"
 BACKENDS = ("sqlite", "postgres")
@@ -166,7 +174,10 @@ def make_config(tmp_path: Path, **server: Any) -> Config:
 
 
 async def start_gateway(
-    nursery: trio.Nursery, config: Config, clock: Clock | None = None
+    nursery: trio.Nursery,
+    config: Config,
+    clock: Clock | None = None,
+    admin_token: str = ADMIN_TOKEN,
 ) -> Gateway:
     lock = DatabaseLock(config.server.db)
     lock.acquire()  # one server per database, as `serve` has it
@@ -175,7 +186,7 @@ async def start_gateway(
     except BaseException:
         lock.release()
         raise
-    runtime.admin_token = ADMIN_TOKEN
+    runtime.admin_token = admin_token
     stop, stopped = trio.Event(), trio.Event()
 
     async def run(*, task_status: trio.TaskStatus[list[str]]) -> None:
@@ -193,7 +204,7 @@ async def start_gateway(
 
 @pytest.fixture
 async def upstream(nursery: trio.Nursery) -> FakeUpstream:
-    """The fake OpenAI-compatible upstream (tests/fake_upstream.py), a real server."""
+    """The fake OpenAI-compatible upstream (tests/support/fake_upstream.py), a real server."""
     return await nursery.start(FakeUpstream().serve)
 
 
