@@ -92,7 +92,7 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def runtime_imports(path: Path) -> Iterator[str]:
+def runtime_imports(path: Path, with_type_only: bool = False) -> Iterator[str]:
     """Every module, or ``module.name``, that ``path`` imports when it runs: at the top,
     in functions, anywhere but under ``if TYPE_CHECKING:``. ``from package import sub``
     is an import of the submodule: a package's ``__init__`` that imports its own
@@ -103,7 +103,11 @@ def runtime_imports(path: Path) -> Iterator[str]:
 
     def visit(node: ast.AST) -> Iterator[str]:
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, ast.If) and getattr(child.test, "id", None) == "TYPE_CHECKING":
+            if (
+                not with_type_only
+                and isinstance(child, ast.If)
+                and getattr(child.test, "id", None) == "TYPE_CHECKING"
+            ):
                 for stmt in child.orelse:
                     yield from visit(stmt)
                 continue
@@ -118,13 +122,14 @@ def runtime_imports(path: Path) -> Iterator[str]:
     yield from visit(ast.parse(path.read_text(encoding="utf-8")))
 
 
-def import_graph(package: str) -> dict[str, set[str]]:
-    """Module → the modules of ``package`` it imports at run time."""
+def import_graph(package: str, with_type_only: bool = False) -> dict[str, set[str]]:
+    """Module → the modules of ``package`` it imports at run time (and, ``with_type_only``,
+    under ``if TYPE_CHECKING:``)."""
     modules = {module_name(path): path for path in sources(package)}
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         edges = set()
-        for imported in runtime_imports(path):
+        for imported in runtime_imports(path, with_type_only):
             while imported and imported not in modules:
                 imported = imported.rpartition(".")[0]
             if imported and imported != name:
@@ -189,35 +194,12 @@ def test_only_the_http_handlers_read_the_runtime_from_the_app() -> None:
 
 def every_import(path: Path) -> Iterator[str]:
     """Every module, or ``module.name``, ``path`` imports, type-only imports included."""
-    package = module_name(path).split(".")
-    if path.name != "__init__.py":
-        package = package[:-1]
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.Import):
-            yield from (alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = package[: len(package) - node.level + 1] if node.level else []
-            module = ".".join([*base, *([node.module] if node.module else [])])
-            yield from (f"{module}.{alias.name}" for alias in node.names)
-
-
-def full_graph(package: str) -> dict[str, set[str]]:
-    modules = {module_name(path): path for path in sources(package)}
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        edges = set()
-        for imported in every_import(path):
-            while imported and imported not in modules:
-                imported = imported.rpartition(".")[0]
-            if imported and imported != name:
-                edges.add(imported)
-        graph[name] = edges
-    return graph
+    return runtime_imports(path, with_type_only=True)
 
 
 @pytest.mark.parametrize("package", ["gateway", "shards"])
 def test_no_import_cycle_even_of_type_only_imports(package: str) -> None:
-    assert cycles(full_graph(package)) == []
+    assert cycles(import_graph(package, with_type_only=True)) == []
 
 
 #: ``if TYPE_CHECKING:`` blocks in gateway/ and shards/, at most: each is an import a
