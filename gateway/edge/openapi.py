@@ -2,7 +2,7 @@
 
 Error answers come from the error catalog (:mod:`gateway.errors`): each operation lists
 the codes it can answer, grouped by the status the catalog gives them, so a code that
-moves to another status moves here too. ``tests/test_openapi.py`` checks that every /v1
+moves to another status moves here too. ``tests/edge/test_openapi.py`` checks that every /v1
 route of the app is described and that the document is valid OpenAPI 3.1.
 """
 

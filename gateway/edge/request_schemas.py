@@ -5,7 +5,7 @@ roles, scopes, caps, id shapes, limits), so a rule that changes in a parser chan
 the document. Exactness matters both ways: a request the schema allows must not be
 refused as malformed (only for a reason of state: an unknown id, a model the catalog
 lacks, a limit of the calling key), and a request the schema forbids must be refused.
-``tests/test_schemathesis.py`` checks both against a running server.
+``tests/edge/test_schemathesis.py`` checks both against a running server.
 
 Conventions of the chat-completions and responses parsers that shape the schemas:
 
