@@ -5,7 +5,7 @@ offer as an interface: ``hypercorn_worker`` (hypercorn's trio worker and its con
 ``asgi_guard`` (the disconnect hypercorn hands Quart-Trio with an answer's last bytes),
 ``quart_trio_connection`` (Quart-Trio's HTTP connection) and ``trio_socket`` (the stdlib
 socket under trio's stream). Nowhere else in ``gateway/`` imports a framework's internals
-(``tests/test_framework_patches.py``).
+(``tests/serving/test_framework_patches.py``).
 
 The frameworks are pinned to exact versions (``pyproject.toml``). Each module's
 ``REVIEWED`` records the upstream code it was reviewed against: qualified name → (the
