@@ -169,7 +169,8 @@ class Response:
     def __init__(self, pool: HTTP1Pool, conn: Connection, head: h11.Response) -> None:
         self.status = status = head.status_code
         headers: dict[bytes, bytes] = {}
-        for name, value in head.headers:
+        for raw_name, value in head.headers.raw_items():
+            name = raw_name.lower()
             headers[name] = headers[name] + b", " + value if name in headers else value
         self.headers = headers
         # h11 checked both: Transfer-Encoding is "chunked", Content-Length one number
@@ -438,18 +439,18 @@ async def _read_head(conn: Connection, parser: h11.Connection, timeout: float) -
     """The head of the next final (non-1xx) answer on ``conn``, read by ``parser`` (told of
     the request); the bytes read after it are left in ``conn.buffer``."""
     while True:
+        parser.receive_data(await conn.receive(timeout))
         try:
             event = parser.next_event()
+            while type(event) is h11.InformationalResponse:
+                event = parser.next_event()
         except h11.RemoteProtocolError:
             if parser.trailing_data[1]:
                 raise Lost("the connection closed before an answer") from None
             raise Lost("not an HTTP/1 answer") from None
-        if type(event) is h11.Response:
-            if not event.http_version.startswith(b"1."):
-                raise Lost("not an HTTP/1 answer")  # h11 reads any digit.digit
-            conn.buffer += parser.trailing_data[0]
-            return event
-        if event is h11.NEED_DATA:
-            parser.receive_data(await conn.receive(timeout))
-        elif type(event) is not h11.InformationalResponse:
-            raise Lost("not an HTTP/1 answer")
+        if type(event) is not h11.Response:
+            continue  # h11.NEED_DATA: the head is not whole yet
+        if not event.http_version.startswith(b"1."):
+            raise Lost("not an HTTP/1 answer")  # h11 reads any digit.digit
+        conn.buffer += parser.trailing_data[0]
+        return event
