@@ -201,6 +201,8 @@ async def test_failures_before_and_after_the_answer() -> None:
         await pool(f"http://127.0.0.1:{port}").post("/x", {}, b"")
     with pytest.raises(Unreachable):
         await pool("http://127.0.0.1:1").post("/x", {"Authorization": "a\r\nX: b"}, b"")
+    with pytest.raises(Unreachable):  # a host name that is not ASCII: refused when used
+        await pool("http://exämple.test/v1").post("/x", {}, b"")
 
 
 @pytest.mark.parametrize("length", [b"1_0", b"+5", b"-5", b"\x0b5", b"5\x0c", b"5, 6"])
