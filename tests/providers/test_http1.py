@@ -7,16 +7,20 @@ from __future__ import annotations
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
+import orjson
 import pytest
 import trio
 import trustme
 
-from gateway.config.settings import ProviderConfig
-from gateway.providers.base import ProviderRequest
+from gateway.calls.provider_errors import map_provider_error
+from gateway.config.settings import ModelConfig, ProviderConfig
+from gateway.providers.base import ProviderRequest, ProviderUnreachable
 from gateway.providers.http1 import (
+    MAX_HEAD,
     HTTP1Pool,
     Lost,
     Response,
@@ -25,6 +29,7 @@ from gateway.providers.http1 import (
     proxy_for,
 )
 from gateway.providers.openai import OpenAIProvider
+from tests.conftest import make_config, start_gateway
 
 Answer = Callable[[trio.SocketStream, bytes], Awaitable[bool]]
 
@@ -196,6 +201,156 @@ async def test_failures_before_and_after_the_answer() -> None:
         await pool(f"http://127.0.0.1:{port}").post("/x", {}, b"")
     with pytest.raises(Unreachable):
         await pool("http://127.0.0.1:1").post("/x", {"Authorization": "a\r\nX: b"}, b"")
+    with pytest.raises(Unreachable):  # a host name that is not ASCII: refused when used
+        await pool("http://exämple.test/v1").post("/x", {}, b"")
+
+
+@pytest.mark.parametrize("length", [b"1_0", b"+5", b"-5", b"\x0b5", b"5\x0c", b"5, 6"])
+async def test_a_content_length_of_anything_but_digits_is_refused(length: bytes) -> None:
+    """``int()`` took "1_0", "+5" and whitespace of any kind; h11 takes digits only."""
+    wire = b"HTTP/1.1 200 OK\r\nContent-Length: %s\r\n\r\n0123456789" % length
+    async with server(canned(wire, keep=False)) as (url, _, _):
+        client = pool(url)
+        with pytest.raises(Lost):
+            await body_of(await client.post("/x", {}, b""))
+        await client.aclose()
+
+
+@pytest.mark.parametrize("length", [b"  5 ", b"5, 5", b"5\r\nContent-Length: 5"])
+async def test_a_content_length_with_spaces_around_or_repeated_is_one_number(
+    length: bytes,
+) -> None:
+    """Spaces around a field value are not the value's (RFC 9110 5.5), and a number sent
+    twice is that number (RFC 9110 8.6)."""
+    wire = b"HTTP/1.1 200 OK\r\nContent-Length: %s\r\n\r\n0123456789" % length
+    async with server(canned(wire, keep=False)) as (url, _, _):
+        client = pool(url)
+        assert b"".join(await body_of(await client.post("/x", {}, b""))) == b"01234"
+        await client.aclose()
+
+
+FRAMED_TWICE = [
+    b"Transfer-Encoding: chunked\r\nContent-Length: %d",
+    b"Content-Length: %d\r\nTransfer-Encoding: chunked",
+]
+
+
+def completion_framed_twice(framing: bytes) -> bytes:
+    """A chat completion whose chunked body is whole, with a Content-Length too."""
+    body = orjson.dumps({"id": "c", "object": "chat.completion", "choices": []})
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    return b"HTTP/1.1 200 OK\r\n%s\r\n\r\n%s" % (framing % len(body), chunked)
+
+
+@pytest.mark.parametrize("framing", FRAMED_TWICE)
+async def test_an_answer_framed_twice_is_refused_as_a_provider_failure(framing: bytes) -> None:
+    """Transfer-Encoding with Content-Length: RFC 9112 lets the first win, but two readers
+    that disagree on which is the response-smuggling shape; h11 reads it, this client
+    refuses it, and the provider reports the upstream unreachable (503)."""
+    async with server(canned(completion_framed_twice(framing))) as (url, _, per_connection):
+        client = pool(url)
+        with pytest.raises(Lost):
+            await client.post("/x", {}, b"")
+        await client.aclose()
+        provider = OpenAIProvider(ProviderConfig(name="up", kind="openai", base_url=url))
+        request = ProviderRequest(upstream_model="m", body={"model": "m", "messages": []})
+        with pytest.raises(ProviderUnreachable) as refused:
+            await provider.complete(request)
+        with pytest.raises(ProviderUnreachable):
+            async for _ in provider.stream(request):
+                pass
+        await provider.aclose()
+    assert per_connection == [1, 1, 1]  # never kept
+    error, _ = map_provider_error(refused.value, byok=False)
+    assert (error.status, error.code) == (503, "service_unavailable")
+
+
+async def test_an_answer_framed_twice_is_a_503_through_the_gateway(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    answer = canned(completion_framed_twice(FRAMED_TWICE[0]))
+    async with server(answer) as (url, requests, _):
+        config = make_config(tmp_path)
+        provider = ProviderConfig(name="up", kind="openai", base_url=url)
+        model = ModelConfig(
+            "framed-twice", "up", "up-m", input_usd_per_mtok=1.0, output_usd_per_mtok=1.0
+        )
+        gw = await start_gateway(
+            nursery, replace(config, providers=(*config.providers, provider), models=(model,))
+        )
+        try:
+            created = await gw.admin("POST", "/admin/orgs", {"name": "o", "credits_usd": 10})
+            key = await gw.create_key(org_id=created.json()["id"], mode="live")
+            body = {"model": "framed-twice", "messages": [{"role": "user", "content": "hi"}]}
+            async with gw.client(key["token"]) as client:
+                response = await client.post("/v1/chat/completions", json=body)
+        finally:
+            await gw.aclose()
+    assert response.status_code == 503, response.text
+    assert len(requests) == 1
+    assert response.json()["error"]["code"] == "service_unavailable"
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        b"HTTP/1.1 2000 OK\r\nContent-Length: 2\r\n\r\nok",  # int() read "200"
+        b"HTTP/1.1 +20 OK\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200OK\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/2.0 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        b"ICY 200 OK\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nX-A : 1\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nX-A 1\r\nContent-Length: 2\r\n\r\nok",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nX-A: " + b"a" * 2 * MAX_HEAD + b"\r\n\r\n",
+    ],
+)
+async def test_a_malformed_head_is_refused(wire: bytes) -> None:
+    async with server(canned(wire, keep=False)) as (url, _, _):
+        client = pool(url)
+        with pytest.raises(Lost):
+            await body_of(await client.post("/x", {}, b""))
+        await client.aclose()
+
+
+@pytest.mark.parametrize(
+    "chunks",
+    [
+        b"+a\r\n0123456789\r\n",  # int(, 16) took a sign, "0x", "_" and spaces
+        b"0xa\r\n0123456789\r\n",
+        b"1_0\r\n0123456789abcdef\r\n",
+        b" a\r\n0123456789\r\n",
+        b"a\r\n0123456789XY",  # longer than its size (the old parser skipped 2 bytes)
+    ],
+)
+async def test_a_malformed_chunk_is_refused(chunks: bytes) -> None:
+    wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n%s0\r\n\r\n" % chunks
+    async with server(canned(wire, keep=False)) as (url, _, _):
+        client = pool(url)
+        with pytest.raises(Lost):
+            await body_of(await client.post("/x", {}, b""))
+        await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("wire", "kept"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", True),
+        (b"HTTP/1.1 200\r\nContent-Length: 2\r\n\r\nok", True),  # no reason phrase
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", True),
+        (b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 2\r\n\r\nok", True),
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", False),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1", False),  # bytes unasked
+    ],
+)
+async def test_a_connection_is_kept_unless_either_side_ends_it(wire: bytes, kept: bool) -> None:
+    async with server(canned(wire)) as (url, _, per_connection):
+        client = pool(url)
+        for _ in range(2):
+            assert b"".join(await body_of(await client.post("/x", {}, b""))) == b"ok"
+        await client.aclose()
+    assert per_connection == ([2] if kept else [1, 1])
 
 
 async def test_a_request_waits_for_a_free_connection_up_to_the_timeout() -> None:
