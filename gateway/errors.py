@@ -18,7 +18,7 @@ wire shape with :func:`render`. Nothing else builds error bodies.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -214,4 +214,4 @@ def render(error: GatewayError) -> tuple[bytes, int, dict[str, str]]:
 
 def in_band(error: GatewayError) -> dict[str, Any]:
     """The error members carried inside a stream (message, type, code, param)."""
-    return error.body()["error"]
+    return cast(dict[str, Any], error.body()["error"])

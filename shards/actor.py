@@ -115,12 +115,14 @@ class ReplySlot(Outcome[None]):
     # Outcome's attrs-made ``__eq__`` would make slots unhashable (the watchdog
     # keeps them in a set): a slot is only ever equal to itself.
     __eq__ = object.__eq__
-    __hash__ = object.__hash__
+    __hash__ = object.__hash__  # type: ignore[assignment]  # Outcome (attrs, eq) sets None
+
+    #: the parked caller: set before it parks, read only while ``waiting``
+    task: Task
 
     def __init__(self, message: Message, must_deliver: bool = False) -> None:
         self.message = message
         self.must_deliver = must_deliver
-        self.task: Task | None = None
         self.result: Any = None
         self.error: BaseException | None = None
         self.done = False
@@ -135,7 +137,7 @@ class ReplySlot(Outcome[None]):
         self.done = True
         if self.waiting:
             self.waiting = False
-            reschedule(self.task, self)  # type: ignore[arg-type]
+            reschedule(self.task, self)
 
     def expire(self) -> None:
         """Watchdog side: the deadline passed; wake the caller without an answer."""
@@ -143,7 +145,7 @@ class ReplySlot(Outcome[None]):
             self.waiting = False
             if not self.must_deliver:
                 self.abandoned = True
-            reschedule(self.task)  # type: ignore[arg-type]
+            reschedule(self.task)
 
     # -- outcome.Outcome: what wait_task_rescheduled returns to the woken caller --
 

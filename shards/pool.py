@@ -223,10 +223,27 @@ class ShardPool:
         )
         return self._shards[key.shard].call(request)
 
-    def key_status_nowait(self, key: KeyRef, **limits: int | None) -> KeyStatus:
-        """Synchronous :meth:`key_status` (same arguments), bypassing the mailbox: a read
-        of the shard's state, which only the trio thread touches."""
-        request = KeyStatusRequest.build(shard=key.shard, key=key.state, **limits)
+    def key_status_nowait(
+        self,
+        key: KeyRef,
+        *,
+        rpm: int,
+        tpm: int | None,
+        max_in_flight: int,
+        usd_day: int | None,
+        usd_month: int | None,
+    ) -> KeyStatus:
+        """Synchronous :meth:`key_status`, bypassing the mailbox: a read of the shard's
+        state, which only the trio thread touches."""
+        request = KeyStatusRequest.build(
+            shard=key.shard,
+            key=key.state,
+            rpm=rpm,
+            tpm=tpm,
+            max_in_flight=max_in_flight,
+            usd_day=usd_day,
+            usd_month=usd_month,
+        )
         return self._shards[key.shard].state.status(request)
 
     # -- start-up rebuild and operator changes (synchronous) ------------------------

@@ -78,10 +78,12 @@ from .messages import (
     RATE_LIMITED,
     TOO_MANY_IN_FLIGHT,
     Admission,
+    AdmitCode,
     AdmitRequest,
     KeyStatus,
     KeyStatusRequest,
     Reservation,
+    ReserveCode,
     ReserveRefusal,
     ReserveRequest,
     Scope,
@@ -111,7 +113,7 @@ def _admission(
     reset: int,
     *,
     slot_taken: bool = False,
-    code: str | None = None,
+    code: AdmitCode | None = None,
     retry_after: int | None = None,
     scope: Scope | None = None,
 ) -> Admission:
@@ -174,8 +176,8 @@ class ShardState:
             if short := book.short(needs):
                 return _admit_short(short, req.rpm, (minute + 1) * MINUTE_S - int(t))
         admission = self._admit(req, t, minute)
-        if needs is not None and admission.ok:
-            book.take(needs, t)  # type: ignore[union-attr]
+        if book is not None and needs is not None and admission.ok:
+            book.take(needs, t)
         return admission
 
     def _admit(self, req: AdmitRequest, t: float, minute: int) -> Admission:
@@ -262,8 +264,8 @@ class ShardState:
             parent[MONTH_PENDING] += cost
         org.pending += org_cost
         org.month_pending += org_cost
-        if needs is not None:
-            book.take(needs, t)  # type: ignore[union-attr]
+        if book is not None and needs is not None:
+            book.take(needs, t)
         res = Reservation.build(
             id=next(self._ids),
             org_id=req.org_id,
@@ -367,11 +369,13 @@ def _give_back(book: LeaseBook, taken: tuple[LeaseNeed, ...], cap: int, billed: 
         book.give(limit_id, reserved[limit_id] - amount)
 
 
-_ADMIT_SHORT = {"r": "key", "o": "org", "p": "platform"}
+_ADMIT_SHORT: dict[str, Scope] = {"r": "key", "o": "org", "p": "platform"}
 
 
 def _admit_short(short: tuple[LeaseNeed, ...], rpm: int, reset: int) -> LeaseShort:
     refusals = []
+    code: AdmitCode
+    scope: Scope
     for need in short:
         if need.kind == "s":
             code, retry, scope = TOO_MANY_IN_FLIGHT, _IN_FLIGHT_RETRY_AFTER, "key"
@@ -393,7 +397,7 @@ def _admit_short(short: tuple[LeaseNeed, ...], rpm: int, reset: int) -> LeaseSho
     return LeaseShort(short, tuple(refusals))
 
 
-_RESERVE_SHORT = {
+_RESERVE_SHORT: dict[str, tuple[ReserveCode, str]] = {
     "d": (KEY_CAP_EXCEEDED, "usd_day"),
     "m": (KEY_CAP_EXCEEDED, "usd_month"),
     "c": (INSUFFICIENT_CREDITS, "credits"),

@@ -84,7 +84,7 @@ class Caps:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Caps:
-        return cls(**{k: data[k] for k in cls.__slots__ if k in data})  # type: ignore[attr-defined]
+        return cls(**{k: data[k] for k in cls.__slots__ if k in data})
 
 
 CAP_FIELDS = ("usd_day", "usd_month", "rpm", "tpm", "max_in_flight", "max_output_tokens")

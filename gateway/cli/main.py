@@ -43,7 +43,7 @@ def _echo_error_object(message: str, status: int, code: str | None = None) -> No
     click.echo(orjson.dumps(error).decode())
 
 
-class Usd(click.ParamType):
+class Usd(click.ParamType[float]):
     """An amount in USD: a finite number from 0 to ``MAX_USD`` (``nan`` is no amount)."""
 
     name = "usd"

@@ -372,8 +372,11 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
         capabilities=caps,
         dimensions=dimensions,
         aliases=aliases,
-        **flags,
-        **prices,
+        zero_retention_available=flags["zero_retention_available"],
+        byok_available=flags["byok_available"],
+        enabled=flags["enabled"],
+        input_usd_per_mtok=prices["input_usd_per_mtok"],
+        output_usd_per_mtok=prices["output_usd_per_mtok"],
     )
 
 

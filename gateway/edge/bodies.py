@@ -28,10 +28,16 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import trio
-from hypercorn.typing import ASGIReceiveCallable, ASGIReceiveEvent, ASGISendCallable, Scope
+from hypercorn.typing import (
+    ASGIReceiveCallable,
+    ASGIReceiveEvent,
+    ASGISendCallable,
+    HTTPScope,
+    Scope,
+)
 
 from gateway.errors import GatewayError
 
@@ -224,7 +230,7 @@ class BodyGate:
                 return message
 
 
-def announced_length(scope: Scope) -> int | None:
+def announced_length(scope: HTTPScope) -> int | None:
     """The Content-Length of a request; 0 when it has no body, None for a chunked one."""
     length = 0
     for name, value in scope.get("headers", ()):
@@ -286,7 +292,7 @@ class BodyGateMiddleware:
             await self.app(scope, receive, send)
             return
         gate = BodyGate(receive, self.server, self.budget, announced)
-        scope[SCOPE_KEY] = gate  # type: ignore[literal-required]
+        cast("dict[str, object]", scope)[SCOPE_KEY] = gate  # its type has ASGI's keys only
         try:
             await self.app(scope, gate.app_receive, send)
         finally:
@@ -295,4 +301,4 @@ class BodyGateMiddleware:
 
 def gate_of(request: Request) -> BodyGate | None:
     """The request's body gate; None when it announced no body."""
-    return request.scope.get(SCOPE_KEY)  # type: ignore[return-value]
+    return cast("BodyGate | None", request.scope.get(SCOPE_KEY))

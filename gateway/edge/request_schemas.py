@@ -41,7 +41,7 @@ NON_NEGATIVE = {**WHOLE, "minimum": 0}
 #: a field the server knows and refuses whatever its value; null is a field not sent
 REFUSED = {"type": "null", "description": "Any value but null: 400 unsupported_parameter."}
 #: connectors, hitl_approvals: they need a user session, so only an empty value passes
-SESSION_ONLY = {
+SESSION_ONLY: dict[str, object] = {
     "enum": [None, False, 0, "", [], {}],
     "description": "Needs a user session: a non-empty value is 400 "
     "connectors_require_user_session.",

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import random
 import re
 import secrets
 import struct
@@ -274,9 +273,9 @@ def _tool_to_call(body: dict[str, Any], messages: list[Any]) -> dict[str, Any] |
     return None
 
 
-def _content(body: dict[str, Any], messages: list[Any], rng: random.Random) -> str:
-    response_format = body.get("response_format")
-    kind = response_format.get("type") if isinstance(response_format, dict) else None
+def _content(body: dict[str, Any], messages: list[Any], rng: Draw) -> str:
+    response_format = as_dict(body.get("response_format"))
+    kind = response_format.get("type")
     if kind == "json_schema":  # the parser checked the shape; an odd one is an object
         schema = as_dict(response_format.get("json_schema")).get("schema")
         schema = schema if isinstance(schema, dict) and schema else {"type": "object"}

@@ -58,7 +58,7 @@ def unready_reason(
     commit yet (it kept losing conflicts) is retried until it lands: until then the
     node's records are behind its memory, and it says so (``settlements_queued``)."""
     if phase is not Phase.READY:
-        return phase.value
+        return str(phase.value)
     if not shards_running:
         return "shard_down"
     if not store_answers:

@@ -45,7 +45,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 import trio
 
@@ -89,6 +89,8 @@ class Backend(Protocol):
     def committed(self, conn: Conn, token: object) -> bool: ...
     def retryable(self, exc: BaseException) -> bool: ...
     def close(self, conn: Conn) -> None: ...
+    def tables(self, conn: Conn) -> list[str]: ...
+    def after_copy(self, conn: Conn, table: str) -> None: ...
 
 
 def is_postgres(db: str) -> bool:
@@ -221,7 +223,7 @@ class Store:
             raise StoreError(UNAVAILABLE)
         if pending.error is not None:
             raise pending.error
-        return pending.result
+        return cast(T, pending.result)
 
     async def read(self, op: Callable[..., T], *args: Any) -> T:
         return await self._read_thread.run(self._read, op, args)

@@ -19,7 +19,7 @@ from gateway.store.sql import Conn
 
 
 def _m001_initial(db: Database) -> None:
-    db["orgs"].create(
+    db.table("orgs").create(
         {
             "id": str,
             "name": str,
@@ -29,7 +29,7 @@ def _m001_initial(db: Database) -> None:
         },
         pk="id",
     )
-    db["keys"].create(
+    db.table("keys").create(
         {
             "id": str,
             "org_id": str,
@@ -56,14 +56,14 @@ def _m001_initial(db: Database) -> None:
         pk="id",
         foreign_keys=[("org_id", "orgs", "id")],
     )
-    db["keys"].create_index(["prefix"], unique=True)
-    db["keys"].create_index(["org_id"])
-    db["keys"].create_index(["parent_id"])
-    db["provider_credentials"].create(
+    db.table("keys").create_index(["prefix"], unique=True)
+    db.table("keys").create_index(["org_id"])
+    db.table("keys").create_index(["parent_id"])
+    db.table("provider_credentials").create(
         {"org_id": str, "provider": str, "api_key_env": str, "created_at": float},
         pk=("org_id", "provider"),
     )
-    db["requests"].create(
+    db.table("requests").create(
         {
             "id": str,
             "key_id": str,
@@ -89,9 +89,9 @@ def _m001_initial(db: Database) -> None:
         },
         pk="id",
     )
-    db["requests"].create_index(["key_id", "day"])
-    db["requests"].create_index(["org_id", "day"])
-    db["idempotency"].create(
+    db.table("requests").create_index(["key_id", "day"])
+    db.table("requests").create_index(["org_id", "day"])
+    db.table("idempotency").create(
         {
             "key_id": str,
             "idem_key": str,
@@ -106,7 +106,7 @@ def _m001_initial(db: Database) -> None:
         },
         pk=("key_id", "idem_key"),
     )
-    db["credit_ledger"].create(
+    db.table("credit_ledger").create(
         {
             "id": int,
             "org_id": str,
@@ -117,15 +117,15 @@ def _m001_initial(db: Database) -> None:
         },
         pk="id",
     )
-    db["credit_ledger"].create_index(["org_id"])
+    db.table("credit_ledger").create_index(["org_id"])
 
 
 def _m002_webhooks(db: Database) -> None:
     """Spend-alert webhooks: one endpoint per organisation, and the outbox of events."""
-    db["webhooks"].create(
+    db.table("webhooks").create(
         {"org_id": str, "url": str, "secret": str, "created_at": float}, pk="org_id"
     )
-    db["webhook_events"].create(
+    db.table("webhook_events").create(
         {
             "id": str,
             "org_id": str,
@@ -140,7 +140,7 @@ def _m002_webhooks(db: Database) -> None:
         pk="id",
         defaults={"attempts": 0, "given_up": 0},
     )
-    db["webhook_events"].create_index(["delivered_at", "next_attempt_at"])
+    db.table("webhook_events").create_index(["delivered_at", "next_attempt_at"])
 
 
 def _m003_request_parent(db: Database) -> None:
@@ -150,7 +150,7 @@ def _m003_request_parent(db: Database) -> None:
     sub-key's earlier spend to the parent that counted it then. Rows written before this
     migration get the parent their key has now (the best that is known).
     """
-    db["requests"].add_column("parent_id", str)
+    db.table("requests").add_column("parent_id", str)
     db.execute(
         "UPDATE requests"
         " SET parent_id = (SELECT parent_id FROM keys WHERE keys.id = requests.key_id)"
@@ -162,7 +162,7 @@ def _m004_dashboard(db: Database) -> None:
 
     Passwords are stored only as argon2id hashes and sessions only as the SHA-256 of
     their token (as API keys are)."""
-    db["dashboard_users"].create(
+    db.table("dashboard_users").create(
         {
             "id": str,
             "org_id": str,
@@ -177,22 +177,24 @@ def _m004_dashboard(db: Database) -> None:
         pk="id",
         foreign_keys=[("org_id", "orgs", "id")],
     )
-    db["dashboard_users"].create_index(["email"], unique=True)
-    db["dashboard_users"].create_index(["org_id"])
-    db["dashboard_sessions"].create(
+    db.table("dashboard_users").create_index(["email"], unique=True)
+    db.table("dashboard_users").create_index(["org_id"])
+    db.table("dashboard_sessions").create(
         {"id": str, "user_id": str, "created_at": float, "expires_at": float},
         pk="id",
         foreign_keys=[("user_id", "dashboard_users", "id")],
     )
-    db["dashboard_sessions"].create_index(["user_id"])
-    db["dashboard_secrets"].create({"name": str, "value": str, "created_at": float}, pk="name")
-    db["requests"].create_index(["org_id", "created"])
+    db.table("dashboard_sessions").create_index(["user_id"])
+    db.table("dashboard_secrets").create(
+        {"name": str, "value": str, "created_at": float}, pk="name"
+    )
+    db.table("requests").create_index(["org_id", "created"])
 
 
 def _m005_request_trace(db: Database) -> None:
     """Each request names the W3C trace it belongs to (the ``traceparent`` trace id),
     so that a call can be followed from the client to the provider. Earlier rows: none."""
-    db["requests"].add_column("trace_id", str)
+    db.table("requests").add_column("trace_id", str)
 
 
 def _m006_pending_requests(db: Database) -> None:
@@ -204,16 +206,16 @@ def _m007_cluster(db: Database) -> None:
     """Several nodes (PostgreSQL only; the tables exist on SQLite too, unused): the node
     that wrote a request row, the live nodes, the leases of shared limits and the
     change counter (see ``gateway/store/node_leases.py``)."""
-    db["requests"].add_column("node_id", str)
-    db["cluster_nodes"].create(
+    db.table("requests").add_column("node_id", str)
+    db.table("cluster_nodes").create(
         {"node_id": str, "epoch": int, "started_at": float, "expires_at": float}, pk="node_id"
     )
-    db["leases"].create(
+    db.table("leases").create(
         {"limit_id": str, "node_id": str, "amount": int, "window_end": float},
         pk=("limit_id", "node_id"),
     )
-    db["cluster_version"].create({"id": int, "version": int}, pk="id")
-    db["model_switches"].create(
+    db.table("cluster_version").create({"id": int, "version": int}, pk="id")
+    db.table("model_switches").create(
         {"model_id": str, "enabled": int, "changed_at": float}, pk="model_id"
     )
 
@@ -383,7 +385,7 @@ def migrate(db: Database) -> int:
     """Apply on SQLite every migration not yet applied, each in its own transaction; return
     the version."""
     if "schema_migrations" not in db.table_names():
-        db["schema_migrations"].create({"version": int, "applied_at": float}, pk="version")
+        db.table("schema_migrations").create({"version": int, "applied_at": float}, pk="version")
     rows = db.query("select max(version) as v from schema_migrations")
     current = next(iter(rows))["v"] or 0
     for version, step in enumerate(MIGRATIONS, start=1):
@@ -391,5 +393,5 @@ def migrate(db: Database) -> int:
             continue
         with db.conn:
             step.sqlite(db)
-            db["schema_migrations"].insert({"version": version, "applied_at": time.time()})
+            db.table("schema_migrations").insert({"version": version, "applied_at": time.time()})
     return len(MIGRATIONS)

@@ -132,7 +132,7 @@ class PostgresBackend:
         return str(row["xid"])
 
     def in_transaction(self, conn: Conn) -> bool:
-        status = conn.raw.info.transaction_status
+        status: psycopg.pq.TransactionStatus = conn.raw.info.transaction_status
         return status != psycopg.pq.TransactionStatus.IDLE
 
     def lost(self, conn: Conn, exc: BaseException) -> bool:
@@ -147,7 +147,8 @@ class PostgresBackend:
     def committed(self, conn: Conn, token: object) -> bool:
         """On a new connection: did the transaction ``token`` of a lost one commit?"""
         row = conn.execute("SELECT pg_xact_status(?::xid8) AS status", (token,)).fetchall()[0]
-        return row["status"] == "committed"
+        status: str = row["status"]
+        return status == "committed"
 
     def tables(self, conn: Conn) -> list[str]:
         rows = conn.execute(

@@ -62,7 +62,8 @@ def locks(place: Callable[..., tuple[Any, ...]]) -> Callable[[F], F]:
 
 
 class Cursor(Protocol):
-    rowcount: int
+    @property
+    def rowcount(self) -> int: ...
 
     def fetchall(self) -> list[Any]: ...
 

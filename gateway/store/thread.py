@@ -14,7 +14,7 @@ import queue
 import threading
 from collections.abc import Callable
 from contextlib import suppress
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import outcome
 import trio
@@ -65,7 +65,7 @@ class ConnThread:
             return trio.lowlevel.Abort.SUCCEEDED
 
         # the thread's outcome is the task's: a value returned, an exception raised
-        return await trio.lowlevel.wait_task_rescheduled(abort)  # type: ignore[no-any-return]
+        return cast(T, await trio.lowlevel.wait_task_rescheduled(abort))
 
     def stop(self) -> None:
         """End the thread once the calls queued before are done."""

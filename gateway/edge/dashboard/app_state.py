@@ -4,6 +4,7 @@ limiter and the signing secret (read from the store once, on first use)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 from quart import current_app
 
@@ -35,4 +36,4 @@ class DashboardState:
 
 
 def state() -> DashboardState:
-    return current_app.extensions[EXTENSION]
+    return cast(DashboardState, current_app.extensions[EXTENSION])

@@ -73,9 +73,9 @@ def bar_chart(
     legend, mapping = series(points)
     colour = {s.name: s.colour for s in legend}
     stacks: dict[str, dict[str, float]] = {d.isoformat(): {} for d in days}
-    for (day, group), amount in points.items():
-        if day in stacks:
-            stack = stacks[day]
+    for (iso_day, group), amount in points.items():
+        if iso_day in stacks:
+            stack = stacks[iso_day]
             stack[mapping[group]] = stack.get(mapping[group], 0.0) + amount
     top = _nice_max(max((sum(s.values()) for s in stacks.values()), default=0.0))
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM

@@ -59,9 +59,9 @@ async def keys() -> Response:
         rows.append(view)
     notice = None
     action, _, key_id = request.args.get("notice", "").partition(":")
-    record = runtime().keyring.get(key_id)
-    if action in NOTICES and record is not None and record.org_id == user.org_id:
-        notice = NOTICES[action].format(name=record.name)
+    named = runtime().keyring.get(key_id)
+    if action in NOTICES and named is not None and named.org_id == user.org_id:
+        notice = NOTICES[action].format(name=named.name)
     return await page(
         "keys.html", nav="keys", keys=rows, hidden=hidden, show_all=show_all, notice=notice
     )
@@ -85,8 +85,12 @@ async def new_key() -> Response:
     user = await page_user()
     if not user.can_edit:
         return await page("error.html", 403, title="Viewers cannot create keys", message="")
-    values = {"mode": "sandbox", "environment": "development", "data_mode": "standard"}
-    values["scopes"] = list(ROOT_SCOPES)
+    values: dict[str, Any] = {
+        "mode": "sandbox",
+        "environment": "development",
+        "data_mode": "standard",
+        "scopes": list(ROOT_SCOPES),
+    }
     return await page("key_new.html", **_form_context(values, {}))
 
 

@@ -62,9 +62,10 @@ def verify_now(stored: str | None, password: str) -> bool:
     """Synchronous check in constant time; ``stored`` None (no such user) is always False
     after the same work."""
     try:
-        return HASHER.verify(stored or _dummy_hash(), password) and stored is not None
+        HASHER.verify(stored or _dummy_hash(), password)  # raises unless it matches
     except (VerificationError, InvalidHashError):
         return False
+    return stored is not None
 
 
 def needs_rehash(stored: str) -> bool:

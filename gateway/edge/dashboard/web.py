@@ -9,7 +9,7 @@ another organisation are 404, as unknown ids are.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from quart import Blueprint, Response, g, redirect, render_template, request
 from werkzeug.datastructures import MultiDict
@@ -68,7 +68,7 @@ def _secure() -> bool:
 
 async def current_user() -> User | None:
     if "dashboard_user" in g:
-        return g.dashboard_user
+        return cast("User | None", g.dashboard_user)
     secret = await state().secret()
     token = sessions.unsign(secret, request.cookies.get(sessions.COOKIE))
     user = None
@@ -133,7 +133,7 @@ async def page(template: str, status: int = 200, **context: Any) -> Response:
 
 
 def see_other(path: str) -> Response:
-    return redirect(path, 303)  # type: ignore[return-value]
+    return redirect(path, 303)  # type: ignore[return-value]  # quart annotates werkzeug's Response
 
 
 @bp.after_request
