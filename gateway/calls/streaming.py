@@ -101,13 +101,13 @@ async def pump(
                         if not chunk.get("choices"):
                             continue
                         produced = True
-                        for frame in fmt.chunk(chunk):
+                        for data in fmt.chunk(chunk):
                             try:
                                 # no checkpoint per chunk: the chunks of one upstream read
                                 # go out together (the body sends what it finds queued)
-                                send.send_nowait(Frame(frame))
+                                send.send_nowait(Frame(data))
                             except trio.WouldBlock:
-                                await send.send(Frame(frame))
+                                await send.send(Frame(data))
                             sent = True
                 except ProviderError as exc:
                     failure, failed_as = map_provider_error(exc, byok=call.record.byok)
@@ -176,11 +176,11 @@ async def _body(
     keepalive = call.parts.keepalive_s
     ended = False
     try:
-        for frame in first:
-            for data in _frame_bytes(frame, fmt):
+        for queued in first:
+            for data in _frame_bytes(queued, fmt):
                 yield data
         while True:
-            frame = None
+            frame: Frame | None = None
             with trio.move_on_after(keepalive):
                 try:
                     frame = await receive.receive()

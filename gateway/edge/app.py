@@ -64,6 +64,8 @@ def _allowed_methods() -> str:
     """The ``Allow`` value of a 405 (RFC 9110 requires it): the path's methods, without
     the HEAD the framework adds to GET routes (HEAD is a 405 here)."""
     adapter = current_app.create_url_adapter(request)
+    if adapter is None:  # only outside a request, and this runs in one
+        return ""
     try:
         adapter.match(method="-")  # no route takes it: the path's methods come back
     except MethodNotAllowed as exc:

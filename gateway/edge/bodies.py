@@ -27,18 +27,11 @@ real link has the whole ``body_timeout_s``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import trio
-from hypercorn.typing import (
-    ASGIReceiveCallable,
-    ASGIReceiveEvent,
-    ASGISendCallable,
-    HTTPScope,
-    Scope,
-)
 
+from gateway.edge.asgi import App, Message, Receive, Scope, Send
 from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
@@ -57,7 +50,6 @@ SMALL_BODY = 64 * 1024
 DISCARDS = 4
 #: the scope key under which the middleware hands a request's gate to the app
 SCOPE_KEY = "svc.body_gate"
-ASGIApp = Callable[[Scope, ASGIReceiveCallable, ASGISendCallable], Awaitable[None]]
 
 
 class BodyBudget:
@@ -109,7 +101,7 @@ class BodyGate:
 
     def __init__(
         self,
-        receive: ASGIReceiveCallable,
+        receive: Receive,
         server: ServerConfig,
         budget: BodyBudget,
         announced: int | None,
@@ -216,7 +208,7 @@ class BodyGate:
 
     # -- the framework's side --------------------------------------------------------------
 
-    async def app_receive(self) -> ASGIReceiveEvent:
+    async def app_receive(self) -> Message:
         """What Quart's receiving task sees: nothing until the body is settled, then an
         empty end of body (the bytes went to the handler or nowhere), then only the
         disconnect."""
@@ -230,7 +222,7 @@ class BodyGate:
                 return message
 
 
-def announced_length(scope: HTTPScope) -> int | None:
+def announced_length(scope: Scope) -> int | None:
     """The Content-Length of a request; 0 when it has no body, None for a chunked one."""
     length = 0
     for name, value in scope.get("headers", ()):
@@ -269,7 +261,7 @@ class _Reader:
                 gate._settle(BodyState.BROKEN)
                 raise GatewayError("invalid_request", "The request body was cut off.")
             self.ended = not message.get("more_body", False)
-            chunk = message.get("body", b"")
+            chunk: bytes = message.get("body", b"")
             if chunk:
                 self.received += len(chunk)
                 return chunk
@@ -279,20 +271,18 @@ class _Reader:
 class BodyGateMiddleware:
     """Wraps the app's ASGI callable: a :class:`BodyGate` for every request with a body."""
 
-    def __init__(self, app: ASGIApp, server: ServerConfig) -> None:
+    def __init__(self, app: App, server: ServerConfig) -> None:
         self.app = app
         self.server = server
         self.budget = BodyBudget(server.max_buffered_body_bytes)
 
-    async def __call__(
-        self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         announced = announced_length(scope) if scope["type"] == "http" else 0
         if announced == 0:
             await self.app(scope, receive, send)
             return
         gate = BodyGate(receive, self.server, self.budget, announced)
-        cast("dict[str, object]", scope)[SCOPE_KEY] = gate  # its type has ASGI's keys only
+        scope[SCOPE_KEY] = gate
         try:
             await self.app(scope, gate.app_receive, send)
         finally:
@@ -301,4 +291,5 @@ class BodyGateMiddleware:
 
 def gate_of(request: Request) -> BodyGate | None:
     """The request's body gate; None when it announced no body."""
-    return cast("BodyGate | None", request.scope.get(SCOPE_KEY))
+    found = request.scope.get(SCOPE_KEY)
+    return found if isinstance(found, BodyGate) else None

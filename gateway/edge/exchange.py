@@ -23,11 +23,10 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hypercorn.typing import ASGIFramework, ASGIReceiveCallable, ASGISendCallable, ASGISendEvent
-from hypercorn.typing import Scope as ASGIScope
 from quart import request
 
 from gateway.accounts.catalog import nanos_to_usd
+from gateway.edge.asgi import App, Message, Receive, Scope, Send
 from gateway.observe.logs import event
 from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS, Metrics, endpoint_of
 from gateway.observe.tracing import TraceContext, from_headers
@@ -77,7 +76,8 @@ class Exchange:
 
 def current() -> Exchange | None:
     """The exchange of the request being handled (None outside one)."""
-    return request.scope.get(SCOPE_KEY)
+    found = request.scope.get(SCOPE_KEY)
+    return found if isinstance(found, Exchange) else None
 
 
 def identified(request_id: str | None, key: KeyRecord | None = None) -> None:
@@ -144,23 +144,21 @@ class ExchangeReport:
         exchange.part_done()
 
 
-def _header(scope: ASGIScope, name: bytes) -> str | None:
+def _header(scope: Scope, name: bytes) -> str | None:
     for key, value in scope["headers"]:
         if key == name:
-            return value.decode("latin-1")
+            return bytes(value).decode("latin-1")
     return None
 
 
 class ExchangeRecorder:
     """The ASGI wrapper that opens, times and reports every HTTP exchange."""
 
-    def __init__(self, app: ASGIFramework, metrics: Metrics) -> None:
+    def __init__(self, app: App, metrics: Metrics) -> None:
         self.app = app
         self.metrics = metrics
 
-    async def __call__(
-        self, scope: ASGIScope, receive: ASGIReceiveCallable, send: ASGISendCallable
-    ) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -171,9 +169,9 @@ class ExchangeRecorder:
             started=time.perf_counter(),
             trace=from_headers(_header(scope, b"traceparent"), _header(scope, b"tracestate")),
         )
-        scope[SCOPE_KEY] = exchange  # type: ignore[literal-required]
+        scope[SCOPE_KEY] = exchange
 
-        async def timed_send(message: ASGISendEvent) -> None:
+        async def timed_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 exchange.status = message["status"]
                 for name, value in message["headers"]:

@@ -7,7 +7,7 @@ buffer): only a handler that has authenticated the request reads one.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl
 
 import orjson
@@ -32,11 +32,11 @@ def new_request_id() -> str:
 
 
 def runtime() -> Runtime:
-    return current_app.config["RUNTIME"]
+    return cast("Runtime", current_app.config["RUNTIME"])
 
 
 def request_id() -> str:
-    return g.request_id
+    return cast(str, g.request_id)
 
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -66,7 +66,7 @@ async def read_form() -> MultiDict[str, str]:
     if "form" not in g:
         text = (await _read_body()).decode("utf-8", "replace")
         g.form = MultiDict(parse_qsl(text, keep_blank_values=True))
-    return g.form
+    return cast("MultiDict[str, str]", g.form)
 
 
 async def read_json_object(param: str | None = None, *, empty_ok: bool = False) -> dict[str, Any]:
@@ -76,7 +76,7 @@ async def read_json_object(param: str | None = None, *, empty_ok: bool = False) 
     if "body" not in g:
         raw = await _read_body()
         g.body = {} if empty_ok and not raw.strip() else _json_object(raw, param)
-    return g.body
+    return cast(dict[str, Any], g.body)
 
 
 def _json_object(raw: bytes | bytearray, param: str | None) -> dict[str, Any]:

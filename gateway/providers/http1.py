@@ -93,12 +93,18 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+def _bypassed(host: str, proxies: dict[str, str]) -> bool:
+    """Whether ``NO_PROXY`` names ``host`` (the standard library's own rule)."""
+    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]  # public since Python 3.0, missing from typeshed's stub
+    return bool(bypass(host, proxies))
+
+
 def proxy_for(scheme: str, host: str) -> Proxy | None:
     """The proxy the environment names for ``scheme://host``: None for loopback hosts
     (no proxy can reach them) and hosts that ``NO_PROXY`` lists."""
     proxies = urllib.request.getproxies_environment()
     url = proxies.get(scheme) or proxies.get("all")
-    if not url or _is_loopback(host) or urllib.request.proxy_bypass_environment(host, proxies):
+    if not url or _is_loopback(host) or _bypassed(host, proxies):
         return None
     parts = urlsplit(url if "://" in url else f"http://{url}")
     authorization = None

@@ -13,7 +13,7 @@ Conventions, the same for every field:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
 from gateway.errors import GatewayError
 
@@ -44,11 +44,11 @@ IMAGE_PARTS = ("image_url", "input_image")
 SAMPLING = {"temperature": 2, "top_p": 1}
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: object) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

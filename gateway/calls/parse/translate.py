@@ -182,7 +182,7 @@ class ResponseStreamTranslator:
                 )
             )
         message.parts[place][_FIELD[kind]] += text
-        extra = {"logprobs": []} if kind == "output_text" else {}
+        extra: dict[str, list[Any]] = {"logprobs": []} if kind == "output_text" else {}
         events.append(self._event(_DELTA[kind], **message.at(place), delta=text, **extra))
         return events
 
@@ -195,7 +195,7 @@ class ResponseStreamTranslator:
         for place, part in enumerate(message.parts):
             kind = part["type"]
             final = _output_text(part["text"]) if kind == "output_text" else dict(part)
-            extra = {"logprobs": []} if kind == "output_text" else {}
+            extra: dict[str, list[Any]] = {"logprobs": []} if kind == "output_text" else {}
             name = _FIELD[kind]
             done = {name: part[name], **extra}
             events.append(self._event(_DONE[kind], **message.at(place), **done))
