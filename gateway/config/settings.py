@@ -28,7 +28,31 @@ from typing import Any
 
 MODEL_CAPABILITIES = ("tools", "structured_output", "vision", "web_search")
 MODEL_KINDS = ("chat", "embedding")
-PROVIDER_KINDS = ("mock", "openai")
+PROVIDER_KINDS = ("mock", "openai", "anthropic", "gemini", "bedrock", "azure")
+#: a model's prices, USD per million tokens
+PRICE_KEYS = (
+    "input_usd_per_mtok",
+    "output_usd_per_mtok",
+    "cache_read_usd_per_mtok",
+    "cache_write_usd_per_mtok",
+)
+#: where a native kind's API is when ``base_url`` is not set (bedrock's names its region)
+DEFAULT_BASE_URLS = {
+    "anthropic": "https://api.anthropic.com",
+    "gemini": "https://generativelanguage.googleapis.com",
+    "bedrock": "https://bedrock-runtime.{region}.amazonaws.com",
+}
+#: the keys each kind takes besides the common ones
+_KIND_KEYS: dict[str, frozenset[str]] = {
+    "mock": frozenset(),
+    "openai": frozenset({"api_key_env"}),
+    "anthropic": frozenset({"api_key_env", "anthropic_version"}),
+    "gemini": frozenset({"api_key_env"}),
+    "bedrock": frozenset(
+        {"region", "access_key_id_env", "secret_access_key_env", "session_token_env"}
+    ),
+    "azure": frozenset({"api_key_env", "api_version"}),
+}
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 
@@ -90,6 +114,15 @@ class ProviderConfig:
     residency: tuple[str, ...] = ()
     timeout_s: float = 300.0
     max_connections: int = 100
+    #: anthropic: the ``anthropic-version`` header
+    anthropic_version: str = "2023-06-01"
+    #: azure: set, the deployments surface with this ``api-version``; None, the v1 surface
+    api_version: str | None = None
+    #: bedrock: the AWS region, and the environment variables of its credentials
+    region: str | None = None
+    access_key_id_env: str = "AWS_ACCESS_KEY_ID"
+    secret_access_key_env: str = "AWS_SECRET_ACCESS_KEY"
+    session_token_env: str = "AWS_SESSION_TOKEN"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +136,9 @@ class ModelConfig:
     byok_available: bool = False
     input_usd_per_mtok: float | None = None
     output_usd_per_mtok: float | None = None
+    #: cached input read, and input written to the cache; None: priced as input
+    cache_read_usd_per_mtok: float | None = None
+    cache_write_usd_per_mtok: float | None = None
     dimensions: int = 1536
     enabled: bool = True
     #: other names clients may call the model by; one shared by two models is ambiguous
@@ -183,9 +219,13 @@ def _names(kinds: tuple[type, ...]) -> str:
     return " or ".join(k.__name__ for k in kinds)
 
 
-def _check_unknown(table: object, allowed: set[str], where: str) -> None:
+def _require_table(table: object, where: str) -> None:
     if not isinstance(table, dict):
         raise ConfigError(f"{where}: must be a table, got {type(table).__name__}")
+
+
+def _check_unknown(table: dict[str, Any], allowed: set[str], where: str) -> None:
+    _require_table(table, where)
     for key in table:
         if key not in allowed:
             raise ConfigError(f"{where}.{key}: unknown key")
@@ -283,28 +323,46 @@ def _validate_server(server: ServerConfig) -> None:
 
 def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
     where = f"providers[{index}]"
-    allowed = {"name", "kind", "base_url", "api_key_env", "zero_retention", "residency"}
-    allowed |= {"timeout_s", "max_connections"}
-    _check_unknown(table, allowed, where)
+    _require_table(table, where)
     for key in ("name", "kind"):
         if key not in table:
             raise ConfigError(f"{where}.{key}: required")
     kind = _take(table, "kind", where, str)
     if kind not in PROVIDER_KINDS:
         raise ConfigError(f"{where}.kind: must be one of {', '.join(PROVIDER_KINDS)}")
-    base_url = _take(table, "base_url", where, str) if "base_url" in table else None
-    if kind == "openai" and not base_url:
-        raise ConfigError(f"{where}.base_url: required for kind openai")
+    allowed = {"name", "kind", "base_url", "zero_retention", "residency"}
+    allowed |= {"timeout_s", "max_connections"} | _KIND_KEYS[kind]
+    _check_unknown(table, allowed, where)
+    strings = {
+        key: _not_empty(_take(table, key, where, str), f"{where}.{key}")
+        for key in sorted(_KIND_KEYS[kind] | {"base_url"})
+        if key in table
+    }
+    region = strings.get("region")
+    if kind == "bedrock" and region is None:
+        raise ConfigError(f"{where}.region: required for kind bedrock (e.g. us-east-1)")
+    if region is not None and not re.fullmatch(r"[a-z0-9-]+", region):
+        raise ConfigError(f"{where}.region: not an AWS region name (e.g. us-east-1)")
+    base_url = strings.get("base_url")
+    if base_url is None and kind in DEFAULT_BASE_URLS:
+        base_url = DEFAULT_BASE_URLS[kind].format(region=region)
+    if kind in ("openai", "azure") and not base_url:
+        raise ConfigError(f"{where}.base_url: required for kind {kind}")
     if base_url is not None and not _http_url(base_url):
         raise ConfigError(f"{where}.base_url: must be an http(s) URL with a host")
     residency = tuple(_take(table, "residency", where, list)) if "residency" in table else ()
     if not all(isinstance(zone, str) for zone in residency):
         raise ConfigError(f"{where}.residency: must be a list of strings")
+    credentials = {
+        key: strings[key]
+        for key in ("access_key_id_env", "secret_access_key_env", "session_token_env")
+        if key in strings
+    }
     provider = ProviderConfig(
         name=_not_empty(_take(table, "name", where, str), f"{where}.name"),
         kind=kind,
         base_url=base_url,
-        api_key_env=_take(table, "api_key_env", where, str) if "api_key_env" in table else None,
+        api_key_env=strings.get("api_key_env"),
         zero_retention=_take(table, "zero_retention", where, bool)
         if "zero_retention" in table
         else False,
@@ -315,6 +373,10 @@ def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
         max_connections=_take(table, "max_connections", where, int)
         if "max_connections" in table
         else 100,
+        anthropic_version=strings.get("anthropic_version", "2023-06-01"),
+        api_version=strings.get("api_version"),
+        region=region,
+        **credentials,
     )
     _positive(provider.timeout_s, f"{where}.timeout_s")
     _positive(provider.max_connections, f"{where}.max_connections")
@@ -325,7 +387,7 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
     where = f"models[{index}]"
     allowed = {"id", "provider", "upstream_id", "kind", "capabilities", "dimensions", "enabled"}
     allowed |= {"zero_retention_available", "byok_available", "aliases"}
-    allowed |= {"input_usd_per_mtok", "output_usd_per_mtok"}
+    allowed |= set(PRICE_KEYS)
     _check_unknown(table, allowed, where)
     for key in ("id", "provider"):
         if key not in table:
@@ -344,7 +406,7 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
         if cap not in MODEL_CAPABILITIES:
             raise ConfigError(f"{where}.capabilities: unknown capability {cap!r}")
     prices: dict[str, float | None] = {}
-    for key in ("input_usd_per_mtok", "output_usd_per_mtok"):
+    for key in PRICE_KEYS:
         value = _take(table, key, where, (int, float)) if key in table else None
         if value is not None and not 0 <= value <= MAX_PRICE:
             raise ConfigError(f"{where}.{key}: must be between 0 and {MAX_PRICE:,}")
@@ -377,6 +439,8 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
         enabled=flags["enabled"],
         input_usd_per_mtok=prices["input_usd_per_mtok"],
         output_usd_per_mtok=prices["output_usd_per_mtok"],
+        cache_read_usd_per_mtok=prices["cache_read_usd_per_mtok"],
+        cache_write_usd_per_mtok=prices["cache_write_usd_per_mtok"],
     )
 
 

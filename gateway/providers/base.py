@@ -35,11 +35,20 @@ from gateway.observe.tracing import TraceContext
 
 @dataclass(frozen=True, slots=True)
 class Usage:
-    """Token counts as the provider reported them; ``total_tokens`` left at 0 is the sum."""
+    """Token counts as the provider reported them; ``total_tokens`` left at 0 is the sum.
+
+    ``prompt_tokens`` counts every input token, as OpenAI's ``prompt_tokens`` does:
+    ``cached_tokens`` (read from the provider's prompt cache) and ``cache_write_tokens``
+    (written to it) are parts of it, priced at the model's cache prices; the rest is
+    priced as input. A provider whose report counts them apart (Anthropic's
+    ``input_tokens`` excludes both) adds them in.
+    """
 
     prompt_tokens: int
     completion_tokens: int = 0
     total_tokens: int = 0
+    cached_tokens: int = 0
+    cache_write_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.total_tokens:
@@ -51,20 +60,27 @@ class Usage:
         if not isinstance(data, dict):
             return None
         try:
+            details = data.get("prompt_tokens_details")
+            cached = details.get("cached_tokens") if isinstance(details, dict) else 0
             return cls(
                 prompt_tokens=int(data.get("prompt_tokens") or 0),
                 completion_tokens=int(data.get("completion_tokens") or 0),
+                cached_tokens=int(cached or 0),
             )
         except (TypeError, ValueError):
             return None
 
-    def as_dict(self) -> dict[str, int]:
-        """OpenAI's ``usage`` object of a chat completion."""
-        return {
+    def as_dict(self) -> dict[str, Any]:
+        """OpenAI's ``usage`` object of a chat completion (cached tokens in
+        ``prompt_tokens_details``, as OpenAI reports them, when there are any)."""
+        usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
         }
+        if self.cached_tokens:
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
 
 @dataclass(frozen=True, slots=True)

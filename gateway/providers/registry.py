@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from gateway.config.settings import Config
+from gateway.config.settings import Config, ProviderConfig
 from gateway.providers.base import Provider
 from gateway.providers.mock import MockProvider
 from gateway.providers.openai import OpenAIProvider
+
+#: the class of each kind that speaks HTTP, one entry per kind
+HTTP_KINDS: dict[str, Callable[[ProviderConfig, Callable[[], Iterable[str]]], Provider]] = {
+    "openai": OpenAIProvider,
+}
 
 
 def build_providers(
@@ -20,5 +25,5 @@ def build_providers(
         if provider.kind == "mock":
             providers[provider.name] = mock
         else:
-            providers[provider.name] = OpenAIProvider(provider, secrets)
+            providers[provider.name] = HTTP_KINDS[provider.kind](provider, secrets)
     return providers
