@@ -32,6 +32,7 @@ from tests.support.fake_collector import (
     running_collector,
 )
 from tests.support.fake_upstream import WORDS, FakeUpstream
+from tests.support.procs import base_env, start_server
 from tests.support.waiting import until
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -359,3 +360,34 @@ def test_a_bad_key_is_refused_by_name(tmp_path: Path, table: str, needle: str) -
     file.write_text(f"[observability]\n{table}\n")
     with pytest.raises(ConfigError, match=re.escape(needle)):
         load_config(file, environ={})
+
+
+# -- the command -------------------------------------------------------------------------
+
+
+def test_serve_exports_from_the_environment_and_flushes_on_a_graceful_stop(
+    tmp_path: Path, collector: FakeCollector
+) -> None:
+    """``svc-gateway serve`` as the README runs it: the endpoint from the environment; a
+    batch delay of a minute, so the spans can only have left with the stop's flush."""
+    env = base_env(
+        SVC_OBSERVABILITY_OTLP_ENDPOINT=collector.url,
+        SVC_OBSERVABILITY_BATCH_DELAY_S="60",
+    )
+    server = start_server(tmp_path, env=env)
+    try:
+        body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": PROMPT}]}
+        with server.client(server.token) as client:
+            response = client.post(
+                "/v1/chat/completions", json=body, headers={"traceparent": SAMPLED}
+            )
+        assert response.status_code == 200, response.text
+        assert collector.received() == []
+    finally:
+        assert server.stop() == 0, server.stderr()
+    request_id = response.headers["X-Request-Id"]
+    server_span = collector.span_of("server", request_id)
+    client_span = collector.span_of("client", request_id)
+    assert server_span is not None and client_span is not None
+    assert client_span.parent_span_id == server_span.span_id
+    assert server_span.parent_span_id == PARENT
