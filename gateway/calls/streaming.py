@@ -90,7 +90,7 @@ async def pump(
     produced = sent = False
     #: what the provider said of its answer, for the attempt's span (traces on only)
     attempt = call.attempt
-    answered_by: str | None = None
+    answered_by: object = None
     reasons: list[str] = []
     async with send:
         try:

@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.request")
 SCOPE_KEY = "svc.exchange"
+#: probes and scrapes, every few seconds each: no span (they would bury the calls' traces)
+UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 @dataclass(slots=True, eq=False)
@@ -175,7 +177,7 @@ class ExchangeRecorder:
             started=time.perf_counter(),
             trace=trace,
         )
-        if self.spans is not None:
+        if self.spans is not None and exchange.path not in UNTRACED:
             span = self.spans.server(trace, exchange.method, endpoint_of(exchange.path))
             exchange.span, exchange.trace = span, span.context
         scope[SCOPE_KEY] = exchange

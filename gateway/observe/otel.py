@@ -226,11 +226,11 @@ class _Attempt:
         self.span = span
         self.context = context
 
-    def answered(self, model: str | None, finish_reasons: Sequence[str]) -> None:
+    def answered(self, model: object, finish_reasons: Sequence[str]) -> None:
         span = self.span
         if not span.is_recording():
             return
-        if model is not None:
+        if isinstance(model, str):
             span.set_attribute("gen_ai.response.model", model)
         if finish_reasons:
             span.set_attribute("gen_ai.response.finish_reasons", list(finish_reasons))

@@ -100,8 +100,9 @@ class AttemptSpan(Protocol):
         """The trace sent to the provider: this span as the parent."""
         ...
 
-    def answered(self, model: str | None, finish_reasons: Sequence[str]) -> None:
-        """What the provider said of its answer (never the answer itself)."""
+    def answered(self, model: object, finish_reasons: Sequence[str]) -> None:
+        """What the provider said of its answer (never the answer itself): the model it
+        named (kept when a string), the finish reasons."""
 
     def end(
         self, *, input_tokens: int | None, output_tokens: int | None, error: str | None

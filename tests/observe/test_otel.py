@@ -193,6 +193,18 @@ async def test_an_unsampled_caller_trace_exports_nothing(
     assert [s for s in collector.received() if s.attributes.get("svc.request_id") == quiet_id] == []
 
 
+async def test_probes_and_scrapes_are_not_traced(gw: Gateway, collector: FakeCollector) -> None:
+    body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
+    async with gw.client(gw.token) as client:
+        for path in ("/healthz", "/readyz", "/metrics", "/v1/models"):
+            assert (await client.get(path)).status_code == 200
+        response = await client.post("/v1/chat/completions", json=body)
+    # every span of the requests before the call has left by the time the call's has
+    await spans_of(collector, response.headers["X-Request-Id"])
+    names = sorted(span.name for span in collector.received())
+    assert names == ["GET models", "POST chat", "chat gpt-4o-mini"]
+
+
 @pytest.mark.parametrize("stream", [False, True])
 async def test_the_provider_is_sent_the_client_span_as_its_parent(
     live: tuple[Gateway, str], upstream: FakeUpstream, collector: FakeCollector, stream: bool
