@@ -51,7 +51,7 @@ PROVIDER_NAMES = {
 }
 #: the record's endpoint → ``gen_ai.operation.name`` (the Responses API is a chat)
 OPERATIONS = {"chat": "chat", "responses": "chat", "embeddings": "embeddings"}
-#: bounded by how long a graceful stop waits for the last spans to leave
+#: how long a graceful stop waits, at most, for the last spans to leave
 SHUTDOWN_S = 5.0
 DROP_REASONS = ("queue_full", "export_failed")
 
