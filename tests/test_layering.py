@@ -7,6 +7,7 @@
   store knows which backend it runs on;
 - no import cycle inside ``gateway/`` or ``shards/``, imports under ``if TYPE_CHECKING:``
   included, and those type-only imports are counted (they may not grow unseen);
+- only ``gateway/observe/otel.py`` imports the OpenTelemetry SDK;
 - only ``gateway/edge/`` imports quart; only ``gateway/serving/`` imports hypercorn (the
   edge's ASGI wrappers use ``edge/asgi.py``'s types); ``calls/`` and ``accounts/`` never import
   ``serving/`` (the runtime): they take the parts they use, or a protocol beside them;
@@ -238,6 +239,11 @@ def test_only_serving_imports_hypercorn() -> None:
         p for p in importers("gateway", "hypercorn") if not p.startswith("gateway/serving/")
     ] == []
     assert importers("gateway", "hypercorn"), "the scanner sees no hypercorn import at all"
+
+
+def test_only_observe_otel_imports_the_opentelemetry_sdk() -> None:
+    """The edge and the calls see spans through observe/tracing.py's protocols."""
+    assert importers("gateway", "opentelemetry") == ["gateway/observe/otel.py"]
 
 
 @pytest.mark.parametrize("layer", ["calls", "accounts"])

@@ -43,7 +43,7 @@ from gateway.calls.policy import PolicySource
 from gateway.calls.settlement import Ending, Settlement, ending_for, settle_amounts
 from gateway.errors import GatewayError
 from gateway.observe.logs import event
-from gateway.observe.tracing import TraceContext
+from gateway.observe.tracing import AttemptSpan, Spans, TraceContext
 from gateway.providers.base import Provider, Usage
 from gateway.store import StoreError, records
 from gateway.store.claims import ClaimHeld
@@ -96,6 +96,18 @@ class SettledCall:
     code: str | None
 
 
+def finish_reasons(answer: dict[str, Any]) -> list[str]:
+    """The finish reasons of a chat completion or chunk (for its attempt's span)."""
+    choices = answer.get("choices")
+    if not isinstance(choices, list):
+        return []
+    return [
+        reason
+        for choice in choices
+        if isinstance(choice, dict) and isinstance(reason := choice.get("finish_reason"), str)
+    ]
+
+
 class CallReport(Protocol):
     """Who hears of a call's opening and settlement (the request it answers)."""
 
@@ -130,6 +142,8 @@ class CallParts:
     keepalive_s: float
     #: the server's root nursery, where stream pumps and idempotent calls outlive requests
     nursery: Callable[[], trio.Nursery | None]
+    #: where a provider attempt's span goes (None: traces are off, nothing is done)
+    spans: Spans | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +184,8 @@ class Call:
     called_at: float | None = None
     #: the request the call answers hears of it (its log line, its series, its trace)
     report: CallReport | None = None
+    #: the span of the provider attempt, from CALLED to SETTLED (traces on only)
+    attempt: AttemptSpan | None = None
 
     @property
     def live(self) -> bool:
@@ -180,6 +196,10 @@ class Call:
         """The hold of a call past RESERVED."""
         assert self.hold is not None, f"a call in state {self.state.value} holds nothing"
         return self.hold
+
+    def _provider_of(self, model: Model) -> str:
+        """The provider that serves this call: the model's, or the mock for a sandbox key."""
+        return model.config.provider if self.live else "mock"
 
     def remaining(self) -> float:
         """Seconds left before the call's deadline."""
@@ -228,6 +248,18 @@ class Call:
             raise ClaimHeld(held)  # another attempt (maybe on another node) holds the key
         self._move(CallState.CALLED)
         self.called_at = time.perf_counter()
+        spans, trace = self.parts.spans, self.trace
+        if spans is not None and trace is not None:
+            self.attempt = spans.attempt(
+                trace,
+                provider=self._provider_of(hold.model),
+                endpoint=self.endpoint,
+                model=hold.model.id,
+                upstream_model=hold.model.config.upstream_id,
+                request_id=self.request_id,
+                key_prefix=self.record.prefix,
+                org_id=self.record.org_id,
+            )
 
     def hand_off(self) -> None:
         """CALLED → HANDED_OFF: a stream pump owns the call from now on."""
@@ -302,6 +334,13 @@ class Call:
         """
         if self.settlement is not None:
             return self.settlement
+        if self.attempt is not None:
+            # the provider's part ends here, before the settlement is written
+            self.attempt.end(
+                input_tokens=usage.prompt_tokens if usage else None,
+                output_tokens=usage.completion_tokens if usage else None,
+                error=error_code,
+            )
         hold = self.hold
         recorded = self.state in _CALLED  # the pending row exists
         if hold is None:
@@ -343,6 +382,10 @@ class Call:
 
     @property
     def trace(self) -> TraceContext | None:
+        """The call's trace: once the provider is asked, with its attempt as the parent
+        (when traces are exported), else the request's."""
+        if self.attempt is not None:
+            return self.attempt.context
         return self.report.trace if self.report is not None else None
 
     def _settled_call(
@@ -351,7 +394,7 @@ class Call:
         model = self.hold.model if self.hold is not None else None
         return SettledCall(
             model=model.id if model else None,
-            provider=(model.config.provider if self.live else "mock") if model else None,
+            provider=self._provider_of(model) if model else None,
             mode=self.record.mode,
             stream=self.stream,
             upstream_s=time.perf_counter() - self.called_at if self.called_at is not None else None,
@@ -419,7 +462,7 @@ class Call:
             "month": created.strftime("%Y-%m"),
             "endpoint": self.endpoint,
             "model": hold.model.id,
-            "provider": hold.model.config.provider if self.live else "mock",
+            "provider": self._provider_of(hold.model),
             "status": records.PENDING,
             "http_status": None,
             "stream": int(self.stream),

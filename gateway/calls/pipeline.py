@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -40,7 +40,7 @@ from gateway.accounts.orgs import Org
 from gateway.calls import admission
 from gateway.calls.estimate import worst_case_tokens
 from gateway.calls.inflight import STOPPING_MESSAGE
-from gateway.calls.lifecycle import Call, CallParts, CallReport, Hold
+from gateway.calls.lifecycle import Call, CallParts, CallReport, Hold, finish_reasons
 from gateway.calls.parse import ChatCall, EmbeddingCall
 from gateway.calls.parse.chat import capability_param, check_capabilities, parse_chat
 from gateway.calls.parse.embeddings import check_dimensions, parse_embeddings
@@ -67,6 +67,7 @@ from gateway.calls.streaming import (
 )
 from gateway.errors import GatewayError
 from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS
+from gateway.observe.tracing import TraceContext
 from gateway.providers.base import ProviderError, ProviderRequest, embedding_response
 from gateway.store.claims import Claim, ClaimHeld
 
@@ -262,13 +263,14 @@ async def prepare(
     return parsed
 
 
-async def _ask(call: Call, ask: Callable[[], Awaitable[T]], late: str) -> T:
-    """Step 9 without a stream: ask the provider under the call's deadline; a failure
+async def _ask(call: Call, ask: Callable[[TraceContext | None], Awaitable[T]], late: str) -> T:
+    """Step 9 without a stream: ask the provider under the call's deadline (``ask``
+    takes the trace to send: the attempt's, known once the call started); a failure
     is settled here and raised as the answer's error."""
     await call.start_provider_call()
     try:
         with call.watch(trio.move_on_after(call.remaining())) as scope:
-            result = await ask()
+            result = await ask(call.trace)
     except ProviderError as exc:
         error, failure = map_provider_error(exc, byok=call.record.byok)
         ending = call.ending(failure=failure, usage=exc.usage)
@@ -293,7 +295,6 @@ def _provider_request(call: Call, chat: ChatCall) -> tuple[ProviderRequest, list
         upstream_model=upstream_id,
         body=body,
         api_key=call.parts.provider_key(call.record, hold.model),
-        trace=call.trace,
         request_id=call.request_id,
     )
     return request, hold.provider.ignored_parameters(body)
@@ -310,9 +311,12 @@ async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, 
     provider = call.held.provider
     result = await _ask(
         call,
-        lambda: provider.complete(request),
+        lambda trace: provider.complete(replace(request, trace=trace)),
         "The call ran out of time; retry with stream true.",
     )
+    if call.attempt is not None:
+        completion = result.completion
+        call.attempt.answered(completion.get("model"), finish_reasons(completion))
     ending = call.ending(answered=True, usage=result.usage)
     try:
         answer = endpoint.answer(call, chat, {**result.completion, "model": call.held.model.id})
@@ -341,12 +345,12 @@ async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
     api_key = call.parts.provider_key(call.record, hold.model)
     result = await _ask(
         call,
-        lambda: hold.provider.embed(
+        lambda trace: hold.provider.embed(
             config.upstream_id,
             parsed.inputs,
             parsed.dimensions,
             api_key,
-            call.trace,
+            trace,
         ),
         "The call ran out of time.",
     )

@@ -28,14 +28,14 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import suppress
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import orjson
 import trio
 
 from gateway.calls.inflight import STOPPING_MESSAGE
-from gateway.calls.lifecycle import Call
+from gateway.calls.lifecycle import Call, finish_reasons
 from gateway.calls.parse.translate import ResponseStreamTranslator
 from gateway.calls.provider_errors import map_provider_error
 from gateway.calls.settlement import Ending
@@ -88,12 +88,19 @@ async def pump(
     #: the settlement row of the provider's own failure (None: it did not fail)
     failed_as: Ending | None = None
     produced = sent = False
+    #: what the provider said of its answer, for the attempt's span (traces on only)
+    attempt = call.attempt
+    answered_by: object = None
+    reasons: list[str] = []
     async with send:
         try:
             with scope:
                 chunks = call.held.provider.stream(request)
                 try:
                     async for chunk in chunks:
+                        if attempt is not None:
+                            answered_by = answered_by or chunk.get("model")
+                            reasons += finish_reasons(chunk)
                         if chunk.get("usage"):
                             # kept without its choices: those are passed on below, once
                             usage = Usage.reported(chunk["usage"])
@@ -127,6 +134,8 @@ async def pump(
             log.exception("stream pump failed")
             failure = GatewayError("service_unavailable", "The stream failed.")
             failed_as = None
+        if attempt is not None:
+            attempt.answered(answered_by, reasons)
         ending = call.ending(usage=usage, failure=failed_as, produced=produced)
         # the spec: a streamed call's timeout is in-band, even with nothing sent yet (a
         # deadline shorter than the keep-alive interval): its frames open the stream
@@ -235,6 +244,7 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
     assert nursery is not None
     send, receive = trio.open_memory_channel[Frame](BUFFER)
     await call.start_provider_call()
+    request = replace(request, trace=call.trace)  # the attempt's, once the call started
     scope = call.watch(trio.CancelScope(deadline=call.deadline))
     call.hand_off()
     answered = trio.Event()

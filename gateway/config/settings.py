@@ -9,7 +9,8 @@ Environment overrides (all optional): ``SVC_SERVER_HOST``, ``SVC_SERVER_PORT``,
 ``SVC_SERVER_SHARDS``, ``SVC_SERVER_PLATFORM_RPM``, ``SVC_SERVER_ROTATION_GRACE_S``,
 ``SVC_SERVER_LOG_FORMAT``, ``SVC_SERVER_LOG_LEVEL``, ``SVC_SERVER_METRICS_TOKEN``,
 ``SVC_SERVER_SHUTDOWN_GRACE_S``, ``SVC_SERVER_BODY_TIMEOUT_S``, ``SVC_SERVER_MAX_CONNECTIONS``;
-``SVC_CLUSTER_NODE_ID``, ``SVC_CLUSTER_LEASE_S``.
+``SVC_CLUSTER_NODE_ID``, ``SVC_CLUSTER_LEASE_S``; ``SVC_OBSERVABILITY_OTLP_ENDPOINT`` and
+the other scalar keys of ``[observability]`` (``SVC_OBSERVABILITY_<KEY>``).
 
 Every problem is a :class:`ConfigError` whose message names the offending key; the CLI
 prints it on one line and exits with status 2.
@@ -159,10 +160,118 @@ class ClusterConfig:
     lease_s: float = 10.0
 
 
+# ---------------------------------------------------------------- [observability]
+
+
+@dataclass(frozen=True, slots=True)
+class ObservabilityConfig:
+    """``[observability]``: OpenTelemetry traces over OTLP/HTTP (docs/decisions/otel.md).
+
+    Off (no SDK object at all) while ``otlp_endpoint`` is unset.
+    """
+
+    #: the collector: a base URL (``http://host:4318``: ``/v1/traces`` is appended, as for
+    #: OTEL_EXPORTER_OTLP_ENDPOINT) or the full traces URL (any other path: used as is, as
+    #: for OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+    otlp_endpoint: str | None = None
+    #: headers of every export request (a collector's or vendor's credential)
+    otlp_headers: tuple[tuple[str, str], ...] = ()
+    service_name: str = "svc-gateway"
+    #: share of new traces recorded; a request with a traceparent follows its sampled flag
+    sample_ratio: float = 1.0
+    #: the batch processor's wait between exports
+    batch_delay_s: float = 5.0
+    #: one export request, retries included
+    export_timeout_s: float = 10.0
+    #: spans waiting for export, at most; past it a span is dropped (and counted)
+    queue_size: int = 2048
+
+    def traces_url(self) -> str | None:
+        """The URL spans are posted to (None: traces are off)."""
+        url = self.otlp_endpoint
+        if url is None:
+            return None
+        path = re.sub(r"^https?://[^/?#]*", "", url)
+        return url.rstrip("/") + "/v1/traces" if path in ("", "/") else url
+
+
+_OBSERVABILITY_TYPES: dict[str, type | tuple[type, ...]] = {
+    "otlp_endpoint": str,
+    "service_name": str,
+    "sample_ratio": (int, float),
+    "batch_delay_s": (int, float),
+    "export_timeout_s": (int, float),
+    "queue_size": int,
+}
+
+
+def _parse_observability(table: object) -> ObservabilityConfig:
+    if not isinstance(table, dict):
+        raise ConfigError("observability: must be a table")
+    _check_unknown(table, {*_OBSERVABILITY_TYPES, "otlp_headers"}, "observability")
+    values = {
+        key: _take(table, key, "observability", kind)
+        for key, kind in _OBSERVABILITY_TYPES.items()
+        if key in table
+    }
+    headers = table.get("otlp_headers", {})
+    if not isinstance(headers, dict):
+        raise ConfigError("observability.otlp_headers: must be a table")
+    for name, value in headers.items():
+        if not isinstance(value, str):
+            raise ConfigError(f"observability.otlp_headers.{name}: expected str")
+    values["otlp_headers"] = tuple(headers.items())
+    observability = replace(ObservabilityConfig(), **values)
+    _validate_observability(observability)
+    return observability
+
+
+def _validate_observability(observability: ObservabilityConfig) -> None:
+    where = "observability"
+    endpoint = observability.otlp_endpoint
+    if endpoint is not None and not _http_url(endpoint):
+        raise ConfigError(f"{where}.otlp_endpoint: expected an http:// or https:// URL")
+    _not_empty(observability.service_name, f"{where}.service_name")
+    if not 0 <= observability.sample_ratio <= 1:
+        raise ConfigError(f"{where}.sample_ratio: must be between 0 and 1")
+    _positive(observability.batch_delay_s, f"{where}.batch_delay_s")
+    _positive(observability.export_timeout_s, f"{where}.export_timeout_s")
+    _positive(observability.queue_size, f"{where}.queue_size")
+
+
+def _env_observability(
+    observability: ObservabilityConfig, environ: dict[str, str]
+) -> ObservabilityConfig:
+    """``SVC_OBSERVABILITY_<KEY>`` for each key but the headers (the exporter reads
+    ``OTEL_EXPORTER_OTLP_TRACES_HEADERS`` itself); an empty endpoint turns traces off."""
+    values: dict[str, Any] = {}
+    for key, kinds in _OBSERVABILITY_TYPES.items():
+        name = f"SVC_OBSERVABILITY_{key.upper()}"
+        if name not in environ:
+            continue
+        raw = environ[name]
+        kind = kinds[-1] if isinstance(kinds, tuple) else kinds
+        if key == "otlp_endpoint":
+            values[key] = raw or None
+            continue
+        try:
+            values[key] = kind(raw)
+        except ValueError:
+            raise ConfigError(f"{name}: expected {kind.__name__}") from None
+        if isinstance(values[key], float) and not math.isfinite(values[key]):
+            raise ConfigError(f"{name}: must be a finite number")
+    if not values:
+        return observability
+    observability = replace(observability, **values)
+    _validate_observability(observability)
+    return observability
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     server: ServerConfig = field(default_factory=ServerConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     providers: tuple[ProviderConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
     source: str | None = None
@@ -464,12 +573,13 @@ def _validate_cluster(cluster: ClusterConfig) -> None:
 
 def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     """Validate a parsed TOML document into a :class:`Config`."""
-    _check_unknown(data, {"server", "cluster", "providers", "models"}, "config")
+    _check_unknown(data, {"server", "cluster", "observability", "providers", "models"}, "config")
     server_table = data.get("server", {})
     if not isinstance(server_table, dict):
         raise ConfigError("server: must be a table")
     server = _parse_server(server_table)
     cluster = _parse_cluster(data.get("cluster", {}))
+    observability = _parse_observability(data.get("observability", {}))
     provider_tables = data.get("providers")
     model_tables = data.get("models")
     if provider_tables is None and model_tables is None:
@@ -477,6 +587,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         return Config(
             server=server,
             cluster=cluster,
+            observability=observability,
             providers=base.providers,
             models=base.models,
             source=source,
@@ -501,7 +612,14 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
                 raise ConfigError(f"models[{i}].aliases: {alias!r} is the id of a model")
     if sum(1 for m in models if m.kind == "embedding") > 1:
         raise ConfigError("models: at most one model of kind embedding is served")
-    return Config(server=server, cluster=cluster, providers=providers, models=models, source=source)
+    return Config(
+        server=server,
+        cluster=cluster,
+        observability=observability,
+        providers=providers,
+        models=models,
+        source=source,
+    )
 
 
 _ENV_SERVER: dict[str, type] = {
@@ -564,7 +682,12 @@ def load_config(
     if flagged:
         server = replace(server, **flagged)
         _validate_server(server)
-    return replace(config, server=server, cluster=_env_cluster(config.cluster, env))
+    return replace(
+        config,
+        server=server,
+        cluster=_env_cluster(config.cluster, env),
+        observability=_env_observability(config.observability, env),
+    )
 
 
 def _env_cluster(cluster: ClusterConfig, environ: dict[str, str]) -> ClusterConfig:

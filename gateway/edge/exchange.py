@@ -29,7 +29,7 @@ from gateway.accounts.catalog import nanos_to_usd
 from gateway.edge.asgi import App, Message, Receive, Scope, Send
 from gateway.observe.logs import event
 from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS, Metrics, endpoint_of
-from gateway.observe.tracing import TraceContext, from_headers
+from gateway.observe.tracing import ServerSpan, Spans, TraceContext, from_headers
 
 if TYPE_CHECKING:
     from gateway.accounts.key_record import KeyRecord
@@ -37,6 +37,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gateway.request")
 SCOPE_KEY = "svc.exchange"
+#: probes and scrapes, every few seconds each: no span (they would bury the calls' traces)
+UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})
 
 
 @dataclass(slots=True, eq=False)
@@ -50,6 +52,7 @@ class Exchange:
     status: int = 0
     code: str | None = None
     key_id: str | None = None
+    key_prefix: str | None = None
     org_id: str | None = None
     model: str | None = None
     stream: bool = False
@@ -62,6 +65,8 @@ class Exchange:
     #: the answer, and the model call once one is opened
     open_parts: int = 1
     answer_open: bool = True
+    #: the request's SERVER span (traces on only), ended as the exchange is reported
+    span: ServerSpan | None = None
 
     def answer_done(self) -> None:
         if self.answer_open:
@@ -89,7 +94,7 @@ def identified(request_id: str | None, key: KeyRecord | None = None) -> None:
         return
     exchange.request_id = request_id
     if key is not None:
-        exchange.key_id, exchange.org_id = key.id, key.org_id
+        exchange.key_id, exchange.key_prefix, exchange.org_id = key.id, key.prefix, key.org_id
 
 
 def refused(code: str) -> None:
@@ -154,21 +159,27 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class ExchangeRecorder:
     """The ASGI wrapper that opens, times and reports every HTTP exchange."""
 
-    def __init__(self, app: App, metrics: Metrics) -> None:
+    def __init__(self, app: App, metrics: Metrics, spans: Spans | None = None) -> None:
         self.app = app
         self.metrics = metrics
+        #: where each request's span goes (None: traces are off)
+        self.spans = spans
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        trace = from_headers(_header(scope, b"traceparent"), _header(scope, b"tracestate"))
         exchange = Exchange(
             recorder=self,
             method=scope["method"],
             path=scope["path"],
             started=time.perf_counter(),
-            trace=from_headers(_header(scope, b"traceparent"), _header(scope, b"tracestate")),
+            trace=trace,
         )
+        if self.spans is not None and exchange.path not in UNTRACED:
+            span = self.spans.server(trace, exchange.method, endpoint_of(exchange.path))
+            exchange.span, exchange.trace = span, span.context
         scope[SCOPE_KEY] = exchange
 
         async def timed_send(message: Message) -> None:
@@ -207,6 +218,14 @@ class ExchangeRecorder:
         self.metrics.answered(
             endpoint, status, code, seconds, first if exchange.event_stream else None
         )
+        if exchange.span is not None:
+            exchange.span.end(
+                status=status,
+                code=code,
+                request_id=exchange.request_id,
+                key_prefix=exchange.key_prefix,
+                org_id=exchange.org_id,
+            )
         if not log.isEnabledFor(logging.INFO):
             return
         settled = exchange.settled_nanos

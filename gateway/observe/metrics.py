@@ -15,11 +15,14 @@
     svc_store_commit_seconds (histogram)                           each batch the writer commits
     svc_shard_mailbox_depth (gauge)            shard               read at scrape time
     svc_build_info (gauge, 1)                  version
+    svc_trace_spans_dropped_total              reason              spans not exported (traces
+                                                                   on only; read at scrape time)
 
 Label values are bounded by construction: ``endpoint`` is one of :data:`ENDPOINTS`;
 ``code`` is an error-catalog code, ``ok`` or ``client_closed``; ``model`` a model of the
 configured catalog (anything else is ``other``); ``provider`` a configured provider or
-``mock``; ``shard`` an index below the configured count. Never a key, an organisation, a
+``mock``; ``shard`` an index below the configured count; ``reason`` ``queue_full`` or
+``export_failed`` (:mod:`gateway.observe.otel`). Never a key, an organisation, a
 tag or a request id.
 
 Each :class:`Metrics` has its own registry (two servers in one process, as in the tests,
@@ -30,7 +33,7 @@ per label tuple: ``labels()`` costs several times an ``inc()``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import prometheus_client
@@ -42,7 +45,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gateway.errors import CATALOG
@@ -117,6 +120,23 @@ class _MailboxCollector(Collector):
         yield family
 
 
+class _DroppedSpansCollector(Collector):
+    """``svc_trace_spans_dropped_total``, read from the span exporter's counts when scraped."""
+
+    def __init__(self, dropped: Callable[[], Mapping[str, int]]) -> None:
+        self.dropped = dropped
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(
+            "svc_trace_spans_dropped",
+            "Spans not exported: the queue was full, or the collector did not take them.",
+            labels=["reason"],
+        )
+        for reason, count in sorted(self.dropped().items()):
+            family.add_metric([reason], count)
+        yield family
+
+
 class Metrics:
     """The registry of one server and every series in it (see the module docstring)."""
 
@@ -128,6 +148,7 @@ class Metrics:
         models: Iterable[str],
         providers: Iterable[str],
         mailbox_depths: Callable[[], Iterable[int]],
+        dropped_spans: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self.enabled = enabled
         self.models = frozenset(models)
@@ -197,6 +218,8 @@ class Metrics:
             "svc_build_info", "The running version (value 1).", ["version"], registry=registry
         ).labels(version).set(1)
         registry.register(_MailboxCollector(mailbox_depths))
+        if dropped_spans is not None:
+            registry.register(_DroppedSpansCollector(dropped_spans))
         ProcessCollector(registry=registry)
         self._children: dict[tuple[Any, ...], Any] = {}
 

@@ -6,13 +6,21 @@ A valid header's trace id (and flags, and ``tracestate``) is kept; the gateway i
 participant in the trace, so the header it sends upstream names its own span as the
 parent (a new parent id per request). An absent or malformed header starts a new trace
 (not sampled: flags ``00``). The trace id is in the request's log line and its record.
+
+When traces are exported (``[observability] otlp_endpoint``, :mod:`gateway.observe.otel`)
+the request's span id is its SERVER span's, the flags say whether it is recorded, and
+each provider attempt is a CLIENT span whose id is the parent the provider is sent. The
+edge and the calls see only the protocols below (:class:`Spans`), never the SDK; with
+traces off they hold None and do nothing more.
 """
 
 from __future__ import annotations
 
 import random
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 # lower-case hex only; version ff is invalid; a future version may carry more fields
 _TRACEPARENT = re.compile(
@@ -33,6 +41,8 @@ class TraceContext:
     span_id: str
     flags: str = "00"
     tracestate: str | None = None
+    #: the caller's span (a valid incoming traceparent's parent id), else None
+    parent_id: str | None = None
 
     def traceparent(self) -> str:
         """The header sent upstream: this trace, with the gateway's span as parent."""
@@ -59,5 +69,61 @@ def from_headers(traceparent: str | None, tracestate: str | None = None) -> Trac
         )
         if valid:
             state = tracestate if tracestate and len(tracestate) <= MAX_TRACESTATE else None
-            return TraceContext(trace_id, span, flags, state)
+            return TraceContext(trace_id, span, flags, state, parent_id)
     return TraceContext(f"{_ids.getrandbits(128):032x}", span)
+
+
+class ServerSpan(Protocol):
+    """The span of one HTTP request, as the edge opens and ends it."""
+
+    @property
+    def context(self) -> TraceContext:
+        """The request's trace as forwarded: this span's id, its sampled flag."""
+        ...
+
+    def end(
+        self,
+        *,
+        status: int,
+        code: str,
+        request_id: str | None,
+        key_prefix: str | None,
+        org_id: str | None,
+    ) -> None: ...
+
+
+class AttemptSpan(Protocol):
+    """The span of one provider attempt, as a model call opens and ends it."""
+
+    @property
+    def context(self) -> TraceContext:
+        """The trace sent to the provider: this span as the parent."""
+        ...
+
+    def answered(self, model: object, finish_reasons: Sequence[str]) -> None:
+        """What the provider said of its answer (never the answer itself): the model it
+        named (kept when a string), the finish reasons."""
+
+    def end(
+        self, *, input_tokens: int | None, output_tokens: int | None, error: str | None
+    ) -> None:
+        """``error``: the call's error code, None when it succeeded."""
+
+
+class Spans(Protocol):
+    """Where spans go (:class:`gateway.observe.otel.OtlpSpans`)."""
+
+    def server(self, trace: TraceContext, method: str, endpoint: str) -> ServerSpan: ...
+
+    def attempt(
+        self,
+        parent: TraceContext,
+        *,
+        provider: str,
+        endpoint: str,
+        model: str,
+        upstream_model: str,
+        request_id: str,
+        key_prefix: str,
+        org_id: str,
+    ) -> AttemptSpan: ...

@@ -126,7 +126,7 @@ async def serve(
         sockets = bind_sockets(config)
     quart_app = create_app(runtime)
     quart_trio_connection.install(quart_app)
-    app = ExchangeRecorder(FinalSendGuard(quart_app), runtime.metrics)
+    app = ExchangeRecorder(FinalSendGuard(quart_app), runtime.metrics, runtime.spans)
     readiness = runtime.readiness
     drain_s = runtime.config.server.drain_s
     grace = runtime.config.server.shutdown_grace_s
@@ -180,4 +180,6 @@ async def serve(
     finally:
         with trio.CancelScope(shield=True):
             await runtime.aclose_providers()
+            if runtime.spans is not None:
+                await runtime.spans.aclose()  # the last spans, bounded
         log.info("stopped", extra=event("stopped"))
