@@ -1,0 +1,208 @@
+"""The Gemini API (``kind = "gemini"``): generateContent, streamGenerateContent (SSE) and
+batchEmbedContents, on the pooled HTTP/1.1 client, the key in ``x-goog-api-key``.
+
+    POST {base_url}/v1beta/models/{upstream_id}:generateContent
+    POST {base_url}/v1beta/models/{upstream_id}:streamGenerateContent?alt=sse
+    POST {base_url}/v1beta/models/{upstream_id}:batchEmbedContents
+
+Failures map as for every HTTP kind (:mod:`gateway.providers.wire`): Gemini's error body
+``{"error": {"code", "message", "status", "details"}}`` gives the explanation, cut of
+every credential the server holds (Google's "API key not valid" messages may carry the
+key). A 429 (RESOURCE_EXHAUSTED) is ProviderRateLimited; its ``RetryInfo.retryDelay`` is
+not passed on: the spec fixes the client's Retry-After at 30 s for a provider limiting a
+model. A body the translation cannot write for Gemini (an image it cannot take, a
+recursive schema, a tool result for no known call) is refused here, before the upstream
+is called, as a 400 refusal whose explanation says what to send instead.
+
+A stream has no ``[DONE]``: Gemini ends it by ending the body. A body that ends after
+the last event carried a ``finishReason`` ended well; one that ends before (or breaks) is
+a dropped connection (before any output: unreachable). An ``error`` event mid-stream is a
+drop, with its explanation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+
+from gateway.calls.estimate import estimate_embedding_tokens
+from gateway.config.settings import ProviderConfig
+from gateway.observe.tracing import TraceContext
+from gateway.providers.base import (
+    EmbeddingResult,
+    ProviderDropped,
+    ProviderMalformed,
+    ProviderRefused,
+    ProviderRequest,
+    ProviderResult,
+    ProviderTimedOut,
+    ProviderUnreachable,
+    Usage,
+)
+from gateway.providers.gemini.gemini_answer import ChunkTranslator, Unreadable, completion
+from gateway.providers.gemini.gemini_request import (
+    IGNORED,
+    TranslationRefused,
+    generate_request,
+)
+from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response, TimedOut
+from gateway.providers.wire import explanation, post_json, split_lines, sse_data, status_error
+
+
+class GeminiProvider:
+    def __init__(
+        self, config: ProviderConfig, secrets: Callable[[], Iterable[str]] = tuple
+    ) -> None:
+        """``secrets``: every credential the server holds now, cut out of error text."""
+        assert config.base_url is not None
+        self.config = config
+        self.secrets = secrets
+        self.pool = HTTP1Pool(
+            config.base_url,
+            max_connections=config.max_connections,
+            timeout=config.timeout_s,
+            connect_timeout=min(10.0, config.timeout_s),
+        )
+
+    def _headers(self, api_key: str | None, trace: TraceContext | None) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers["x-goog-api-key"] = api_key
+        if trace is not None:
+            headers.update(trace.headers())
+        return headers
+
+    def _secrets(self, api_key: str | None) -> list[str]:
+        return [*self.secrets(), *([api_key] if api_key else [])]
+
+    @staticmethod
+    def _path(upstream_model: str, method: str) -> str:
+        model = quote(upstream_model.removeprefix("models/"), safe="-._~")
+        return f"/v1beta/models/{model}:{method}"
+
+    @staticmethod
+    def _request(request: ProviderRequest) -> dict[str, Any]:
+        try:
+            return generate_request(request.body)
+        except TranslationRefused as exc:
+            raise ProviderRefused(400, str(exc)) from None
+
+    async def complete(self, request: ProviderRequest) -> ProviderResult:
+        body = self._request(request)
+        content = await post_json(
+            self.pool,
+            self._path(request.upstream_model, "generateContent"),
+            self._headers(request.api_key, request.trace),
+            body,
+            self._secrets(request.api_key),
+        )
+        try:
+            answer = orjson.loads(content)
+            result, usage = completion(answer, request.request_id, request.upstream_model)
+        except (orjson.JSONDecodeError, Unreadable):
+            raise ProviderMalformed("the upstream answer is not a Gemini answer") from None
+        return ProviderResult(completion=result, usage=usage)
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
+        body = self._request(request)
+        translator = ChunkTranslator(request.request_id, request.upstream_model)
+        response: Response | None = None
+        try:
+            response = await self.pool.post(
+                self._path(request.upstream_model, "streamGenerateContent?alt=sse"),
+                self._headers(request.api_key, request.trace),
+                orjson.dumps(body),
+            )
+            if response.status != 200:
+                raise status_error(
+                    response.status, await response.read(), self._secrets(request.api_key)
+                )
+            rest = b""
+            async for piece in response.iter_body():
+                lines, rest = split_lines(rest, piece)
+                for line in lines:
+                    for chunk in self._event(line, translator, request.api_key):
+                        yield chunk
+            for chunk in self._event(rest, translator, request.api_key):
+                yield chunk
+        except HTTPFailure as exc:
+            if isinstance(exc, TimedOut):
+                raise ProviderTimedOut("the upstream stalled past timeout_s") from None
+            if translator.started:
+                raise ProviderDropped(str(exc), usage=translator.usage) from None
+            raise ProviderUnreachable(str(exc)) from None
+        finally:
+            if response is not None:
+                await response.aclose()
+        if translator.finished:
+            for chunk in translator.end():
+                yield chunk
+            return
+        if translator.started:
+            raise ProviderDropped("the stream ended before its finishReason")
+        raise ProviderUnreachable("the upstream closed the stream before any output")
+
+    def _event(
+        self, line: bytes, translator: ChunkTranslator, api_key: str | None
+    ) -> list[dict[str, Any]]:
+        event = sse_data(line)
+        if not isinstance(event, dict):
+            return []
+        if "error" in event:
+            message, _ = explanation(orjson.dumps(event), self._secrets(api_key))
+            raise ProviderDropped(message, usage=translator.usage)
+        try:
+            return translator.chunks(event)
+        except Unreadable:
+            raise ProviderMalformed("a stream event is not a Gemini answer") from None
+
+    async def embed(
+        self,
+        upstream_model: str,
+        inputs: list[Any],
+        dimensions: int | None,
+        api_key: str | None,
+        trace: TraceContext | None = None,
+    ) -> EmbeddingResult:
+        """One batchEmbedContents call for every input. Gemini embeds text only, and its
+        answer reports no token count: the call is counted at the gateway's estimate of
+        the inputs (the bound its reservation used)."""
+        if not all(isinstance(item, str) for item in inputs):
+            raise ProviderRefused(
+                400, "Gemini embeds text only: send input as a string or an array of strings"
+            )
+        model = f"models/{upstream_model.removeprefix('models/')}"
+        requests = []
+        for text in inputs:
+            item: dict[str, Any] = {"model": model, "content": {"parts": [{"text": text}]}}
+            if dimensions is not None:
+                item["outputDimensionality"] = dimensions
+            requests.append(item)
+        content = await post_json(
+            self.pool,
+            self._path(upstream_model, "batchEmbedContents"),
+            self._headers(api_key, trace),
+            {"requests": requests},
+            self._secrets(api_key),
+        )
+        try:
+            data = orjson.loads(content)
+            vectors = [[float(x) for x in row["values"]] for row in data["embeddings"]]
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+            raise ProviderMalformed("the upstream embeddings answer is malformed") from None
+        if len(vectors) != len(inputs):
+            raise ProviderMalformed("the upstream embedded a different number of inputs")
+        meta = data.get("usageMetadata") if isinstance(data, dict) else None
+        reported = meta.get("promptTokenCount") if isinstance(meta, dict) else None
+        tokens = reported if isinstance(reported, int) else estimate_embedding_tokens(inputs)
+        return EmbeddingResult(vectors=vectors, usage=Usage(prompt_tokens=tokens))
+
+    def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
+        """The forwarded chat parameters Gemini has no form for."""
+        return [name for name in IGNORED if name in body]
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
