@@ -34,6 +34,7 @@ from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
     EmbeddingResult,
     ProviderDropped,
+    ProviderError,
     ProviderMalformed,
     ProviderRefused,
     ProviderRequest,
@@ -121,11 +122,21 @@ class GeminiProvider:
                     response.status, await response.read(), self._secrets(request.api_key)
                 )
             rest = b""
+            failure: ProviderError | None = None
             async for piece in response.iter_body():
+                if failure is not None:
+                    continue  # read to its end, so the connection goes back to the pool
                 lines, rest = split_lines(rest, piece)
                 for line in lines:
-                    for chunk in self._event(line, translator, request.api_key):
+                    try:
+                        chunks = self._event(line, translator, request.api_key)
+                    except ProviderError as exc:
+                        failure = exc
+                        break
+                    for chunk in chunks:
                         yield chunk
+            if failure is not None:
+                raise failure
             for chunk in self._event(rest, translator, request.api_key):
                 yield chunk
         except HTTPFailure as exc:
