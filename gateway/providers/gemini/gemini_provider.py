@@ -14,10 +14,12 @@ model. A body the translation cannot write for Gemini (an image it cannot take, 
 recursive schema, a tool result for no known call) is refused here, before the upstream
 is called, as a 400 refusal whose explanation says what to send instead.
 
-A stream has no ``[DONE]``: Gemini ends it by ending the body. A body that ends after
-the last event carried a ``finishReason`` ended well; one that ends before (or breaks) is
-a dropped connection (before any output: unreachable). An ``error`` event mid-stream is a
-drop, with its explanation.
+A stream has no ``[DONE]``: Gemini ends it by ending the body. A stream whose event with
+the ``finishReason`` came ended well (even if the connection then broke: the whole answer
+and its usage are in); one that ends or breaks before is a dropped connection (before any
+output: unreachable), and so is an ``error`` event, with its explanation. The usage of the
+events before a drop is not passed on: Gemini's counts so far are not the call's, and a
+drop counts the full estimate, as for every kind.
 """
 
 from __future__ import annotations
@@ -140,11 +142,14 @@ class GeminiProvider:
             for chunk in self._event(rest, translator, request.api_key):
                 yield chunk
         except HTTPFailure as exc:
-            if isinstance(exc, TimedOut):
+            if translator.finished:
+                pass  # the whole answer came (its finishReason and usage): it stands
+            elif isinstance(exc, TimedOut):
                 raise ProviderTimedOut("the upstream stalled past timeout_s") from None
-            if translator.started:
-                raise ProviderDropped(str(exc), usage=translator.usage) from None
-            raise ProviderUnreachable(str(exc)) from None
+            elif translator.started:
+                raise ProviderDropped(str(exc)) from None
+            else:
+                raise ProviderUnreachable(str(exc)) from None
         finally:
             if response is not None:
                 await response.aclose()
@@ -164,7 +169,7 @@ class GeminiProvider:
             return []
         if "error" in event:
             message, _ = explanation(orjson.dumps(event), self._secrets(api_key))
-            raise ProviderDropped(message, usage=translator.usage)
+            raise ProviderDropped(message)
         try:
             return translator.chunks(event)
         except Unreadable:
