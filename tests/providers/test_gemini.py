@@ -4,13 +4,15 @@ and its translations, table by table."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 
-from gateway.config.settings import ProviderConfig
+from gateway.config.settings import ProviderConfig, load_config
 from gateway.providers.base import (
     ProviderDropped,
     ProviderMalformed,
@@ -25,6 +27,8 @@ from gateway.providers.gemini import GeminiProvider
 from gateway.providers.gemini.gemini_answer import completion
 from gateway.providers.gemini.gemini_request import generate_request, tool_call_id
 from gateway.providers.gemini.gemini_schema import SchemaRefused, gemini_schema
+from gateway.providers.mock import MockProvider
+from gateway.providers.registry import build_providers
 from tests.support.fake_gemini import FakeGemini
 
 KEY = "gemini.test.key~0123456789"
@@ -380,3 +384,25 @@ async def test_what_gemini_cannot_take_is_refused_before_the_call(
 async def test_ignored_parameters(provider: GeminiProvider) -> None:
     body = {"parallel_tool_calls": False, "seed": 1, "temperature": 0.2}
     assert provider.ignored_parameters(body) == ["parallel_tool_calls"]
+
+
+# -- the documented example ------------------------------------------------------------------
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "providers" / "gemini.md"
+
+
+def test_the_documented_config_loads(tmp_path: Path) -> None:
+    """docs/providers/gemini.md's example, read by the real loader: it cannot drift."""
+    blocks = re.findall(r"```toml\n(.*?)```", DOC.read_text(encoding="utf-8"), re.S)
+    assert len(blocks) == 1
+    path = tmp_path / "gateway.toml"
+    path.write_text(blocks[0], encoding="utf-8")
+    config = load_config(path, environ={})
+    google = config.provider("google")
+    assert google.kind == "gemini"
+    assert google.base_url == "https://generativelanguage.googleapis.com"
+    assert google.api_key_env == "GEMINI_API_KEY"
+    chat, embed = config.models
+    assert (chat.provider, chat.cache_read_usd_per_mtok) == ("google", 0.03)
+    assert (embed.kind, embed.dimensions) == ("embedding", 768)
+    assert isinstance(build_providers(config, MockProvider())["google"], GeminiProvider)
