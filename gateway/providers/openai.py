@@ -30,12 +30,11 @@ ends the call like the gateway's own deadline.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
-from gateway.config.settings import ProviderConfig
 from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
     EmbeddingResult,
@@ -47,52 +46,17 @@ from gateway.providers.base import (
     ProviderUnreachable,
     Usage,
 )
-from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response, TimedOut
+from gateway.providers.http1 import HTTPFailure, Response, TimedOut
 from gateway.providers.wire import (
     DONE,
+    HTTPProvider,
     explanation,
-    post_json,
     split_lines,
     sse_data,
-    status_error,
 )
 
 
-class OpenAIProvider:
-    def __init__(
-        self, config: ProviderConfig, secrets: Callable[[], Iterable[str]] = tuple
-    ) -> None:
-        """``secrets``: every credential the server holds now (its own keys and the
-        organisations' BYOK keys), cut out of the upstream's error text."""
-        assert config.base_url is not None
-        self.config = config
-        self.secrets = secrets
-        self.pool = HTTP1Pool(
-            config.base_url,
-            max_connections=config.max_connections,
-            timeout=config.timeout_s,
-            connect_timeout=min(10.0, config.timeout_s),
-        )
-
-    def _headers(self, api_key: str | None, trace: TraceContext | None) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        if trace is not None:
-            headers.update(trace.headers())
-        return headers
-
-    def _secrets(self, api_key: str | None) -> list[str]:
-        return [*self.secrets(), *([api_key] if api_key else [])]
-
-    async def _post(
-        self, path: str, body: dict[str, Any], api_key: str | None, trace: TraceContext | None
-    ) -> bytes:
-        """One non-streamed upstream call: the body of a 200 answer, or the provider
-        error it maps to."""
-        headers = self._headers(api_key, trace)
-        return await post_json(self.pool, path, headers, body, self._secrets(api_key))
-
+class OpenAIProvider(HTTPProvider):
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body = {**request.body, "stream": False}
         body.pop("stream_options", None)
@@ -111,15 +75,9 @@ class OpenAIProvider:
         done = False
         response: Response | None = None
         try:
-            response = await self.pool.post(
-                "/chat/completions",
-                self._headers(request.api_key, request.trace),
-                orjson.dumps(body),
+            response = await self._open_stream(
+                "/chat/completions", body, request.api_key, request.trace
             )
-            if response.status != 200:
-                raise status_error(
-                    response.status, await response.read(), self._secrets(request.api_key)
-                )
             rest = b""
             async for piece in response.iter_body():
                 if done:
@@ -186,6 +144,3 @@ class OpenAIProvider:
     def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
         """An OpenAI-compatible upstream does not say what it ignored; we claim nothing."""
         return []
-
-    async def aclose(self) -> None:
-        await self.pool.aclose()

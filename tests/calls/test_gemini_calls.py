@@ -17,42 +17,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import httpx
 import openai
 import orjson
 import pytest
 import trio
 
-from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.calls.provider_errors import REFUSED_PHRASE
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
+from tests.calls.test_live_settlement import call, settled, state
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_gemini import FakeGemini
+from tests.support.fake_gemini import PIXEL, WEATHER, FakeGemini
 
 IN_PRICE, OUT_PRICE = 3.0, 15.0
 MAX_TOKENS = 50
 # a credential of no known shape: only the exact-value rule can cut it out
 GEMINI_KEY = "gemini.own.credential~42"
 ORG_KEY = "acme.gemini.credential~77"
-PIXEL = (
-    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
-    "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
-)
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    },
-}
 
 
 def gemini_config(
@@ -111,24 +92,6 @@ def estimate_of(body: dict[str, Any]) -> int:
     return estimate_prompt_tokens({"messages": body["messages"], "max_tokens": MAX_TOKENS})
 
 
-async def record_of(gw: Gateway, token: str, request_id: str) -> dict[str, Any]:
-    async with gw.client(token) as client:
-        record = await client.get(f"/v1/requests/{request_id}")
-        key = (await client.get("/v1/key")).json()
-    assert record.status_code == 200, record.text
-    return {
-        **record.json(),
-        "settled": round(record.json()["cost"]["settled_usd"] * NANOS_PER_USD),
-        "spent": round(key["usage"]["day"]["spent_usd"] * NANOS_PER_USD),
-        "in_flight": key["rate_limit"]["in_flight"],
-    }
-
-
-async def call(gw: Gateway, token: str, body: dict[str, Any]) -> httpx.Response:
-    async with gw.client(token) as client:
-        return await client.post("/v1/chat/completions", json=body)
-
-
 async def in_thread(gw: Gateway, token: str, work: Any) -> Any:
     """Run ``work(client)`` with the official client in a thread (it blocks)."""
 
@@ -160,12 +123,12 @@ async def test_plain_chat_bills_geminis_usage(live: tuple[Gateway, str], fake: F
     assert fake.keys[-1] == GEMINI_KEY
     sent = fake.bodies[-1]["generationConfig"]
     assert sent == {"maxOutputTokens": MAX_TOKENS, "temperature": 0.3, "stopSequences": ["x"]}
-    record = await record_of(gw, token, request_id)
-    usage = record["usage"]
+    after = await state(gw, token, request_id)
+    usage = after["record"]["usage"]
     assert usage["prompt_tokens"] == answer.usage.prompt_tokens
     assert usage["completion_tokens"] == 6
     assert usage["prompt_tokens_details"]["cached_tokens"] == 4
-    assert record["settled"] == cost(usage["prompt_tokens"], 6) == record["spent"]
+    assert settled(after) == cost(usage["prompt_tokens"], 6) == after["spent"]
 
 
 async def test_streamed_chat_with_include_usage(live: tuple[Gateway, str]) -> None:
@@ -188,9 +151,9 @@ async def test_streamed_chat_with_include_usage(live: tuple[Gateway, str]) -> No
     usage = chunks[-1].usage
     assert usage.completion_tokens == 6 + 3, "thinking tokens are output"
     assert usage.prompt_tokens_details.cached_tokens == 2
-    record = await record_of(gw, token, request_id)
-    assert record["usage"]["completion_tokens"] == 9
-    assert record["settled"] == cost(usage.prompt_tokens, 9)
+    after = await state(gw, token, request_id)
+    assert after["record"]["usage"]["completion_tokens"] == 9
+    assert settled(after) == cost(usage.prompt_tokens, 9)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -236,7 +199,7 @@ async def test_a_tool_call_round_trip(
     finish, calls = await in_thread(gw, token, first)
     assert finish == "tool_calls"
     assert len(calls) == 1 and calls[0].function.name == "get_weather"
-    assert json.loads(calls[0].function.arguments) == {"city": "alpha"}
+    assert json.loads(calls[0].function.arguments) == {"city": "alpha", "unit": "c"}
     assert calls[0].id.startswith("call_")
     declared = fake.bodies[-1]["tools"][0]["functionDeclarations"][0]
     assert "additionalProperties" not in declared["parameters"]
@@ -337,8 +300,8 @@ async def test_a_refusal_costs_nothing(live: tuple[Gateway, str], status: int) -
     assert error["message"].startswith(REFUSED_PHRASE + "Gemini says no")
     for leak in ("internal.example", "AIzaSy", GEMINI_KEY):
         assert leak not in response.text
-    record = await record_of(gw, token, response.headers["X-Request-Id"])
-    assert record["settled"] == 0 and record["spent"] == 0 and record["in_flight"] == 0
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == 0 and after["spent"] == 0 and after["in_flight"] == 0
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -350,8 +313,8 @@ async def test_a_429_is_rate_limited_with_retry_after_30(
     assert response.status_code == 429
     assert response.json()["error"]["code"] == "rate_limited"
     assert response.headers["Retry-After"] == "30", "the spec's value, not Gemini's 7s"
-    record = await record_of(gw, token, response.headers["X-Request-Id"])
-    assert record["settled"] == 0
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == 0
 
 
 @pytest.mark.parametrize("fault", ["status=500", "status=503", "status=504", "reset"])
@@ -365,9 +328,9 @@ async def test_a_server_error_counts_the_input_share(
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "service_unavailable"
     assert "Retry-After" in response.headers
-    record = await record_of(gw, token, response.headers["X-Request-Id"])
-    assert record["settled"] == cost(estimate_of(body), 0) == record["spent"]
-    assert record["cost"]["billed_usd"] == 0
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == cost(estimate_of(body), 0) == after["spent"]
+    assert after["record"]["cost"]["billed_usd"] == 0
 
 
 async def test_a_stream_dropped_before_its_first_chunk(live: tuple[Gateway, str]) -> None:
@@ -376,8 +339,8 @@ async def test_a_stream_dropped_before_its_first_chunk(live: tuple[Gateway, str]
     response = await call(gw, token, body)
     assert response.status_code == 503
     assert response.json()["error"]["code"] == "service_unavailable"
-    record = await record_of(gw, token, response.headers["X-Request-Id"])
-    assert record["settled"] == cost(estimate_of(body), 0)
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == cost(estimate_of(body), 0)
 
 
 @pytest.mark.parametrize("fault", ["drop_after=3", "error_after=3"])
@@ -398,22 +361,26 @@ async def test_a_stream_dropped_after_output_counts_the_full_estimate(
     assert orjson.loads(data[-2])["error"]["code"] == "service_unavailable"
     assert data[-1] == "[DONE]"
     assert "internal.example" not in "".join(data)
-    record = await record_of(gw, token, request_id)
-    assert record["settled"] == cost(estimate_of(body), MAX_TOKENS) == record["spent"]
-    assert record["in_flight"] == 0
+    after = await state(gw, token, request_id)
+    assert settled(after) == cost(estimate_of(body), MAX_TOKENS) == after["spent"]
+    assert after["in_flight"] == 0
+
+
+async def assert_late(gw: Gateway, token: str, delay: float) -> None:
+    """Gemini answers only after ``delay`` s: 504 request_timeout, the full estimate."""
+    body = body_for(f"[[fault delay={delay}]]")
+    with trio.fail_after(10):
+        response = await call(gw, token, body)
+    assert response.status_code == 504
+    assert response.json()["error"]["code"] == "request_timeout"
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == cost(estimate_of(body), MAX_TOKENS) == after["spent"]
 
 
 async def test_the_gateways_deadline_is_504_and_counts_the_full_estimate(
     live: tuple[Gateway, str],
 ) -> None:
-    gw, token = live
-    body = body_for("[[fault delay=5]]")
-    with trio.fail_after(10):
-        response = await call(gw, token, body)
-    assert response.status_code == 504
-    assert response.json()["error"]["code"] == "request_timeout"
-    record = await record_of(gw, token, response.headers["X-Request-Id"])
-    assert record["settled"] == cost(estimate_of(body), MAX_TOKENS)
+    await assert_late(*live, delay=5)
 
 
 async def test_the_providers_timeout_is_504_and_counts_the_full_estimate(
@@ -423,13 +390,7 @@ async def test_the_providers_timeout_is_504_and_counts_the_full_estimate(
     config = gemini_config(tmp_path, fake, timeout_s=0.5, request_timeout_s=10.0)
     gw = await start_gateway(nursery, config)
     token = (await gw.create_key(name="slow", mode="live", caps={"usd_day": 10}))["token"]
-    body = body_for("[[fault delay=2]]")
-    with trio.fail_after(10):
-        response = await call(gw, token, body)
-    assert response.status_code == 504
-    assert response.json()["error"]["code"] == "request_timeout"
-    record = await record_of(gw, token, response.headers["X-Request-Id"])
-    assert record["settled"] == cost(estimate_of(body), MAX_TOKENS)
+    await assert_late(gw, token, delay=2)
     gw.stop.set()
 
 
@@ -438,8 +399,8 @@ async def test_an_unreadable_200_counts_the_full_estimate(live: tuple[Gateway, s
     body = body_for("[[fault malformed]]")
     response = await call(gw, token, body)
     assert response.status_code == 503
-    record = await record_of(gw, token, response.headers["X-Request-Id"])
-    assert record["settled"] == cost(estimate_of(body), MAX_TOKENS)
+    after = await state(gw, token, response.headers["X-Request-Id"])
+    assert settled(after) == cost(estimate_of(body), MAX_TOKENS)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -484,9 +445,9 @@ async def test_byok_sends_the_organisations_gemini_key(
     assert response.status_code == 200, response.text
     assert fake.keys == [ORG_KEY]
     usage = response.json()["usage"]
-    record = await record_of(gw, token, response.headers["X-Request-Id"])
+    after = await state(gw, token, response.headers["X-Request-Id"])
     expected = math.ceil((usage["prompt_tokens"] * 0.5 + usage["completion_tokens"] * 1.0) * 1000)
-    assert record["settled"] == expected
+    assert settled(after) == expected
     # Gemini refusing the organisation's key: byok_credential_rejected, nothing settled
     response = await call(gw, token, body_for("[[fault status=403 echo=key]]"))
     assert response.status_code == 400

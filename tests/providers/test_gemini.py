@@ -29,31 +29,9 @@ from gateway.providers.gemini.gemini_request import generate_request, tool_call_
 from gateway.providers.gemini.gemini_schema import SchemaRefused, gemini_schema
 from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers
-from tests.support.fake_gemini import FakeGemini
+from tests.support.fake_gemini import PIXEL, WEATHER, FakeGemini
 
 KEY = "gemini.test.key~0123456789"
-PIXEL = (
-    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
-    "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
-)
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather of a city",
-        "parameters": {
-            "$schema": "http://json-schema.org/draft-07/schema#",
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "format": "email"},
-                "unit": {"type": ["string", "null"], "enum": ["c", "f"]},
-            },
-            "required": ["city"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    },
-}
 
 
 @pytest.fixture

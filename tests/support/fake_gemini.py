@@ -44,7 +44,9 @@ import h11
 import orjson
 import trio
 
-from tests.support.fake_upstream import WORDS, _read_request, _send
+from gateway.providers.gemini.gemini_schema import SCHEMA_FIELDS as SCHEMA
+from gateway.providers.gemini.gemini_schema import TYPES
+from tests.support.fake_upstream import WORDS, _send, serve_requests
 
 _DIRECTIVE = re.compile(r"\[\[fault ([^\]]*)\]\]")
 TOP_LEVEL = frozenset(
@@ -77,33 +79,6 @@ GENERATION_CONFIG = frozenset(
         "thinkingConfig",
     }
 )
-SCHEMA = frozenset(
-    {
-        "type",
-        "format",
-        "title",
-        "description",
-        "nullable",
-        "enum",
-        "maxItems",
-        "minItems",
-        "properties",
-        "required",
-        "minProperties",
-        "maxProperties",
-        "minLength",
-        "maxLength",
-        "pattern",
-        "example",
-        "anyOf",
-        "propertyOrdering",
-        "default",
-        "items",
-        "minimum",
-        "maximum",
-    }
-)
-TYPES = frozenset({"STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT", "NULL"})
 PART_KINDS = frozenset({"text", "inlineData", "fileData", "functionCall", "functionResponse"})
 FUNCTION_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:\-]{0,63}$")
 STATUS_NAMES = {
@@ -118,6 +93,29 @@ STATUS_NAMES = {
 }
 ERROR_TEXT = "Gemini says no: see https://internal.example/v1beta/x key AIzaSyA1b2C3d4E5f6G7h8I9j0"
 MODEL_VERSION = "gemini-fake-001"
+#: a 1x1 PNG as a data URL, and a function tool (with members Gemini's schemas refuse)
+PIXEL = (
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
+    "+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather of a city",
+        "parameters": {
+            "$schema": "http://json-schema.org/draft-07/schema#",
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "format": "email"},
+                "unit": {"type": ["string", "null"], "enum": ["c", "f"]},
+            },
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
 
 
 class Invalid(ValueError):
@@ -176,25 +174,12 @@ class FakeGemini:
         await trio.serve_listeners(self._connection, listeners)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        conn = h11.Connection(h11.SERVER)
-        try:
-            while True:
-                request, raw = await _read_request(conn, stream)
-                if request is None:
-                    return
-                self.calls += 1
-                keep = await self._reply(conn, stream, request, raw)
-                if not keep or conn.our_state is not h11.DONE:
-                    return
-                conn.start_next_cycle()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
-            return
-        finally:
-            await stream.aclose()
+        await serve_requests(stream, self._reply)
 
     async def _reply(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
     ) -> bool:
+        self.calls += 1
         path = request.target.decode()
         self.paths.append(path)
         headers = {k.decode().lower(): v.decode() for k, v in request.headers}

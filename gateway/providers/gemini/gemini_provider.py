@@ -24,14 +24,13 @@ drop counts the full estimate, as for every kind.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
 import orjson
 
 from gateway.calls.estimate import estimate_embedding_tokens
-from gateway.config.settings import ProviderConfig
 from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
     EmbeddingResult,
@@ -51,35 +50,18 @@ from gateway.providers.gemini.gemini_request import (
     TranslationRefused,
     generate_request,
 )
-from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response, TimedOut
-from gateway.providers.wire import explanation, post_json, split_lines, sse_data, status_error
+from gateway.providers.http1 import HTTPFailure, Response, TimedOut
+from gateway.providers.wire import (
+    HTTPProvider,
+    explanation,
+    split_lines,
+    sse_data,
+)
 
 
-class GeminiProvider:
-    def __init__(
-        self, config: ProviderConfig, secrets: Callable[[], Iterable[str]] = tuple
-    ) -> None:
-        """``secrets``: every credential the server holds now, cut out of error text."""
-        assert config.base_url is not None
-        self.config = config
-        self.secrets = secrets
-        self.pool = HTTP1Pool(
-            config.base_url,
-            max_connections=config.max_connections,
-            timeout=config.timeout_s,
-            connect_timeout=min(10.0, config.timeout_s),
-        )
-
-    def _headers(self, api_key: str | None, trace: TraceContext | None) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if api_key:
-            headers["x-goog-api-key"] = api_key
-        if trace is not None:
-            headers.update(trace.headers())
-        return headers
-
-    def _secrets(self, api_key: str | None) -> list[str]:
-        return [*self.secrets(), *([api_key] if api_key else [])]
+class GeminiProvider(HTTPProvider):
+    auth_header = "x-goog-api-key"
+    auth_prefix = ""
 
     @staticmethod
     def _path(upstream_model: str, method: str) -> str:
@@ -95,13 +77,8 @@ class GeminiProvider:
 
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body = self._request(request)
-        content = await post_json(
-            self.pool,
-            self._path(request.upstream_model, "generateContent"),
-            self._headers(request.api_key, request.trace),
-            body,
-            self._secrets(request.api_key),
-        )
+        path = self._path(request.upstream_model, "generateContent")
+        content = await self._post(path, body, request.api_key, request.trace)
         try:
             answer = orjson.loads(content)
             result, usage = completion(answer, request.request_id, request.upstream_model)
@@ -114,15 +91,8 @@ class GeminiProvider:
         translator = ChunkTranslator(request.request_id, request.upstream_model)
         response: Response | None = None
         try:
-            response = await self.pool.post(
-                self._path(request.upstream_model, "streamGenerateContent?alt=sse"),
-                self._headers(request.api_key, request.trace),
-                orjson.dumps(body),
-            )
-            if response.status != 200:
-                raise status_error(
-                    response.status, await response.read(), self._secrets(request.api_key)
-                )
+            path = self._path(request.upstream_model, "streamGenerateContent?alt=sse")
+            response = await self._open_stream(path, body, request.api_key, request.trace)
             rest = b""
             failure: ProviderError | None = None
             async for piece in response.iter_body():
@@ -197,13 +167,8 @@ class GeminiProvider:
             if dimensions is not None:
                 item["outputDimensionality"] = dimensions
             requests.append(item)
-        content = await post_json(
-            self.pool,
-            self._path(upstream_model, "batchEmbedContents"),
-            self._headers(api_key, trace),
-            {"requests": requests},
-            self._secrets(api_key),
-        )
+        path = self._path(upstream_model, "batchEmbedContents")
+        content = await self._post(path, {"requests": requests}, api_key, trace)
         try:
             data = orjson.loads(content)
             vectors = [[float(x) for x in row["values"]] for row in data["embeddings"]]
@@ -219,6 +184,3 @@ class GeminiProvider:
     def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
         """The forwarded chat parameters Gemini has no form for."""
         return [name for name in IGNORED if name in body]
-
-    async def aclose(self) -> None:
-        await self.pool.aclose()

@@ -58,22 +58,17 @@ FORMATS = {
     "INTEGER": frozenset({"int32", "int64"}),
     "NUMBER": frozenset({"float", "double"}),
 }
-_COPIED = (
-    "title",
-    "description",
-    "nullable",
-    "maxItems",
-    "minItems",
-    "minProperties",
-    "maxProperties",
-    "minLength",
-    "maxLength",
-    "pattern",
-    "example",
-    "default",
-    "minimum",
-    "maximum",
-)
+#: the members copied as they are (the others are rewritten below)
+_COPIED = SCHEMA_FIELDS - {
+    "type",
+    "format",
+    "enum",
+    "properties",
+    "required",
+    "anyOf",
+    "propertyOrdering",
+    "items",
+}
 
 
 class SchemaRefused(ValueError):
