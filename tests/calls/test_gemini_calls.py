@@ -27,7 +27,7 @@ from gateway.calls.provider_errors import REFUSED_PHRASE
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
 from tests.calls.test_live_settlement import call, settled, state
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_gemini import PIXEL, WEATHER, FakeGemini
+from tests.support.fake_gemini import PIXEL, SIGNATURE, WEATHER, FakeGemini
 
 IN_PRICE, OUT_PRICE = 3.0, 15.0
 MAX_TOKENS = 50
@@ -201,6 +201,7 @@ async def test_a_tool_call_round_trip(
     assert len(calls) == 1 and calls[0].function.name == "get_weather"
     assert json.loads(calls[0].function.arguments) == {"city": "alpha", "unit": "c"}
     assert calls[0].id.startswith("call_")
+    assert calls[0].id.endswith("__thought__" + SIGNATURE), "the signature rides in the id"
     declared = fake.bodies[-1]["tools"][0]["functionDeclarations"][0]
     assert "additionalProperties" not in declared["parameters"]
     messages.append(

@@ -29,7 +29,7 @@ from gateway.providers.gemini.gemini_request import generate_request, tool_call_
 from gateway.providers.gemini.gemini_schema import SchemaRefused, gemini_schema
 from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers
-from tests.support.fake_gemini import PIXEL, WEATHER, FakeGemini
+from tests.support.fake_gemini import PIXEL, SIGNATURE, WEATHER, FakeGemini
 
 KEY = "gemini.test.key~0123456789"
 
@@ -126,7 +126,11 @@ def test_tool_choice(choice: Any, config: dict[str, Any]) -> None:
 
 def test_tool_results_find_their_function_by_the_call_id() -> None:
     calls = [
-        {"id": "call_a", "type": "function", "function": {"name": "f", "arguments": '{"x":1}'}},
+        {
+            "id": "call_a__thought__c2ln",
+            "type": "function",
+            "function": {"name": "f", "arguments": '{"x":1}'},
+        },
         {"id": "call_b", "type": "function", "function": {"name": "g", "arguments": "{}"}},
     ]
     gemini = generate_request(
@@ -135,13 +139,13 @@ def test_tool_results_find_their_function_by_the_call_id() -> None:
                 {"role": "user", "content": "go"},
                 {"role": "assistant", "content": None, "tool_calls": calls},
                 {"role": "tool", "tool_call_id": "call_b", "content": "plain"},
-                {"role": "tool", "tool_call_id": "call_a", "content": '{"temp": 3}'},
+                {"role": "tool", "tool_call_id": "call_a__thought__c2ln", "content": '{"temp": 3}'},
             ]
         }
     )
     model, user = gemini["contents"][1:]
     assert model["parts"] == [
-        {"functionCall": {"name": "f", "args": {"x": 1}}},
+        {"functionCall": {"name": "f", "args": {"x": 1}}, "thoughtSignature": "c2ln"},
         {"functionCall": {"name": "g", "args": {}}},
     ]
     assert user["parts"] == [
@@ -274,7 +278,7 @@ async def test_streamed_tool_call(provider: GeminiProvider, fake: FakeGemini) ->
         [
             {
                 "index": 0,
-                "id": tool_call_id("req_0123", 0),
+                "id": tool_call_id("req_0123", 0, SIGNATURE),
                 "type": "function",
                 "function": {"name": "get_weather", "arguments": '{"city":"alpha","unit":"c"}'},
             }

@@ -13,7 +13,8 @@ Every request is VALIDATED as the real API would, and refused 400 INVALID_ARGUME
 otherwise, so a translation bug fails the tests (``refusals`` keeps why):
 ``x-goog-api-key`` equal to the key it was given; known top-level fields only; contents
 of roles user/model that alternate, parts of one known kind each; a functionCall only
-from the model, a functionResponse only from the user right after the model's turn that
+from the model, with the thoughtSignature the fake gave it (as Gemini 3 wants), a
+functionResponse only from the user right after the model's turn that
 called that function (as many responses as calls); ``generationConfig`` of known
 fields; schemas (tool parameters, responseSchema) of Gemini's subset only, upper-case
 types, an object's properties non-empty; ``toolConfig`` modes.
@@ -93,6 +94,8 @@ STATUS_NAMES = {
 }
 ERROR_TEXT = "Gemini says no: see https://internal.example/v1beta/x key AIzaSyA1b2C3d4E5f6G7h8I9j0"
 MODEL_VERSION = "gemini-fake-001"
+#: the thought signature of the fake's function calls, wanted back with each call
+SIGNATURE = "c2lnbmVkIGJ5IHRoZSBmYWtl"
 #: a 1x1 PNG as a data URL, and a function tool (with members Gemini's schemas refuse)
 PIXEL = (
     "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"
@@ -366,6 +369,11 @@ def _check_part(part: Any, role: str, index: int, declared: set[str]) -> None:
             raise Invalid("function_call parts are only allowed in model turns")
         if not isinstance(value.get("args", {}), dict) or value.get("name") not in declared:
             raise Invalid(f"contents[{index}].parts.function_call: unknown function")
+        if part.get("thoughtSignature") != SIGNATURE:
+            raise Invalid(
+                f"Function call is missing a thought_signature in functionCall parts "
+                f"(contents[{index}]); send back the signature the model gave"
+            )
     if kind == "functionResponse":
         if role != "user":
             raise Invalid("function_response parts are only allowed in user turns")
@@ -445,7 +453,8 @@ def _answer(body: dict[str, Any], faults: dict[str, str], max_words: int) -> lis
     if tools and mode != "NONE" and not answered_tool:
         declaration = tools[0]
         args = _value(declaration.get("parameters") or {"type": "OBJECT"})
-        pieces = [{"functionCall": {"name": declaration["name"], "args": args}}]
+        call = {"name": declaration["name"], "args": args}
+        pieces = [{"functionCall": call, "thoughtSignature": SIGNATURE}]
         output = 5
     elif config.get("responseMimeType") == "application/json":
         value = _value(config.get("responseSchema") or {"type": "OBJECT"})

@@ -4,7 +4,8 @@ event, ``chat.completion.chunk``.
 - the first candidate's text parts, joined (parts marked ``thought`` are the model's
   reasoning summary: not part of the answer, left out);
 - its ``functionCall`` parts: ``tool_calls`` with the arguments as a JSON string and ids
-  from :func:`~gateway.providers.gemini.gemini_request.tool_call_id`;
+  from :func:`~gateway.providers.gemini.gemini_request.tool_call_id` (carrying the
+  call's ``thoughtSignature``);
 - ``finishReason``: STOP ``stop`` (``tool_calls`` when the answer called a function),
   MAX_TOKENS ``length``, SAFETY, RECITATION, BLOCKLIST, PROHIBITED_CONTENT, SPII,
   IMAGE_SAFETY and a blocked prompt (``promptFeedback.blockReason``) ``content_filter``,
@@ -89,10 +90,15 @@ def _tool_call(part: dict[str, Any], request_id: str, index: int) -> dict[str, A
         raise Unreadable("a functionCall part has no name")
     arguments = orjson.dumps(call.get("args") or {}).decode()
     return {
-        "id": tool_call_id(request_id, index),
+        "id": tool_call_id(request_id, index, _signature(part)),
         "type": "function",
         "function": {"name": call["name"], "arguments": arguments},
     }
+
+
+def _signature(part: dict[str, Any]) -> str | None:
+    signature = part.get("thoughtSignature")
+    return signature if isinstance(signature, str) and signature else None
 
 
 def completion(answer: Any, request_id: str, model: str) -> tuple[dict[str, Any], Usage | None]:

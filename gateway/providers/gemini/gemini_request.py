@@ -21,8 +21,11 @@ Gemini keeps no ids on function calls: the gateway names each call it returns
 ``call_`` + a hash of the request id and the call's position (:func:`tool_call_id`), and a
 ``tool`` message finds its function's name through the ``tool_calls`` of the assistant
 messages before it in the same request (a caller always sends them back with the
-results). Consecutive turns of one role are merged into one content (Gemini alternates
-user and model; parallel calls' results go in one user turn, as Gemini asks).
+results). Gemini's thinking models sign each function call (``thoughtSignature``) and
+want the signature back with the call on the next turn: it rides in the id, after
+``__thought__``, and is put back on the ``functionCall`` part. Consecutive turns of one
+role are merged into one content (Gemini alternates user and model; parallel calls'
+results go in one user turn, as Gemini asks).
 ``parallel_tool_calls`` and ``web_search_options`` have no Gemini form: they are named in
 ``svc.ignored_parameters``.
 """
@@ -45,11 +48,16 @@ class TranslationRefused(ValueError):
     """A chat body that cannot be written as a Gemini request; the message says why."""
 
 
-def tool_call_id(request_id: str, index: int) -> str:
+#: between a tool call's id and the thought signature Gemini gave the call
+SIGNATURE_MARK = "__thought__"
+
+
+def tool_call_id(request_id: str, index: int, signature: str | None = None) -> str:
     """The id of the ``index``-th function call of an answer: the same on the streamed
-    and the whole form of one call, different across calls."""
+    and the whole form of one call, different across calls; the call's thought signature
+    (base64) after :data:`SIGNATURE_MARK` when Gemini gave one."""
     digest = hashlib.blake2b(f"{request_id}:{index}".encode(), digest_size=12).hexdigest()
-    return f"call_{digest}"
+    return f"call_{digest}{SIGNATURE_MARK}{signature}" if signature else f"call_{digest}"
 
 
 def generate_request(body: dict[str, Any]) -> dict[str, Any]:
@@ -86,8 +94,13 @@ def _contents(messages: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], lis
             parts = _parts(message.get("content"), index, text_only=True)
             for call in message.get("tool_calls") or []:
                 function = call.get("function") or {}
-                names[str(call.get("id"))] = str(function.get("name"))
-                parts.append({"functionCall": _function_call(function, index)})
+                call_id = str(call.get("id"))
+                names[call_id] = str(function.get("name"))
+                part: dict[str, Any] = {"functionCall": _function_call(function, index)}
+                signature = call_id.partition(SIGNATURE_MARK)[2]
+                if signature:
+                    part["thoughtSignature"] = signature
+                parts.append(part)
             _append(contents, "model", parts)
         elif role == "tool":
             call_id = str(message.get("tool_call_id"))
