@@ -22,6 +22,7 @@ import orjson
 import pytest
 import trio
 
+from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.calls.provider_errors import REFUSED_PHRASE
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
@@ -129,6 +130,11 @@ async def test_plain_chat_bills_geminis_usage(live: tuple[Gateway, str], fake: F
     assert usage["completion_tokens"] == 6
     assert usage["prompt_tokens_details"]["cached_tokens"] == 4
     assert settled(after) == cost(usage["prompt_tokens"], 6) == after["spent"]
+    async with gw.client(token) as client:
+        totals = (await client.get("/v1/usage")).json()["totals"]
+    assert (totals["requests"], totals["output_tokens"]) == (1, 6)
+    assert totals["input_tokens"] == usage["prompt_tokens"]
+    assert round(totals["settled_usd"] * NANOS_PER_USD) == settled(after)
 
 
 async def test_streamed_chat_with_include_usage(live: tuple[Gateway, str]) -> None:

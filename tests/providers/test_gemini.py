@@ -103,6 +103,14 @@ def test_the_request_carries_system_turns_tools_and_config() -> None:
     assert gemini["toolConfig"] == {"functionCallingConfig": {"mode": "AUTO"}}
 
 
+def test_an_image_by_url_is_file_data() -> None:
+    content = [img("https://example.com/cat.jpeg?size=2")]
+    gemini = generate_request({"messages": [{"role": "user", "content": content}]})
+    assert gemini["contents"][0]["parts"] == [
+        {"fileData": {"fileUri": "https://example.com/cat.jpeg?size=2", "mimeType": "image/jpeg"}}
+    ]
+
+
 def img(url: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
