@@ -30,101 +30,33 @@ ends the call like the gateway's own deadline.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
-from gateway.calls.provider_errors import redact_secrets
-from gateway.config.settings import ProviderConfig
 from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
     EmbeddingResult,
     ProviderDropped,
-    ProviderError,
     ProviderMalformed,
-    ProviderRateLimited,
-    ProviderRefused,
     ProviderRequest,
     ProviderResult,
-    ProviderServerError,
     ProviderTimedOut,
     ProviderUnreachable,
     Usage,
 )
-from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response, TimedOut
-
-REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
-
-
-def _explanation(content: bytes, secrets: Iterable[str]) -> tuple[str, Usage | None]:
-    """The upstream's error message (``secrets`` cut out) and any usage it reported."""
-    try:
-        body = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return redact_secrets(content.decode("utf-8", "replace"), secrets)[:500], None
-    if not isinstance(body, dict):
-        return redact_secrets(str(body), secrets)[:500], None
-    error = body.get("error")
-    message = error.get("message") if isinstance(error, dict) else error
-    return redact_secrets(str(message or body), secrets)[:500], Usage.reported(body.get("usage"))
+from gateway.providers.http1 import HTTPFailure, Response, TimedOut
+from gateway.providers.wire import (
+    DONE,
+    HTTPProvider,
+    explanation,
+    split_lines,
+    sse_data,
+)
 
 
-def status_error(status: int, content: bytes, secrets: Iterable[str]) -> ProviderError:
-    message, usage = _explanation(content, secrets)
-    if status in REFUSAL_STATUSES:
-        return ProviderRefused(status, message, usage=usage)
-    if status == 429:
-        return ProviderRateLimited(message, usage=usage)
-    return ProviderServerError(status, message, usage=usage)
-
-
-class OpenAIProvider:
-    def __init__(
-        self, config: ProviderConfig, secrets: Callable[[], Iterable[str]] = tuple
-    ) -> None:
-        """``secrets``: every credential the server holds now (its own keys and the
-        organisations' BYOK keys), cut out of the upstream's error text."""
-        assert config.base_url is not None
-        self.config = config
-        self.secrets = secrets
-        self.pool = HTTP1Pool(
-            config.base_url,
-            max_connections=config.max_connections,
-            timeout=config.timeout_s,
-            connect_timeout=min(10.0, config.timeout_s),
-        )
-
-    def _headers(self, api_key: str | None, trace: TraceContext | None) -> dict[str, str]:
-        headers = {"Content-Type": "application/json"}
-        if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
-        if trace is not None:
-            headers.update(trace.headers())
-        return headers
-
-    def _secrets(self, api_key: str | None) -> list[str]:
-        return [*self.secrets(), *([api_key] if api_key else [])]
-
-    async def _post(
-        self, path: str, body: dict[str, Any], api_key: str | None, trace: TraceContext | None
-    ) -> bytes:
-        """One non-streamed upstream call: the body of a 200 answer, or the provider
-        error it maps to."""
-        try:
-            response = await self.pool.post(path, self._headers(api_key, trace), orjson.dumps(body))
-            try:
-                content = await response.read()
-            finally:
-                await response.aclose()
-        except TimedOut:
-            raise ProviderTimedOut("the upstream did not answer within timeout_s") from None
-        except HTTPFailure as exc:
-            raise ProviderUnreachable(str(exc)) from None
-        if response.status != 200:
-            raise status_error(response.status, content, self._secrets(api_key))
-        return content
-
+class OpenAIProvider(HTTPProvider):
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body = {**request.body, "stream": False}
         body.pop("stream_options", None)
@@ -143,26 +75,16 @@ class OpenAIProvider:
         done = False
         response: Response | None = None
         try:
-            response = await self.pool.post(
-                "/chat/completions",
-                self._headers(request.api_key, request.trace),
-                orjson.dumps(body),
+            response = await self._open_stream(
+                "/chat/completions", body, request.api_key, request.trace
             )
-            if response.status != 200:
-                raise status_error(
-                    response.status, await response.read(), self._secrets(request.api_key)
-                )
             rest = b""
             async for piece in response.iter_body():
                 if done:
                     continue  # read to its end, so the connection goes back to the pool
-                if b"\r" in piece:
-                    # CR and CRLF end lines too (SSE); a CRLF cut in two adds a blank line
-                    piece = piece.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-                lines = (rest + piece).split(b"\n") if rest else piece.split(b"\n")
-                rest = lines.pop()
+                lines, rest = split_lines(rest, piece)
                 for line in lines:
-                    chunk = _sse_data(line)
+                    chunk = sse_data(line)
                     if chunk is None:
                         continue
                     if chunk is DONE:
@@ -170,11 +92,11 @@ class OpenAIProvider:
                         break
                     if "error" in chunk and not chunk.get("choices"):
                         secrets = self._secrets(request.api_key)
-                        message, usage = _explanation(orjson.dumps(chunk), secrets)
+                        message, usage = explanation(orjson.dumps(chunk), secrets)
                         raise ProviderDropped(message, usage=usage)
                     produced = True
                     yield chunk
-            if not done and _sse_data(rest) is DONE:
+            if not done and sse_data(rest) is DONE:
                 done = True  # the last line, without its line break
         except HTTPFailure as exc:
             if done:
@@ -222,25 +144,3 @@ class OpenAIProvider:
     def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
         """An OpenAI-compatible upstream does not say what it ignored; we claim nothing."""
         return []
-
-    async def aclose(self) -> None:
-        await self.pool.aclose()
-
-
-#: what :func:`_sse_data` returns for ``data: [DONE]``
-DONE: Any = object()
-
-
-def _sse_data(line: bytes) -> Any:
-    """The JSON object of one ``data:`` line, or :data:`DONE`; None for anything else
-    (another field, a comment, a payload that is not a JSON object)."""
-    if not line.startswith(b"data:"):
-        return None
-    payload = line[5:].strip()
-    if payload == b"[DONE]":
-        return DONE
-    try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return None
-    return data if isinstance(data, dict) else None

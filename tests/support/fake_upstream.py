@@ -35,7 +35,7 @@ calls in progress, ``abandoned`` the held calls whose client closed the connecti
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,20 +116,7 @@ class FakeUpstream:
         await trio.serve_listeners(self._connection, listeners)
 
     async def _connection(self, stream: trio.SocketStream) -> None:
-        conn = h11.Connection(h11.SERVER)
-        try:
-            while True:
-                request, body = await _read_request(conn, stream)
-                if request is None:
-                    return
-                keep = await self._answer(conn, stream, request, body)
-                if not keep or conn.our_state is not h11.DONE:
-                    return
-                conn.start_next_cycle()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
-            return
-        finally:
-            await stream.aclose()
+        await serve_requests(stream, self._answer)
 
     async def _answer(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
@@ -318,6 +305,28 @@ def _completion(
     if usage is not None:
         answer["usage"] = usage
     return answer
+
+
+#: answers one request (connection, stream, request, body); False: close the connection
+Answer = Callable[[h11.Connection, trio.SocketStream, h11.Request, bytes], Awaitable[bool]]
+
+
+async def serve_requests(stream: trio.SocketStream, answer: Answer) -> None:
+    """Read requests from ``stream`` and ``answer`` each, until one says to close."""
+    conn = h11.Connection(h11.SERVER)
+    try:
+        while True:
+            request, body = await _read_request(conn, stream)
+            if request is None:
+                return
+            keep = await answer(conn, stream, request, body)
+            if not keep or conn.our_state is not h11.DONE:
+                return
+            conn.start_next_cycle()
+    except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
+        return
+    finally:
+        await stream.aclose()
 
 
 async def _read_request(

@@ -1,0 +1,163 @@
+"""What every HTTP provider kind shares: its pooled client and credentials
+and its calls (:class:`HTTPProvider`: one JSON ``POST`` mapped into the provider error
+tree, a stream opened the same way), an upstream's error status mapped, and SSE's line
+framing.
+
+    upstream answer / client failure             raised
+    -------------------------------------------  --------------------------------------
+    400 401 403 404 413 422                      ProviderRefused(status, explanation)
+    429                                          ProviderRateLimited
+    5xx, or any other non-2xx status             ProviderServerError(status)
+    connect error, reset before any output       ProviderUnreachable
+    no answer within timeout_s                   ProviderTimedOut
+
+The upstream's error text is kept only after every credential this server holds has been
+cut out of it (:func:`redact_secrets`). OpenAI, Azure and Gemini all put it in
+``{"error": {"message": ...}}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import orjson
+
+from gateway.calls.provider_errors import redact_secrets
+from gateway.config.settings import ProviderConfig
+from gateway.observe.tracing import TraceContext
+from gateway.providers.base import (
+    ProviderError,
+    ProviderRateLimited,
+    ProviderRefused,
+    ProviderServerError,
+    ProviderTimedOut,
+    ProviderUnreachable,
+    Usage,
+)
+from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response, TimedOut
+
+REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
+
+
+class HTTPProvider:
+    """What every HTTP kind holds: its configuration, one pooled client of its
+    ``base_url``, and the credentials to cut out of its error text. A kind names the
+    header its key goes in (``auth_header``, the value ``auth_prefix`` + the key)."""
+
+    auth_header = "Authorization"
+    auth_prefix = "Bearer "
+
+    def __init__(
+        self, config: ProviderConfig, secrets: Callable[[], Iterable[str]] = tuple
+    ) -> None:
+        """``secrets``: every credential the server holds now (its own keys and the
+        organisations' BYOK keys), cut out of the upstream's error text."""
+        assert config.base_url is not None
+        self.config = config
+        self.secrets = secrets
+        self.pool = HTTP1Pool(
+            config.base_url,
+            max_connections=config.max_connections,
+            timeout=config.timeout_s,
+            connect_timeout=min(10.0, config.timeout_s),
+        )
+
+    def _headers(self, api_key: str | None, trace: TraceContext | None) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if api_key:
+            headers[self.auth_header] = self.auth_prefix + api_key
+        if trace is not None:
+            headers.update(trace.headers())
+        return headers
+
+    def _secrets(self, api_key: str | None) -> list[str]:
+        return [*self.secrets(), *([api_key] if api_key else [])]
+
+    async def _post(
+        self, path: str, body: Any, api_key: str | None, trace: TraceContext | None
+    ) -> bytes:
+        """One non-streamed upstream call: the body of a 200 answer, or the provider
+        error it maps to."""
+        try:
+            response = await self.pool.post(path, self._headers(api_key, trace), orjson.dumps(body))
+            try:
+                content = await response.read()
+            finally:
+                await response.aclose()
+        except TimedOut:
+            raise ProviderTimedOut("the upstream did not answer within timeout_s") from None
+        except HTTPFailure as exc:
+            raise ProviderUnreachable(str(exc)) from None
+        if response.status != 200:
+            raise status_error(response.status, content, self._secrets(api_key))
+        return content
+
+    async def _open_stream(
+        self, path: str, body: Any, api_key: str | None, trace: TraceContext | None
+    ) -> Response:
+        """A streamed call's answer, its head read (the caller closes it); a status other
+        than 200 raised as its provider error. The client's failures are the caller's to
+        map (whether output had started decides)."""
+        response = await self.pool.post(path, self._headers(api_key, trace), orjson.dumps(body))
+        if response.status == 200:
+            return response
+        try:
+            content = await response.read()
+        finally:
+            await response.aclose()
+        raise status_error(response.status, content, self._secrets(api_key))
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
+
+
+def explanation(content: bytes, secrets: Iterable[str]) -> tuple[str, Usage | None]:
+    """The upstream's error message (``secrets`` cut out) and any usage it reported."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return redact_secrets(content.decode("utf-8", "replace"), secrets)[:500], None
+    if not isinstance(body, dict):
+        return redact_secrets(str(body), secrets)[:500], None
+    error = body.get("error")
+    message = error.get("message") if isinstance(error, dict) else error
+    return redact_secrets(str(message or body), secrets)[:500], Usage.reported(body.get("usage"))
+
+
+def status_error(status: int, content: bytes, secrets: Iterable[str]) -> ProviderError:
+    message, usage = explanation(content, secrets)
+    if status in REFUSAL_STATUSES:
+        return ProviderRefused(status, message, usage=usage)
+    if status == 429:
+        return ProviderRateLimited(message, usage=usage)
+    return ProviderServerError(status, message, usage=usage)
+
+
+def split_lines(rest: bytes, piece: bytes) -> tuple[list[bytes], bytes]:
+    """The complete lines of ``rest + piece`` (a stream's unfinished line, then the next
+    bytes read) and the new unfinished line. CR and CRLF end lines too (SSE); a CRLF cut
+    in two adds a blank line (harmless: every event read here is one ``data:`` line)."""
+    if b"\r" in piece:
+        piece = piece.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    lines = (rest + piece).split(b"\n") if rest else piece.split(b"\n")
+    return lines, lines.pop()
+
+
+#: what :func:`sse_data` returns for ``data: [DONE]``
+DONE: Any = object()
+
+
+def sse_data(line: bytes) -> Any:
+    """The JSON object of one ``data:`` line, or :data:`DONE`; None for anything else
+    (another field, a comment, a payload that is not a JSON object)."""
+    if not line.startswith(b"data:"):
+        return None
+    payload = line[5:].strip()
+    if payload == b"[DONE]":
+        return DONE
+    try:
+        data = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
