@@ -6,21 +6,10 @@ arrive and passed on chunk by chunk, never buffered; the gateway always asks the
 for usage on streams (``stream_options.include_usage``).
 
 Failures are translated at this boundary into the provider error tree of
-:mod:`gateway.providers.base`, most specific first:
-
-    upstream answer / client failure             raised
-    -------------------------------------------  --------------------------------------
-    400 401 403 404 413 422                      ProviderRefused(status, explanation)
-    429                                          ProviderRateLimited
-    5xx, or any other non-2xx status             ProviderServerError(status)
-    200 with a body that is not an answer        ProviderMalformed
-    connect error, reset before any output       ProviderUnreachable
-    connection lost after output started         ProviderDropped
-    no answer (or next chunk) within timeout_s   ProviderTimedOut
-
-The upstream's error text is kept (the client gets it, cleaned, on a refusal) only after
-every credential this server holds has been cut out of it (:func:`redact_secrets`): an
-upstream that echoes a rejected key must not hand it to whoever sent the call.
+:mod:`gateway.providers.base` (:mod:`gateway.providers.upstream_io` has the table, the
+same for every HTTP kind); the upstream's error text is kept only with every credential
+this server holds cut out of it. A 200 with a body that is not an answer is
+``ProviderMalformed``.
 
 Deadlines belong to the gateway: it cancels the call (trio cancellation closes the
 connection). The client's own timeouts are a backstop at the provider's ``timeout_s``
@@ -35,48 +24,27 @@ from typing import Any
 
 import orjson
 
-from gateway.calls.provider_errors import redact_secrets
 from gateway.config.settings import ProviderConfig
 from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
     EmbeddingResult,
     ProviderDropped,
-    ProviderError,
     ProviderMalformed,
-    ProviderRateLimited,
-    ProviderRefused,
     ProviderRequest,
     ProviderResult,
-    ProviderServerError,
-    ProviderTimedOut,
     ProviderUnreachable,
     Usage,
 )
-from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response, TimedOut
-
-REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
-
-
-def _explanation(content: bytes, secrets: Iterable[str]) -> tuple[str, Usage | None]:
-    """The upstream's error message (``secrets`` cut out) and any usage it reported."""
-    try:
-        body = orjson.loads(content)
-    except orjson.JSONDecodeError:
-        return redact_secrets(content.decode("utf-8", "replace"), secrets)[:500], None
-    if not isinstance(body, dict):
-        return redact_secrets(str(body), secrets)[:500], None
-    error = body.get("error")
-    message = error.get("message") if isinstance(error, dict) else error
-    return redact_secrets(str(message or body), secrets)[:500], Usage.reported(body.get("usage"))
-
-
-def status_error(status: int, content: bytes, secrets: Iterable[str]) -> ProviderError:
-    message, usage = _explanation(content, secrets)
-    if status in REFUSAL_STATUSES:
-        return ProviderRefused(status, message, usage=usage)
-    if status == 429:
-        return ProviderRateLimited(message, usage=usage)
-    return ProviderServerError(status, message, usage=usage)
+from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response
+from gateway.providers.upstream_io import (
+    DONE,
+    explanation,
+    post_json,
+    split_lines,
+    sse_data,
+    status_error,
+    stream_failure,
+)
 
 
 class OpenAIProvider:
@@ -109,21 +77,9 @@ class OpenAIProvider:
     async def _post(
         self, path: str, body: dict[str, Any], api_key: str | None, trace: TraceContext | None
     ) -> bytes:
-        """One non-streamed upstream call: the body of a 200 answer, or the provider
-        error it maps to."""
-        try:
-            response = await self.pool.post(path, self._headers(api_key, trace), orjson.dumps(body))
-            try:
-                content = await response.read()
-            finally:
-                await response.aclose()
-        except TimedOut:
-            raise ProviderTimedOut("the upstream did not answer within timeout_s") from None
-        except HTTPFailure as exc:
-            raise ProviderUnreachable(str(exc)) from None
-        if response.status != 200:
-            raise status_error(response.status, content, self._secrets(api_key))
-        return content
+        """One non-streamed upstream call: the body of a 200 answer."""
+        headers = self._headers(api_key, trace)
+        return await post_json(self.pool, path, headers, orjson.dumps(body), self._secrets(api_key))
 
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body = {**request.body, "stream": False}
@@ -156,13 +112,9 @@ class OpenAIProvider:
             async for piece in response.iter_body():
                 if done:
                     continue  # read to its end, so the connection goes back to the pool
-                if b"\r" in piece:
-                    # CR and CRLF end lines too (SSE); a CRLF cut in two adds a blank line
-                    piece = piece.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-                lines = (rest + piece).split(b"\n") if rest else piece.split(b"\n")
-                rest = lines.pop()
+                lines, rest = split_lines(rest, piece)
                 for line in lines:
-                    chunk = _sse_data(line)
+                    chunk = sse_data(line)
                     if chunk is None:
                         continue
                     if chunk is DONE:
@@ -170,20 +122,16 @@ class OpenAIProvider:
                         break
                     if "error" in chunk and not chunk.get("choices"):
                         secrets = self._secrets(request.api_key)
-                        message, usage = _explanation(orjson.dumps(chunk), secrets)
+                        message, usage = explanation(orjson.dumps(chunk), secrets)
                         raise ProviderDropped(message, usage=usage)
                     produced = True
                     yield chunk
-            if not done and _sse_data(rest) is DONE:
+            if not done and sse_data(rest) is DONE:
                 done = True  # the last line, without its line break
         except HTTPFailure as exc:
             if done:
                 return
-            if isinstance(exc, TimedOut):
-                raise ProviderTimedOut("the upstream stalled past timeout_s") from None
-            if produced:
-                raise ProviderDropped(str(exc)) from None
-            raise ProviderUnreachable(str(exc)) from None
+            raise stream_failure(exc, produced) from None
         finally:
             if response is not None:
                 await response.aclose()
@@ -225,22 +173,3 @@ class OpenAIProvider:
 
     async def aclose(self) -> None:
         await self.pool.aclose()
-
-
-#: what :func:`_sse_data` returns for ``data: [DONE]``
-DONE: Any = object()
-
-
-def _sse_data(line: bytes) -> Any:
-    """The JSON object of one ``data:`` line, or :data:`DONE`; None for anything else
-    (another field, a comment, a payload that is not a JSON object)."""
-    if not line.startswith(b"data:"):
-        return None
-    payload = line[5:].strip()
-    if payload == b"[DONE]":
-        return DONE
-    try:
-        data = orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return None
-    return data if isinstance(data, dict) else None
