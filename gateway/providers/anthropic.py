@@ -125,6 +125,8 @@ class AnthropicProvider:
         body, structured = self._translated(request, stream=True)
         translator = StreamTranslator(request.upstream_model, structured)
         produced = False
+        #: an ``error`` event's failure, raised once the stream was read to its end
+        failure: ProviderError | None = None
         response: Response | None = None
         try:
             response = await self.pool.post(
@@ -134,24 +136,40 @@ class AnthropicProvider:
                 raise status_error(
                     response.status, await response.read(), self._secrets(request.api_key)
                 )
-            async for event in _events(response):
-                if translator.done:
+            rest = b""
+            async for piece in response.iter_body():
+                if translator.finished() or failure is not None:
                     continue  # read to its end, so the connection goes back to the pool
-                try:
-                    chunks = translator.feed(event)
-                except StreamFailed as exc:
-                    raise self._failure(exc, produced, request.api_key) from None
-                for chunk in chunks:
-                    produced = True
-                    yield chunk
+                lines, rest = split_lines(rest, piece)
+                for line in lines:
+                    event = sse_data(line)
+                    if event is None:
+                        continue
+                    try:
+                        chunks = translator.feed(event)
+                    except StreamFailed as exc:
+                        failure = self._failure(exc, produced, request.api_key)
+                        break
+                    for chunk in chunks:
+                        produced = True
+                        yield chunk
+                    if translator.finished():
+                        break
+            tail = sse_data(rest)  # the last line, without its line break
+            if failure is None and tail is not None and tail.get("type") == "message_stop":
+                translator.stop()
         except HTTPFailure as exc:
-            if translator.done:
+            if failure is not None:
+                raise failure from None
+            if translator.finished():
                 return
             raise stream_failure(exc, produced) from None
         finally:
             if response is not None:
                 await response.aclose()
-        if translator.done:
+        if failure is not None:
+            raise failure
+        if translator.finished():
             return
         if produced:
             raise ProviderDropped("the stream ended without message_stop")
@@ -184,18 +202,3 @@ class AnthropicProvider:
 
     async def aclose(self) -> None:
         await self.pool.aclose()
-
-
-async def _events(response: Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON object of each ``data:`` line of an event stream, as they arrive (an
-    event's ``event:`` line repeats the ``type`` its data has)."""
-    rest = b""
-    async for piece in response.iter_body():
-        lines, rest = split_lines(rest, piece)
-        for line in lines:
-            event = sse_data(line)
-            if event is not None:
-                yield event
-    event = sse_data(rest)  # the last line, without its line break
-    if event is not None:
-        yield event

@@ -388,19 +388,19 @@ class StreamTranslator:
     """Anthropic's stream events → ``chat.completion.chunk`` dicts, as an OpenAI upstream
     streams them: the role first, then content and tool-call deltas (id and name first,
     then argument fragments), the ``finish_reason`` chunk, and a last chunk with the usage
-    and no choices (at ``message_delta``, whose usage is the final count); ``done`` at
-    ``message_stop``, the stream's proper end.
+    and no choices (at ``message_delta``, whose usage is the final count); the stream is
+    :meth:`finished` at ``message_stop``.
     """
 
     __slots__ = (
         "_blocks",
         "_counts",
         "_created",
+        "_done",
         "_id",
         "_model",
         "_structured",
         "_tool_calls",
-        "done",
     )
 
     def __init__(self, model: str, structured: bool) -> None:
@@ -412,7 +412,14 @@ class StreamTranslator:
         self._blocks: dict[int, int | None] = {}
         self._tool_calls = 0
         self._counts: dict[str, int] = {}
-        self.done = False
+        self._done = False
+
+    def finished(self) -> bool:
+        """Whether ``message_stop`` came: the stream's proper end."""
+        return self._done
+
+    def stop(self) -> None:
+        self._done = True
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {
@@ -443,7 +450,7 @@ class StreamTranslator:
             usage = {**self._chunk({}), "choices": [], "usage": _usage(self._counts).as_dict()}
             return [final, usage]
         if kind == "message_stop":
-            self.done = True
+            self._done = True
         elif kind == "error":
             error = event.get("error") or {}
             raise StreamFailed(str(error.get("type") or "error"), str(error.get("message") or ""))
