@@ -18,12 +18,11 @@ Anthropic has no embeddings API: an embedding call is refused, saying so.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
-from gateway.config.settings import ProviderConfig
 from gateway.observe.tracing import TraceContext
 from gateway.providers.anthropic_translate import (
     IGNORED,
@@ -45,8 +44,9 @@ from gateway.providers.base import (
     ProviderResult,
     ProviderUnreachable,
 )
-from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response
+from gateway.providers.http1 import HTTPFailure, Response
 from gateway.providers.upstream_io import (
+    HTTPProvider,
     post_json,
     split_lines,
     sse_data,
@@ -68,22 +68,7 @@ ERROR_STATUS = {
 }
 
 
-class AnthropicProvider:
-    def __init__(
-        self, config: ProviderConfig, secrets: Callable[[], Iterable[str]] = tuple
-    ) -> None:
-        """``secrets``: every credential the server holds now (its own keys and the
-        organisations' BYOK keys), cut out of the upstream's error text."""
-        assert config.base_url is not None
-        self.config = config
-        self.secrets = secrets
-        self.pool = HTTP1Pool(
-            config.base_url,
-            max_connections=config.max_connections,
-            timeout=config.timeout_s,
-            connect_timeout=min(10.0, config.timeout_s),
-        )
-
+class AnthropicProvider(HTTPProvider):
     def _headers(self, api_key: str | None, trace: TraceContext | None) -> dict[str, str]:
         headers = {
             "content-type": "application/json",
@@ -94,9 +79,6 @@ class AnthropicProvider:
         if trace is not None:
             headers.update(trace.headers())
         return headers
-
-    def _secrets(self, api_key: str | None) -> list[str]:
-        return [*self.secrets(), *([api_key] if api_key else [])]
 
     @staticmethod
     def _translated(request: ProviderRequest, stream: bool) -> tuple[bytes, bool]:
@@ -199,6 +181,3 @@ class AnthropicProvider:
 
     def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
         return [name for name in IGNORED if name in body]
-
-    async def aclose(self) -> None:
-        await self.pool.aclose()

@@ -19,12 +19,11 @@ ends the call like the gateway's own deadline.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
 
-from gateway.config.settings import ProviderConfig
 from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
     EmbeddingResult,
@@ -35,9 +34,10 @@ from gateway.providers.base import (
     ProviderUnreachable,
     Usage,
 )
-from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response
+from gateway.providers.http1 import HTTPFailure, Response
 from gateway.providers.upstream_io import (
     DONE,
+    HTTPProvider,
     explanation,
     post_json,
     split_lines,
@@ -47,22 +47,7 @@ from gateway.providers.upstream_io import (
 )
 
 
-class OpenAIProvider:
-    def __init__(
-        self, config: ProviderConfig, secrets: Callable[[], Iterable[str]] = tuple
-    ) -> None:
-        """``secrets``: every credential the server holds now (its own keys and the
-        organisations' BYOK keys), cut out of the upstream's error text."""
-        assert config.base_url is not None
-        self.config = config
-        self.secrets = secrets
-        self.pool = HTTP1Pool(
-            config.base_url,
-            max_connections=config.max_connections,
-            timeout=config.timeout_s,
-            connect_timeout=min(10.0, config.timeout_s),
-        )
-
+class OpenAIProvider(HTTPProvider):
     def _headers(self, api_key: str | None, trace: TraceContext | None) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         if api_key:
@@ -70,9 +55,6 @@ class OpenAIProvider:
         if trace is not None:
             headers.update(trace.headers())
         return headers
-
-    def _secrets(self, api_key: str | None) -> list[str]:
-        return [*self.secrets(), *([api_key] if api_key else [])]
 
     async def _post(
         self, path: str, body: dict[str, Any], api_key: str | None, trace: TraceContext | None
@@ -170,6 +152,3 @@ class OpenAIProvider:
     def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
         """An OpenAI-compatible upstream does not say what it ignored; we claim nothing."""
         return []
-
-    async def aclose(self) -> None:
-        await self.pool.aclose()

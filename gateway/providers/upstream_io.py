@@ -19,12 +19,13 @@ upstream that echoes a rejected key must not hand it to whoever sent the call. O
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
 
 from gateway.calls.provider_errors import redact_secrets
+from gateway.config.settings import ProviderConfig
 from gateway.providers.base import (
     ProviderDropped,
     ProviderError,
@@ -38,6 +39,33 @@ from gateway.providers.base import (
 from gateway.providers.http1 import HTTP1Pool, HTTPFailure, TimedOut
 
 REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
+
+
+class HTTPProvider:
+    """What a provider of an HTTP kind holds: its configuration, the credentials to cut
+    out of upstream error text, and one pooled client of its ``base_url``."""
+
+    def __init__(
+        self, config: ProviderConfig, secrets: Callable[[], Iterable[str]] = tuple
+    ) -> None:
+        """``secrets``: every credential the server holds now (its own keys and the
+        organisations' BYOK keys), cut out of the upstream's error text."""
+        assert config.base_url is not None
+        self.config = config
+        self.secrets = secrets
+        self.pool = HTTP1Pool(
+            config.base_url,
+            max_connections=config.max_connections,
+            timeout=config.timeout_s,
+            connect_timeout=min(10.0, config.timeout_s),
+        )
+
+    def _secrets(self, api_key: str | None) -> list[str]:
+        """The credentials to cut out of this call's error text (its key included)."""
+        return [*self.secrets(), *([api_key] if api_key else [])]
+
+    async def aclose(self) -> None:
+        await self.pool.aclose()
 
 
 def explanation(content: bytes, secrets: Iterable[str]) -> tuple[str, Usage | None]:

@@ -13,7 +13,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
 import openai
 import orjson
 import pytest
@@ -23,6 +22,9 @@ from gateway.calls.provider_errors import REFUSED_PHRASE
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
 from tests.calls.test_live_settlement import (
     MAX_TOKENS,
+    assert_timeout_counts_the_full_estimate,
+    body_for,
+    call,
     cost,
     estimate_of,
     settled,
@@ -88,15 +90,6 @@ async def live(
     gw.stop.set()
 
 
-def body_for(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "live-chat",
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": MAX_TOKENS,
-        **extra,
-    }
-
-
 async def with_client(gw: Gateway, token: str, use: Callable[[openai.OpenAI], T]) -> T:
     """``use`` with the official client (in a thread: it is synchronous)."""
 
@@ -106,11 +99,6 @@ async def with_client(gw: Gateway, token: str, use: Callable[[openai.OpenAI], T]
 
     with trio.fail_after(20):
         return await trio.to_thread.run_sync(run)
-
-
-async def call(gw: Gateway, token: str, body: dict[str, Any]) -> httpx.Response:
-    async with gw.client(token) as client:
-        return await client.post("/v1/chat/completions", json=body)
 
 
 def reported(fake: FakeAnthropic) -> dict[str, int]:
@@ -367,13 +355,7 @@ async def test_a_stream_cut_after_its_first_chunk_counts_the_full_estimate(
 async def test_the_calls_own_timeout_is_504_and_counts_the_full_estimate(
     live: tuple[Gateway, str],
 ) -> None:
-    gw, token = live
-    body = body_for("[[fault delay=5]]")
-    response = await call(gw, token, body)
-    assert response.status_code == 504
-    assert response.json()["error"]["code"] == "request_timeout"
-    after = await state(gw, token, response.headers["X-Request-Id"])
-    assert settled(after) == cost(estimate_of(body), MAX_TOKENS) == after["spent"]
+    await assert_timeout_counts_the_full_estimate(*live, delay=5)
 
 
 async def test_the_providers_timeout_is_504_and_counts_the_full_estimate(
@@ -383,12 +365,7 @@ async def test_the_providers_timeout_is_504_and_counts_the_full_estimate(
     config = claude_config(tmp_path, fake, 0.5, request_timeout_s=10.0)
     gw = await start_gateway(nursery, config)
     token = (await gw.create_key(name="slow", mode="live", caps={"usd_day": 10}))["token"]
-    body = body_for("[[fault delay=2]]")
-    response = await call(gw, token, body)
-    assert response.status_code == 504
-    assert response.json()["error"]["code"] == "request_timeout"
-    after = await state(gw, token, response.headers["X-Request-Id"])
-    assert settled(after) == cost(estimate_of(body), MAX_TOKENS) == after["spent"]
+    await assert_timeout_counts_the_full_estimate(gw, token, delay=2)
     gw.stop.set()
 
 

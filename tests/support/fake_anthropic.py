@@ -38,7 +38,7 @@ import h11
 import orjson
 import trio
 
-from tests.support.fake_upstream import WORDS, _read_request, _send, directives
+from tests.support.fake_upstream import WORDS, _send, directives, serve_loopback
 
 VERSION = "2023-06-01"
 ERROR_TEXT = "anthropic says no: see https://internal.example/v1/x key sk-ant-abcdefgh12345678"
@@ -97,28 +97,11 @@ class FakeAnthropic:
     max_words: int = 6
 
     async def serve(self, *, task_status: trio.TaskStatus[FakeAnthropic]) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        port = listeners[0].socket.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        task_status.started(self)
-        await trio.serve_listeners(self._connection, listeners)
+        def started(port: int) -> None:
+            self.url = f"http://127.0.0.1:{port}"
+            task_status.started(self)
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        conn = h11.Connection(h11.SERVER)
-        try:
-            while True:
-                request, body = await _read_request(conn, stream)
-                if request is None:
-                    return
-                if not await self._answer(conn, stream, request, body):
-                    return
-                if conn.our_state is not h11.DONE:
-                    return
-                conn.start_next_cycle()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
-            return
-        finally:
-            await stream.aclose()
+        await serve_loopback(self._answer, started)
 
     async def _answer(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
