@@ -18,6 +18,7 @@ import orjson
 import pytest
 import trio
 
+from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.calls.provider_errors import REFUSED_PHRASE
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
 from tests.calls.test_live_settlement import (
@@ -137,6 +138,10 @@ async def test_a_plain_chat_through_the_openai_client(
     after = await state(gw, token, request_id)
     assert after["record"]["usage"]["prompt_tokens"] == answer.usage.prompt_tokens
     assert settled(after) == cost(answer.usage.prompt_tokens, 6) == after["used"]
+    async with gw.client(token) as client:
+        totals = (await client.get("/v1/usage")).json()["totals"]
+    assert (totals["input_tokens"], totals["output_tokens"]) == (answer.usage.prompt_tokens, 6)
+    assert round(totals["cost_usd"] * NANOS_PER_USD) == settled(after)
 
 
 async def test_a_streamed_chat_with_include_usage(

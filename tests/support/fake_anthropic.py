@@ -404,6 +404,7 @@ async def _error(
     error = {
         "type": "error",
         "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message},
+        "request_id": "req_fake01",
     }
     data = orjson.dumps(error)
     headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
