@@ -42,17 +42,17 @@ from gateway.providers.base import (
     ProviderMalformed,
     ProviderRequest,
     ProviderResult,
-    ProviderTimedOut,
     ProviderUnreachable,
     Usage,
 )
-from gateway.providers.http1 import HTTPFailure, Response, TimedOut
+from gateway.providers.http1 import HTTPFailure, Response
 from gateway.providers.wire import (
     DONE,
     HTTPProvider,
     explanation,
     split_lines,
     sse_data,
+    stream_failure,
 )
 
 
@@ -101,11 +101,7 @@ class OpenAIProvider(HTTPProvider):
         except HTTPFailure as exc:
             if done:
                 return
-            if isinstance(exc, TimedOut):
-                raise ProviderTimedOut("the upstream stalled past timeout_s") from None
-            if produced:
-                raise ProviderDropped(str(exc)) from None
-            raise ProviderUnreachable(str(exc)) from None
+            raise stream_failure(exc, produced) from None
         finally:
             if response is not None:
                 await response.aclose()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from gateway.config.settings import Config, ProviderConfig
+from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.base import Provider
 from gateway.providers.gemini import GeminiProvider
 from gateway.providers.mock import MockProvider
@@ -13,6 +14,7 @@ from gateway.providers.openai import OpenAIProvider
 #: the class of each kind that speaks HTTP, one entry per kind
 HTTP_KINDS: dict[str, Callable[[ProviderConfig, Callable[[], Iterable[str]]], Provider]] = {
     "openai": OpenAIProvider,
+    "anthropic": AnthropicProvider,
     "gemini": GeminiProvider,
 }
 

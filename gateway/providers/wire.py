@@ -9,10 +9,12 @@ framing.
     429                                          ProviderRateLimited
     5xx, or any other non-2xx status             ProviderServerError(status)
     connect error, reset before any output       ProviderUnreachable
-    no answer within timeout_s                   ProviderTimedOut
+    connection lost after output started         ProviderDropped
+    no answer (or next chunk) within timeout_s   ProviderTimedOut
 
 The upstream's error text is kept only after every credential this server holds has been
-cut out of it (:func:`redact_secrets`). OpenAI, Azure and Gemini all put it in
+cut out of it (:func:`redact_secrets`). OpenAI, Azure, Gemini and Anthropic
+(``{"type": "error", "error": {"type": ..., "message": ...}}``) all put it in
 ``{"error": {"message": ...}}``.
 """
 
@@ -27,6 +29,7 @@ from gateway.calls.provider_errors import redact_secrets
 from gateway.config.settings import ProviderConfig
 from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
+    ProviderDropped,
     ProviderError,
     ProviderRateLimited,
     ProviderRefused,
@@ -132,6 +135,15 @@ def status_error(status: int, content: bytes, secrets: Iterable[str]) -> Provide
     if status == 429:
         return ProviderRateLimited(message, usage=usage)
     return ProviderServerError(status, message, usage=usage)
+
+
+def stream_failure(exc: HTTPFailure, produced: bool) -> ProviderError:
+    """The provider error of a stream's connection failing (``produced``: after output)."""
+    if isinstance(exc, TimedOut):
+        return ProviderTimedOut("the upstream stalled past timeout_s")
+    if produced:
+        return ProviderDropped(str(exc))
+    return ProviderUnreachable(str(exc))
 
 
 def split_lines(rest: bytes, piece: bytes) -> tuple[list[bytes], bytes]:

@@ -47,7 +47,7 @@ import trio
 
 from gateway.providers.gemini.gemini_schema import SCHEMA_FIELDS as SCHEMA
 from gateway.providers.gemini.gemini_schema import TYPES
-from tests.support.fake_upstream import WORDS, _send, serve_requests
+from tests.support.fake_upstream import WORDS, _send, serve_loopback
 
 _DIRECTIVE = re.compile(r"\[\[fault ([^\]]*)\]\]")
 TOP_LEVEL = frozenset(
@@ -170,14 +170,11 @@ class FakeGemini:
     max_words: int = 6
 
     async def serve(self, *, task_status: trio.TaskStatus[FakeGemini]) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        port = listeners[0].socket.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        task_status.started(self)
-        await trio.serve_listeners(self._connection, listeners)
+        def started(port: int) -> None:
+            self.url = f"http://127.0.0.1:{port}"
+            task_status.started(self)
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        await serve_requests(stream, self._reply)
+        await serve_loopback(self._reply, started)
 
     async def _reply(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes

@@ -37,6 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import h11
@@ -109,14 +110,11 @@ class FakeUpstream:
             await self._changed.wait()
 
     async def serve(self, *, task_status: trio.TaskStatus[FakeUpstream]) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        port = listeners[0].socket.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}/v1"
-        task_status.started(self)
-        await trio.serve_listeners(self._connection, listeners)
+        def started(port: int) -> None:
+            self.url = f"http://127.0.0.1:{port}/v1"
+            task_status.started(self)
 
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        await serve_requests(stream, self._answer)
+        await serve_loopback(self._answer, started)
 
     async def _answer(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
@@ -311,8 +309,17 @@ def _completion(
 Answer = Callable[[h11.Connection, trio.SocketStream, h11.Request, bytes], Awaitable[bool]]
 
 
-async def serve_requests(stream: trio.SocketStream, answer: Answer) -> None:
-    """Read requests from ``stream`` and ``answer`` each, until one says to close."""
+async def serve_loopback(answer: Answer, started: Callable[[int], None]) -> None:
+    """Serve on a free loopback port (``started`` is told which), each connection's
+    requests answered in turn by ``answer``."""
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(partial(serve_connection, answer=answer), listeners)
+
+
+async def serve_connection(stream: trio.SocketStream, answer: Answer) -> None:
+    """Answer the requests of one connection in turn until ``answer`` says to stop
+    (False: close it) or the client closes it."""
     conn = h11.Connection(h11.SERVER)
     try:
         while True:

@@ -40,7 +40,6 @@ from gateway.providers.base import (
     ProviderRefused,
     ProviderRequest,
     ProviderResult,
-    ProviderTimedOut,
     ProviderUnreachable,
     Usage,
 )
@@ -50,12 +49,13 @@ from gateway.providers.gemini.gemini_request import (
     TranslationRefused,
     generate_request,
 )
-from gateway.providers.http1 import HTTPFailure, Response, TimedOut
+from gateway.providers.http1 import HTTPFailure, Response
 from gateway.providers.wire import (
     HTTPProvider,
     explanation,
     split_lines,
     sse_data,
+    stream_failure,
 )
 
 
@@ -112,14 +112,8 @@ class GeminiProvider(HTTPProvider):
             for chunk in self._event(rest, translator, request.api_key):
                 yield chunk
         except HTTPFailure as exc:
-            if translator.finished:
-                pass  # the whole answer came (its finishReason and usage): it stands
-            elif isinstance(exc, TimedOut):
-                raise ProviderTimedOut("the upstream stalled past timeout_s") from None
-            elif translator.started:
-                raise ProviderDropped(str(exc)) from None
-            else:
-                raise ProviderUnreachable(str(exc)) from None
+            if not translator.finished:  # else the whole answer came: it stands
+                raise stream_failure(exc, translator.started) from None
         finally:
             if response is not None:
                 await response.aclose()

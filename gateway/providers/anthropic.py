@@ -1,0 +1,173 @@
+"""Anthropic's Messages API (``POST {base_url}/v1/messages``), behind OpenAI's shapes.
+
+The body is translated by :mod:`gateway.providers.anthropic_translate` (the decisions are
+listed there and in docs/providers/anthropic.md); the I/O is the openai kind's: one
+pooled HTTP/1.1 client (:mod:`gateway.providers.http1`), the same failure table
+(:mod:`gateway.providers.wire`: Anthropic's 529 ``overloaded_error`` is a server
+error like a 5xx), the upstream's error text kept only with every credential this
+server holds cut out of it. Each request carries ``x-api-key`` (the provider's key, or
+an organisation's own key on a BYOK call) and ``anthropic-version``.
+
+A stream is read event by event as it arrives. Its ``error`` event before any output is
+mapped by its error type as the same status would be (``overloaded_error`` as a 529);
+after output, it is a dropped call, as an OpenAI upstream's error chunk is. A stream
+that ends without ``message_stop`` was cut.
+
+Anthropic has no embeddings API: an embedding call is refused, saying so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+
+from gateway.observe.tracing import TraceContext
+from gateway.providers.anthropic_translate import (
+    IGNORED,
+    StreamFailed,
+    StreamTranslator,
+    Untranslatable,
+    answer_schema,
+    completion,
+    messages_request,
+    usage_of,
+)
+from gateway.providers.base import (
+    EmbeddingResult,
+    ProviderDropped,
+    ProviderError,
+    ProviderMalformed,
+    ProviderRefused,
+    ProviderRequest,
+    ProviderResult,
+    ProviderUnreachable,
+)
+from gateway.providers.http1 import HTTPFailure, Response
+from gateway.providers.wire import (
+    HTTPProvider,
+    split_lines,
+    sse_data,
+    status_error,
+    stream_failure,
+)
+
+PATH = "/v1/messages"
+#: the HTTP status of each error type of Anthropic's (its errors reference)
+ERROR_STATUS = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "request_too_large": 413,
+    "rate_limit_error": 429,
+    "api_error": 500,
+    "overloaded_error": 529,
+}
+
+
+class AnthropicProvider(HTTPProvider):
+    auth_header = "x-api-key"
+    auth_prefix = ""
+
+    def _headers(self, api_key: str | None, trace: TraceContext | None) -> dict[str, str]:
+        return {
+            **super()._headers(api_key, trace),
+            "anthropic-version": self.config.anthropic_version,
+        }
+
+    @staticmethod
+    def _translated(request: ProviderRequest, stream: bool) -> tuple[dict[str, Any], bool]:
+        """The Messages API body, and whether the structured answer's tool is in it."""
+        body = {**request.body, "stream": stream}
+        try:
+            translated = messages_request(body, request.upstream_model)
+        except Untranslatable as exc:
+            raise ProviderRefused(400, str(exc)) from None
+        return translated, answer_schema(body.get("response_format")) is not None
+
+    async def complete(self, request: ProviderRequest) -> ProviderResult:
+        body, structured = self._translated(request, stream=False)
+        content = await self._post(PATH, body, request.api_key, request.trace)
+        try:
+            message = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            raise ProviderMalformed("the upstream answered with invalid JSON") from None
+        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+            raise ProviderMalformed("the upstream answer is not a message")
+        answer = completion(message, request.upstream_model, structured)
+        return ProviderResult(completion=answer, usage=usage_of(message.get("usage")))
+
+    async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
+        body, structured = self._translated(request, stream=True)
+        translator = StreamTranslator(request.upstream_model, structured)
+        produced = False
+        #: an ``error`` event's failure, raised once the stream was read to its end
+        failure: ProviderError | None = None
+        response: Response | None = None
+        try:
+            response = await self._open_stream(PATH, body, request.api_key, request.trace)
+            rest = b""
+            async for piece in response.iter_body():
+                if translator.finished() or failure is not None:
+                    continue  # read to its end, so the connection goes back to the pool
+                lines, rest = split_lines(rest, piece)
+                for line in lines:
+                    event = sse_data(line)
+                    if event is None:
+                        continue
+                    try:
+                        chunks = translator.feed(event)
+                    except StreamFailed as exc:
+                        failure = self._failure(exc, produced, request.api_key)
+                        break
+                    for chunk in chunks:
+                        produced = True
+                        yield chunk
+                    if translator.finished():
+                        break
+            tail = sse_data(rest)  # the last line, without its line break
+            if failure is None and tail is not None and tail.get("type") == "message_stop":
+                translator.stop()
+        except HTTPFailure as exc:
+            if failure is not None:
+                raise failure from None
+            if translator.finished():
+                return
+            raise stream_failure(exc, produced) from None
+        finally:
+            if response is not None:
+                await response.aclose()
+        if failure is not None:
+            raise failure
+        if translator.finished():
+            return
+        if produced:
+            raise ProviderDropped("the stream ended without message_stop")
+        raise ProviderUnreachable("the upstream closed the stream before any output")
+
+    def _failure(self, exc: StreamFailed, produced: bool, api_key: str | None) -> ProviderError:
+        """The provider error of an ``error`` event."""
+        content = orjson.dumps({"error": {"message": exc.message}})
+        if produced:
+            message = status_error(500, content, self._secrets(api_key)).message
+            return ProviderDropped(message)
+        return status_error(ERROR_STATUS.get(exc.kind, 500), content, self._secrets(api_key))
+
+    async def embed(
+        self,
+        upstream_model: str,
+        inputs: list[Any],
+        dimensions: int | None,
+        api_key: str | None,
+        trace: TraceContext | None = None,
+    ) -> EmbeddingResult:
+        raise ProviderRefused(
+            400,
+            "Anthropic has no embeddings API; serve the embedding model from a provider "
+            "of another kind (openai, gemini, bedrock or azure).",
+        )
+
+    def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
+        return [name for name in IGNORED if name in body]
