@@ -40,25 +40,69 @@ class Model:
             self.config.output_usd_per_mtok is not None
         )
 
-    def priced_at(self, input_usd_per_mtok: float, output_usd_per_mtok: float) -> Model:
-        """This model at another price (an organisation's BYOK price)."""
+    def priced_at(
+        self,
+        input_usd_per_mtok: float,
+        output_usd_per_mtok: float,
+        cache_read_usd_per_mtok: float | None = None,
+        cache_write_usd_per_mtok: float | None = None,
+    ) -> Model:
+        """This model at another price (an organisation's BYOK price). Its cache prices
+        are the ones given, the catalog's never: absent, cached tokens cost the new input
+        price."""
         return Model(
             replace(
                 self.config,
                 input_usd_per_mtok=float(input_usd_per_mtok),
                 output_usd_per_mtok=float(output_usd_per_mtok),
+                cache_read_usd_per_mtok=_price_or_none(cache_read_usd_per_mtok),
+                cache_write_usd_per_mtok=_price_or_none(cache_write_usd_per_mtok),
             )
         )
 
     def has(self, capability: str) -> bool:
         return capability in self.config.capabilities
 
-    def cost_nanos(self, input_tokens: int, output_tokens: int) -> int:
-        """Cost in nano-USD, rounded up so a reservation never falls short."""
-        in_price = self.config.input_usd_per_mtok or 0.0
-        out_price = self.config.output_usd_per_mtok or 0.0
+    def cost_nanos(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> int:
+        """Cost in nano-USD, rounded up so a reservation never falls short.
+
+        ``input_tokens`` counts every input token; ``cached_tokens`` (read from the
+        provider's prompt cache) and ``cache_write_tokens`` (written to it) are parts of
+        it, priced at the cache prices (absent: the input price), the rest at the input
+        price. A report that does not add up (parts above the whole, from a faulty
+        upstream) is clamped: the parts never exceed the input, the cached part first,
+        and a negative count is 0, so what is billed never depends on numbers that
+        cannot be.
+        """
+        cfg = self.config
+        in_price = cfg.input_usd_per_mtok or 0.0
+        out_price = cfg.output_usd_per_mtok or 0.0
+        read_price = (
+            in_price if cfg.cache_read_usd_per_mtok is None else cfg.cache_read_usd_per_mtok
+        )
+        write_price = (
+            in_price if cfg.cache_write_usd_per_mtok is None else cfg.cache_write_usd_per_mtok
+        )
+        prompt = max(0, input_tokens)
+        cached = min(max(0, cached_tokens), prompt)
+        written = min(max(0, cache_write_tokens), prompt - cached)
+        plain = prompt - cached - written
         # USD per Mtok == nano-USD per 1000 tokens
-        return math.ceil((input_tokens * in_price + output_tokens * out_price) * 1000)
+        return math.ceil(
+            (
+                plain * in_price
+                + cached * read_price
+                + written * write_price
+                + max(0, output_tokens) * out_price
+            )
+            * 1000
+        )
 
     def public(self) -> dict[str, Any]:
         cfg = self.config
@@ -78,11 +122,18 @@ class Model:
             "pricing": {
                 "input_usd_per_mtok": cfg.input_usd_per_mtok,
                 "output_usd_per_mtok": cfg.output_usd_per_mtok,
+                # None: cached input is priced as input
+                "cache_read_usd_per_mtok": cfg.cache_read_usd_per_mtok,
+                "cache_write_usd_per_mtok": cfg.cache_write_usd_per_mtok,
             },
         }
 
 
 _CAPS = ("tools", "structured_output", "vision", "web_search")
+
+
+def _price_or_none(price: float | None) -> float | None:
+    return None if price is None else float(price)
 
 
 def _zero_retention_as_served(config: Config, model: ModelConfig) -> ModelConfig:

@@ -25,6 +25,11 @@ tests never share state::
     [[fault hold]]                hold the call open (before answering) until ``release``;
                                   a held call whose client closes the connection ends there
     [[fault lockstep]]            stream: after each word, wait until the test ``ack()``s it
+    [[fault cached=N]]            report N of the prompt tokens as read from the prompt
+                                  cache (``prompt_tokens_details.cached_tokens``, as OpenAI)
+    [[fault cache_write=N]]       report N prompt tokens written to the cache
+                                  (``prompt_tokens_details.cache_write_tokens``, as
+                                  OpenRouter); both streamed and not
 
 ``calls`` counts requests received, ``served`` the answers sent in full, ``open`` the
 calls in progress, ``abandoned`` the held calls whose client closed the connection;
@@ -285,23 +290,28 @@ class FakeUpstream:
 
 def _reply(
     body: dict[str, Any], faults: dict[str, str], max_words: int
-) -> tuple[str, dict[str, int] | None]:
+) -> tuple[str, dict[str, Any] | None]:
     limit = int(body.get("max_tokens") or 16)
     words = [WORDS[i % len(WORDS)] for i in range(min(limit, max_words))]
     content = " ".join(words)
     if "no_usage" in faults:
         return content, None
-    return content, {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens(body),
         "completion_tokens": len(words),
         "total_tokens": prompt_tokens(body) + len(words),
     }
+    if "cached" in faults or "cache_write" in faults:
+        usage["prompt_tokens_details"] = {"cached_tokens": int(faults.get("cached", 0))}
+        if "cache_write" in faults:
+            usage["prompt_tokens_details"]["cache_write_tokens"] = int(faults["cache_write"])
+    return content, usage
 
 
 def _completion(
     body: dict[str, Any],
     content: str | None,
-    usage: dict[str, int] | None,
+    usage: dict[str, Any] | None,
     kind: str,
     choice: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
