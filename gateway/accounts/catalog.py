@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any
 
 from gateway.config.settings import Config, ModelConfig
@@ -12,6 +14,23 @@ from shards import NANOS_PER_USD
 __all__ = ["NANOS_PER_USD", "Catalog", "Model", "nanos_to_usd", "usd_to_nanos"]
 
 CATALOG_CREATED = 1_700_000_000  # a fixed 'created' stamp: the catalog has no history
+
+
+#: prices are counted in integer units of 1e-12 USD per million tokens
+_PRICE_UNITS = 10**12
+#: nano-USD = tokens x USD per Mtok x 1000 = tokens x units / (_PRICE_UNITS / 1000)
+_UNITS_PER_NANO = _PRICE_UNITS // 1000
+
+
+@functools.lru_cache(maxsize=4096)
+def _units(usd_per_mtok: float) -> int:
+    """A price in integer units of 1e-12 USD per Mtok, from the decimal the operator
+    wrote (a float's shortest repr gives it back: 0.3, not 0.299999...), rounded up.
+
+    Why integers: a float sum of tokens times prices such as 0.3 lands just above a
+    whole nano-USD in about one case in ten and the ceiling then bills one nano more
+    than the price says; in integers the cost is exact."""
+    return math.ceil(Fraction(repr(float(usd_per_mtok))) * _PRICE_UNITS)
 
 
 def usd_to_nanos(usd: float) -> int:
@@ -81,28 +100,19 @@ class Model:
         cannot be.
         """
         cfg = self.config
-        in_price = cfg.input_usd_per_mtok or 0.0
-        out_price = cfg.output_usd_per_mtok or 0.0
-        read_price = (
-            in_price if cfg.cache_read_usd_per_mtok is None else cfg.cache_read_usd_per_mtok
-        )
-        write_price = (
-            in_price if cfg.cache_write_usd_per_mtok is None else cfg.cache_write_usd_per_mtok
-        )
+        in_price = _units(cfg.input_usd_per_mtok or 0.0)
+        read = cfg.cache_read_usd_per_mtok
+        write = cfg.cache_write_usd_per_mtok
         prompt = max(0, input_tokens)
         cached = min(max(0, cached_tokens), prompt)
         written = min(max(0, cache_write_tokens), prompt - cached)
-        plain = prompt - cached - written
-        # USD per Mtok == nano-USD per 1000 tokens
-        return math.ceil(
-            (
-                plain * in_price
-                + cached * read_price
-                + written * write_price
-                + max(0, output_tokens) * out_price
-            )
-            * 1000
+        units = (
+            (prompt - cached - written) * in_price
+            + cached * (in_price if read is None else _units(read))
+            + written * (in_price if write is None else _units(write))
+            + max(0, output_tokens) * _units(cfg.output_usd_per_mtok or 0.0)
         )
+        return -(-units // _UNITS_PER_NANO)  # rounded up
 
     def public(self) -> dict[str, Any]:
         cfg = self.config
