@@ -95,10 +95,30 @@ class OpenAIProvider:
             connect_timeout=min(10.0, config.timeout_s),
         )
 
+    # -- what a kind speaking OpenAI's wire format with other addressing overrides ----------
+
+    def _path(self, operation: str, upstream_model: str) -> str:
+        """The path below ``base_url`` of ``operation`` (``chat/completions``,
+        ``embeddings``) for ``upstream_model``."""
+        return "/" + operation
+
+    def _auth(self, api_key: str) -> dict[str, str]:
+        """The header that carries the key."""
+        return {"Authorization": f"Bearer {api_key}"}
+
+    def _passed_on(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        """A stream chunk as the gateway passes it on; None: not passed on, not output."""
+        return chunk
+
+    def _status_error(self, status: int, content: bytes, api_key: str | None) -> ProviderError:
+        return status_error(status, content, self._secrets(api_key))
+
+    # ---------------------------------------------------------------------------------------
+
     def _headers(self, api_key: str | None, trace: TraceContext | None) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
         if api_key:
-            headers["Authorization"] = f"Bearer {api_key}"
+            headers.update(self._auth(api_key))
         if trace is not None:
             headers.update(trace.headers())
         return headers
@@ -122,13 +142,14 @@ class OpenAIProvider:
         except HTTPFailure as exc:
             raise ProviderUnreachable(str(exc)) from None
         if response.status != 200:
-            raise status_error(response.status, content, self._secrets(api_key))
+            raise self._status_error(response.status, content, api_key)
         return content
 
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body = {**request.body, "stream": False}
         body.pop("stream_options", None)
-        content = await self._post("/chat/completions", body, request.api_key, request.trace)
+        path = self._path("chat/completions", request.upstream_model)
+        content = await self._post(path, body, request.api_key, request.trace)
         try:
             completion = orjson.loads(content)
         except orjson.JSONDecodeError:
@@ -144,14 +165,13 @@ class OpenAIProvider:
         response: Response | None = None
         try:
             response = await self.pool.post(
-                "/chat/completions",
+                self._path("chat/completions", request.upstream_model),
                 self._headers(request.api_key, request.trace),
                 orjson.dumps(body),
             )
             if response.status != 200:
-                raise status_error(
-                    response.status, await response.read(), self._secrets(request.api_key)
-                )
+                content = await response.read()
+                raise self._status_error(response.status, content, request.api_key)
             rest = b""
             async for piece in response.iter_body():
                 if done:
@@ -172,6 +192,9 @@ class OpenAIProvider:
                         secrets = self._secrets(request.api_key)
                         message, usage = _explanation(orjson.dumps(chunk), secrets)
                         raise ProviderDropped(message, usage=usage)
+                    chunk = self._passed_on(chunk)
+                    if chunk is None:
+                        continue
                     produced = True
                     yield chunk
             if not done and _sse_data(rest) is DONE:
@@ -209,7 +232,7 @@ class OpenAIProvider:
         }
         if dimensions is not None:
             body["dimensions"] = dimensions
-        content = await self._post("/embeddings", body, api_key, trace)
+        content = await self._post(self._path("embeddings", upstream_model), body, api_key, trace)
         try:
             data = orjson.loads(content)
             rows = sorted(data["data"], key=lambda row: row["index"])

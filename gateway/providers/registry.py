@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from gateway.config.settings import Config, ProviderConfig
+from gateway.providers.azure import AzureProvider
 from gateway.providers.base import Provider
 from gateway.providers.mock import MockProvider
 from gateway.providers.openai import OpenAIProvider
@@ -12,6 +13,7 @@ from gateway.providers.openai import OpenAIProvider
 #: the class of each kind that speaks HTTP, one entry per kind
 HTTP_KINDS: dict[str, Callable[[ProviderConfig, Callable[[], Iterable[str]]], Provider]] = {
     "openai": OpenAIProvider,
+    "azure": AzureProvider,
 }
 
 

@@ -1,0 +1,97 @@
+"""Azure OpenAI: OpenAI's wire format at Azure's addresses, with Azure's key header.
+
+The body, the answers, the stream and the error bodies are OpenAI's, so this is the
+``openai`` kind (:mod:`gateway.providers.openai`) with three things of its own:
+
+- **Addressing.** With ``api_version`` set, the deployments surface:
+  ``POST {base_url}/openai/deployments/{upstream_id}/chat/completions?api-version=…``
+  (and ``…/embeddings?api-version=…``); the model's ``upstream_id`` names the deployment.
+  The body keeps ``model`` (Azure ignores it there, and Azure's own SDK sends it too).
+  Without ``api_version``, the v1 surface: ``{base_url}/openai/v1/chat/completions`` and
+  ``…/embeddings``, with ``model`` = the deployment name, as Azure's v1 API wants.
+- **The key** goes in ``api-key``, never in ``Authorization`` (Azure reads a Bearer
+  token as a Microsoft Entra token and refuses a resource key there).
+- **Azure's additions are left out**, so a client sees what an ``openai`` upstream
+  gives: the stream's chunks that carry only ``prompt_filter_results`` (Azure's first
+  chunk, ``choices`` empty, before any output) are not passed on and are not output (a
+  connection lost after them settles as lost before any output); ``prompt_filter_results``
+  and each choice's ``content_filter_results`` are dropped from answers and chunks.
+
+Refusals: a 400 whose error code is ``content_filter`` (the prompt tripped Azure's
+content filter) is a provider refusal like any 400 (400 ``invalid_request``, nothing
+settled), its explanation starting "Azure's content filter refused the prompt" so the
+client knows to change the prompt rather than the request's form. An answer filtered on
+the way out is a 200 with ``finish_reason`` ``content_filter``, passed on as it is.
+A 429 is the provider limiting the model: Azure's ``retry-after`` / ``retry-after-ms``
+hints are not passed on, the answer carries the spec's Retry-After (30 s).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+import orjson
+
+from gateway.providers.base import ProviderError, ProviderRefused, ProviderRequest, ProviderResult
+from gateway.providers.openai import OpenAIProvider
+
+#: what Azure adds to OpenAI's answers and chunks
+_FILTER_RESULTS = "prompt_filter_results"
+_CHOICE_FILTER_RESULTS = "content_filter_results"
+CONTENT_FILTER_PHRASE = "Azure's content filter refused the prompt"
+
+
+class AzureProvider(OpenAIProvider):
+    def _path(self, operation: str, upstream_model: str) -> str:
+        version = self.config.api_version
+        if version is None:
+            return f"/openai/v1/{operation}"
+        deployment = quote(upstream_model, safe="")
+        return f"/openai/deployments/{deployment}/{operation}?api-version={quote(version, safe='')}"
+
+    def _auth(self, api_key: str) -> dict[str, str]:
+        return {"api-key": api_key}
+
+    def _passed_on(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        if not chunk.get("choices") and not chunk.get("usage") and _FILTER_RESULTS in chunk:
+            return None
+        return _without_filter_results(chunk)
+
+    def _status_error(self, status: int, content: bytes, api_key: str | None) -> ProviderError:
+        error = super()._status_error(status, content, api_key)
+        if isinstance(error, ProviderRefused) and _error_code(content) == "content_filter":
+            message = f"{CONTENT_FILTER_PHRASE}: {error.message}"
+            return ProviderRefused(error.status, message, usage=error.usage)
+        return error
+
+    async def complete(self, request: ProviderRequest) -> ProviderResult:
+        result = await super().complete(request)
+        return ProviderResult(_without_filter_results(result.completion), result.usage)
+
+
+def _without_filter_results(answer: dict[str, Any]) -> dict[str, Any]:
+    if _FILTER_RESULTS in answer:
+        answer = {k: v for k, v in answer.items() if k != _FILTER_RESULTS}
+    choices = answer.get("choices")
+    if isinstance(choices, list) and any(
+        isinstance(c, dict) and _CHOICE_FILTER_RESULTS in c for c in choices
+    ):
+        answer["choices"] = [
+            {k: v for k, v in c.items() if k != _CHOICE_FILTER_RESULTS}
+            if isinstance(c, dict)
+            else c
+            for c in choices
+        ]
+    return answer
+
+
+def _error_code(content: bytes) -> str | None:
+    """``error.code`` of an OpenAI-shaped error body."""
+    try:
+        body = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
