@@ -335,6 +335,7 @@ def estimate_nanos(text: str) -> tuple[int, int]:
         ("[[fault status=429]]", 429, "rate_limited", "nothing"),
         ("[[fault status=500]]", 503, "service_unavailable", "input share"),
         ("[[fault reset]]", 503, "service_unavailable", "input share"),
+        ("[[fault delay=8]]", 504, "request_timeout", "full"),  # past request_timeout_s
     ],
 )
 async def test_faults(
