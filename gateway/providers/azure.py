@@ -14,8 +14,10 @@ The body, the answers, the stream and the error bodies are OpenAI's, so this is 
 - **Azure's additions are left out**, so a client sees what an ``openai`` upstream
   gives: the stream's chunks that carry only ``prompt_filter_results`` (Azure's first
   chunk, ``choices`` empty, before any output) are not passed on and are not output (a
-  connection lost after them settles as lost before any output); ``prompt_filter_results``
-  and each choice's ``content_filter_results`` are dropped from answers and chunks.
+  connection lost after them settles as lost before any output), nor are the
+  asynchronous filter's chunks of annotations only (choices without a ``delta``);
+  ``prompt_filter_results`` and each choice's ``content_filter_results`` and
+  ``content_filter_offsets`` are dropped from answers and chunks.
 
 Refusals: a 400 whose error code is ``content_filter`` (the prompt tripped Azure's
 content filter) is a provider refusal like any 400 (400 ``invalid_request``, nothing
@@ -38,7 +40,8 @@ from gateway.providers.openai import OpenAIProvider
 
 #: what Azure adds to OpenAI's answers and chunks
 _FILTER_RESULTS = "prompt_filter_results"
-_CHOICE_FILTER_RESULTS = "content_filter_results"
+#: a choice's filter annotations (``content_filter_offsets``: the asynchronous filter's)
+_CHOICE_FILTER_KEYS = frozenset({"content_filter_results", "content_filter_offsets"})
 CONTENT_FILTER_PHRASE = "Azure's content filter refused the prompt"
 
 
@@ -54,7 +57,17 @@ class AzureProvider(OpenAIProvider):
         return {"api-key": api_key}
 
     def _passed_on(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
-        if not chunk.get("choices") and not chunk.get("usage") and _FILTER_RESULTS in chunk:
+        """Without Azure's annotations; None for a chunk that is nothing else: the
+        prompt's filter results, or (the asynchronous filter) choices with no delta."""
+        if chunk.get("usage"):
+            return _without_filter_results(chunk)
+        choices = chunk.get("choices")
+        if not choices:
+            return None if _FILTER_RESULTS in chunk else chunk
+        if isinstance(choices, list) and all(
+            isinstance(c, dict) and "delta" not in c and c.get("finish_reason") is None
+            for c in choices
+        ):
             return None
         return _without_filter_results(chunk)
 
@@ -75,10 +88,10 @@ def _without_filter_results(answer: dict[str, Any]) -> dict[str, Any]:
         answer = {k: v for k, v in answer.items() if k != _FILTER_RESULTS}
     choices = answer.get("choices")
     if isinstance(choices, list) and any(
-        isinstance(c, dict) and _CHOICE_FILTER_RESULTS in c for c in choices
+        isinstance(c, dict) and not _CHOICE_FILTER_KEYS.isdisjoint(c) for c in choices
     ):
         answer["choices"] = [
-            {k: v for k, v in c.items() if k != _CHOICE_FILTER_RESULTS}
+            {k: v for k, v in c.items() if k not in _CHOICE_FILTER_KEYS}
             if isinstance(c, dict)
             else c
             for c in choices

@@ -104,6 +104,17 @@ async def with_client(gw: Gateway, token: str, make: Callable[[openai.OpenAI], A
     return await trio.to_thread.run_sync(run)
 
 
+async def chat(gw: Gateway, token: str, messages: list[dict[str, Any]], **extra: Any) -> Any:
+    """A chat completion of azure-chat through the official client."""
+    return await with_client(
+        gw,
+        token,
+        lambda c: c.chat.completions.create(
+            model="azure-chat", messages=messages, max_tokens=MAX_TOKENS, **extra
+        ),
+    )
+
+
 def user(text: str) -> list[dict[str, Any]]:
     return [{"role": "user", "content": text}]
 
@@ -154,16 +165,8 @@ async def test_plain_chat(live: tuple[Gateway, str], azure: FakeAzure) -> None:
 
 async def test_stream_with_usage(live: tuple[Gateway, str], azure: FakeAzure) -> None:
     gw, token = live
-    chunks = await with_client(
-        gw,
-        token,
-        lambda c: c.chat.completions.create(
-            model="azure-chat",
-            messages=user("stream please"),
-            max_tokens=MAX_TOKENS,
-            stream=True,
-            stream_options={"include_usage": True},
-        ),
+    chunks = await chat(
+        gw, token, user("stream please"), stream=True, stream_options={"include_usage": True}
     )
     assert all(chunk.id and chunk.object == "chat.completion.chunk" for chunk in chunks)
     assert all("prompt_filter_results" not in (chunk.model_extra or {}) for chunk in chunks)
@@ -207,12 +210,7 @@ async def test_tool_round_trip(live: tuple[Gateway, str], azure: FakeAzure, stre
     ]
     messages: list[dict[str, Any]] = user("weather in Paris?")
 
-    def first(c: openai.OpenAI) -> Any:
-        return c.chat.completions.create(
-            model="azure-chat", messages=messages, tools=tools, max_tokens=MAX_TOKENS, stream=stream
-        )
-
-    result = await with_client(gw, token, first)
+    result = await chat(gw, token, messages, tools=tools, stream=stream)
     if stream:
         calls = [c.choices[0].delta.tool_calls for c in result if c.choices]
         call = next(tc for tc in calls if tc)[0]
@@ -236,13 +234,7 @@ async def test_tool_round_trip(live: tuple[Gateway, str], azure: FakeAzure, stre
         },
         {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21}'},
     ]
-    answer = await with_client(
-        gw,
-        token,
-        lambda c: c.chat.completions.create(
-            model="azure-chat", messages=messages, tools=tools, max_tokens=MAX_TOKENS
-        ),
-    )
+    answer = await chat(gw, token, messages, tools=tools)
     assert answer.choices[0].message.content.startswith("alpha")
     sent = azure.bodies[-1]["messages"]
     assert sent[-1] == {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21}'}
@@ -262,16 +254,7 @@ async def test_json_schema(live: tuple[Gateway, str], azure: FakeAzure) -> None:
         "type": "json_schema",
         "json_schema": {"name": "weather", "schema": schema, "strict": True},
     }
-    answer = await with_client(
-        gw,
-        token,
-        lambda c: c.chat.completions.create(
-            model="azure-chat",
-            messages=user("weather as JSON"),
-            response_format=response_format,
-            max_tokens=MAX_TOKENS,
-        ),
-    )
+    answer = await chat(gw, token, user("weather as JSON"), response_format=response_format)
     assert orjson.loads(answer.choices[0].message.content) == JSON_ANSWER
     assert azure.bodies[-1]["response_format"] == response_format
     check_addressing(azure)
@@ -283,15 +266,7 @@ async def test_image_input(live: tuple[Gateway, str], azure: FakeAzure) -> None:
         {"type": "text", "text": "what is this?"},
         {"type": "image_url", "image_url": {"url": PNG}},
     ]
-    answer = await with_client(
-        gw,
-        token,
-        lambda c: c.chat.completions.create(
-            model="azure-chat",
-            messages=[{"role": "user", "content": content}],
-            max_tokens=MAX_TOKENS,
-        ),
-    )
+    answer = await chat(gw, token, [{"role": "user", "content": content}])
     assert answer.choices[0].message.content
     assert azure.bodies[-1]["messages"][0]["content"][1] == content[1]
     check_addressing(azure)
