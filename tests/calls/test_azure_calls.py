@@ -31,6 +31,7 @@ from tests.conftest import Gateway, make_config, start_gateway
 from tests.support.fake_azure import JSON_ANSWER, TOOL_CALL, FakeAzure
 
 AZURE_KEY = "4f1e2d3c4b5a69788796a5b4c3d2e1f0"  # Azure's keys: 32 hex digits
+ORG_AZURE_KEY = "acme0azure0resource0key0000000042"
 API_VERSION = "2024-10-21"
 DEPLOYMENT, EMBED_DEPLOYMENT = "gpt-4o-prod", "embed-small"
 IN_PRICE, OUT_PRICE = 2.5, 10.0
@@ -45,7 +46,7 @@ PNG = (
 async def azure(request: pytest.FixtureRequest, nursery: trio.Nursery) -> FakeAzure:
     version = API_VERSION if request.param == "deployments" else None
     fake = FakeAzure(
-        key=AZURE_KEY,
+        keys=frozenset({AZURE_KEY, ORG_AZURE_KEY}),
         api_version=version,
         deployments=frozenset({DEPLOYMENT, EMBED_DEPLOYMENT}),
     )
@@ -57,6 +58,7 @@ async def live(
     nursery: trio.Nursery, tmp_path: Path, azure: FakeAzure, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[tuple[Gateway, str]]:
     monkeypatch.setenv("AZURE_OPENAI_KEY", AZURE_KEY)
+    monkeypatch.setenv("ACME_AZURE_KEY", ORG_AZURE_KEY)
     base = make_config(tmp_path, request_timeout_s=5.0)
     provider = ProviderConfig(
         name="azure",
@@ -70,6 +72,7 @@ async def live(
         "azure",
         DEPLOYMENT,
         capabilities=("tools", "structured_output", "vision"),
+        byok_available=True,
         input_usd_per_mtok=IN_PRICE,
         output_usd_per_mtok=OUT_PRICE,
     )
@@ -380,3 +383,26 @@ async def test_the_key_echoed_in_an_error_reaches_no_client_and_no_log(
     assert AZURE_KEY not in response.text
     assert AZURE_KEY not in caplog.text
     assert AZURE_KEY not in str([r.__dict__ for r in caplog.records])
+
+
+async def test_a_byok_call_sends_the_organisations_azure_key_and_bills_its_cache_price(
+    live: tuple[Gateway, str], azure: FakeAzure
+) -> None:
+    gw, _ = live
+    org_id = (await gw.admin("POST", "/admin/orgs", {"name": "acme", "credits_usd": 10})).json()
+    org_id = org_id["id"]
+    credential = {"provider": "azure", "api_key_env": "ACME_AZURE_KEY"}
+    assert (await gw.admin("PUT", f"/admin/orgs/{org_id}/byok", credential)).status_code == 200
+    price = {"input_usd_per_mtok": 1, "output_usd_per_mtok": 2, "cache_read_usd_per_mtok": 0.25}
+    policy = {"byok_pricing": {"*": price}}
+    assert (await gw.admin("PUT", f"/admin/orgs/{org_id}/policy", policy)).status_code == 200
+    key = await gw.create_key(org_id=org_id, mode="live", byok=True)
+    response = await post(gw, key["token"], "[[fault cached=3]] one two three four five six")
+    assert response.status_code == 200, response.text
+    assert azure.headers[-1]["api-key"] == ORG_AZURE_KEY
+    usage = response.json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 3
+    want = (usage["prompt_tokens"] - 3) * 1000 + 3 * 250 + usage["completion_tokens"] * 2000
+    row = await record(gw, key["token"], response.headers["X-Request-Id"])
+    assert row["usage"]["cached_input_tokens"] == 3
+    assert nanos(row["cost"]["billed_usd"]) == nanos(row["cost"]["settled_usd"]) == want

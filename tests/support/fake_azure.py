@@ -90,7 +90,8 @@ NOT_FOUND = {
 
 @dataclass
 class FakeAzure(FakeUpstream):
-    key: str = ""
+    #: the resource's keys (Azure gives two, and a BYOK organisation has its own)
+    keys: frozenset[str] = frozenset()
     #: None: the v1 surface; set: the deployments surface at this api-version
     api_version: str | None = None
     deployments: frozenset[str] = frozenset()
@@ -123,7 +124,7 @@ class FakeAzure(FakeUpstream):
         headers = {k.decode().lower(): v.decode() for k, v in request.headers}
         if "authorization" in headers:
             return 401, "an Authorization header (Azure takes the key in api-key)"
-        if headers.get("api-key") != self.key:
+        if headers.get("api-key") not in self.keys:
             return 401, "no api-key, or not the resource's key"
         target = urlsplit(request.target.decode())
         query = parse_qs(target.query)
