@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from typing import Any
 
 from gateway.config.settings import Config, ModelConfig
@@ -12,6 +14,23 @@ from shards import NANOS_PER_USD
 __all__ = ["NANOS_PER_USD", "Catalog", "Model", "nanos_to_usd", "usd_to_nanos"]
 
 CATALOG_CREATED = 1_700_000_000  # a fixed 'created' stamp: the catalog has no history
+
+
+#: prices are counted in integer units of 1e-12 USD per million tokens
+_PRICE_UNITS = 10**12
+#: nano-USD = tokens x USD per Mtok x 1000 = tokens x units / (_PRICE_UNITS / 1000)
+_UNITS_PER_NANO = _PRICE_UNITS // 1000
+
+
+@functools.lru_cache(maxsize=4096)
+def _units(usd_per_mtok: float) -> int:
+    """A price in integer units of 1e-12 USD per Mtok, from the decimal the operator
+    wrote (a float's shortest repr gives it back: 0.3, not 0.299999...), rounded up.
+
+    Why integers: a float sum of tokens times prices such as 0.3 lands just above a
+    whole nano-USD in about one case in ten and the ceiling then bills one nano more
+    than the price says; in integers the cost is exact."""
+    return math.ceil(Fraction(repr(float(usd_per_mtok))) * _PRICE_UNITS)
 
 
 def usd_to_nanos(usd: float) -> int:
@@ -40,25 +59,60 @@ class Model:
             self.config.output_usd_per_mtok is not None
         )
 
-    def priced_at(self, input_usd_per_mtok: float, output_usd_per_mtok: float) -> Model:
-        """This model at another price (an organisation's BYOK price)."""
+    def priced_at(
+        self,
+        input_usd_per_mtok: float,
+        output_usd_per_mtok: float,
+        cache_read_usd_per_mtok: float | None = None,
+        cache_write_usd_per_mtok: float | None = None,
+    ) -> Model:
+        """This model at another price (an organisation's BYOK price). Its cache prices
+        are the ones given, the catalog's never: absent, cached tokens cost the new input
+        price."""
         return Model(
             replace(
                 self.config,
                 input_usd_per_mtok=float(input_usd_per_mtok),
                 output_usd_per_mtok=float(output_usd_per_mtok),
+                cache_read_usd_per_mtok=_price_or_none(cache_read_usd_per_mtok),
+                cache_write_usd_per_mtok=_price_or_none(cache_write_usd_per_mtok),
             )
         )
 
     def has(self, capability: str) -> bool:
         return capability in self.config.capabilities
 
-    def cost_nanos(self, input_tokens: int, output_tokens: int) -> int:
-        """Cost in nano-USD, rounded up so a reservation never falls short."""
-        in_price = self.config.input_usd_per_mtok or 0.0
-        out_price = self.config.output_usd_per_mtok or 0.0
-        # USD per Mtok == nano-USD per 1000 tokens
-        return math.ceil((input_tokens * in_price + output_tokens * out_price) * 1000)
+    def cost_nanos(
+        self,
+        input_tokens: int,
+        output_tokens: int,
+        cached_tokens: int = 0,
+        cache_write_tokens: int = 0,
+    ) -> int:
+        """Cost in nano-USD, rounded up so a reservation never falls short.
+
+        ``input_tokens`` counts every input token; ``cached_tokens`` (read from the
+        provider's prompt cache) and ``cache_write_tokens`` (written to it) are parts of
+        it, priced at the cache prices (absent: the input price), the rest at the input
+        price. A report that does not add up (parts above the whole, from a faulty
+        upstream) is clamped: the parts never exceed the input, the cached part first,
+        and a negative count is 0, so what is billed never depends on numbers that
+        cannot be.
+        """
+        cfg = self.config
+        in_price = _units(cfg.input_usd_per_mtok or 0.0)
+        read = cfg.cache_read_usd_per_mtok
+        write = cfg.cache_write_usd_per_mtok
+        prompt = max(0, input_tokens)
+        cached = min(max(0, cached_tokens), prompt)
+        written = min(max(0, cache_write_tokens), prompt - cached)
+        units = (
+            (prompt - cached - written) * in_price
+            + cached * (in_price if read is None else _units(read))
+            + written * (in_price if write is None else _units(write))
+            + max(0, output_tokens) * _units(cfg.output_usd_per_mtok or 0.0)
+        )
+        return -(-units // _UNITS_PER_NANO)  # rounded up
 
     def public(self) -> dict[str, Any]:
         cfg = self.config
@@ -78,11 +132,18 @@ class Model:
             "pricing": {
                 "input_usd_per_mtok": cfg.input_usd_per_mtok,
                 "output_usd_per_mtok": cfg.output_usd_per_mtok,
+                # None: cached input is priced as input
+                "cache_read_usd_per_mtok": cfg.cache_read_usd_per_mtok,
+                "cache_write_usd_per_mtok": cfg.cache_write_usd_per_mtok,
             },
         }
 
 
 _CAPS = ("tools", "structured_output", "vision", "web_search")
+
+
+def _price_or_none(price: float | None) -> float | None:
+    return None if price is None else float(price)
 
 
 def _zero_retention_as_served(config: Config, model: ModelConfig) -> ModelConfig:

@@ -38,6 +38,8 @@ ENTITLEMENTS = (
     "live",
 )
 _PRICE_FIELDS = ("input_usd_per_mtok", "output_usd_per_mtok")
+#: optional in a BYOK price: absent, cached tokens cost its input price
+_CACHE_PRICE_FIELDS = ("cache_read_usd_per_mtok", "cache_write_usd_per_mtok")
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,19 +110,23 @@ def _check_entitlements(plan: dict[str, Any] | None) -> None:
 
 
 def _check_byok_pricing(pricing: dict[str, Any] | None) -> None:
-    """``{model id or "*": {"input_usd_per_mtok": n, "output_usd_per_mtok": n}}``."""
+    """``{model id or "*": {"input_usd_per_mtok": n, "output_usd_per_mtok": n}}``, each
+    price with ``cache_read_usd_per_mtok`` and ``cache_write_usd_per_mtok`` if wanted
+    (absent: cached tokens at its input price)."""
     for model_id, price in (pricing or {}).items():
-        valid = isinstance(price, dict) and set(price) == set(_PRICE_FIELDS)
+        valid = isinstance(price, dict) and set(_PRICE_FIELDS) <= set(price)
+        valid = valid and set(price) <= {*_PRICE_FIELDS, *_CACHE_PRICE_FIELDS}
         valid = valid and all(
             isinstance(price[f], (int, float))
             and not isinstance(price[f], bool)
             and 0 <= price[f] <= MAX_PRICE
-            for f in _PRICE_FIELDS
+            for f in price
         )
         if not valid:
             raise GatewayError(
                 "invalid_request",
-                f"byok_pricing[{model_id!r}] must hold exactly input_usd_per_mtok and "
-                f"output_usd_per_mtok, numbers from 0 to {MAX_PRICE:,}.",
+                f"byok_pricing[{model_id!r}] must hold input_usd_per_mtok and "
+                "output_usd_per_mtok, and may hold cache_read_usd_per_mtok and "
+                f"cache_write_usd_per_mtok: numbers from 0 to {MAX_PRICE:,}.",
                 param="byok_pricing",
             )

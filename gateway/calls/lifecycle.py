@@ -351,8 +351,7 @@ class Call:
                 model=hold.model,
                 reserved_nanos=hold.reserved_nanos,
                 prompt_estimate=hold.prompt_estimate,
-                prompt_tokens=usage.prompt_tokens if usage else 0,
-                completion_tokens=usage.completion_tokens if usage else 0,
+                usage=usage,
                 live=self.live,
             )
             if hold is not None
@@ -486,7 +485,7 @@ class Call:
         return {
             "status": self._status(error),
             "http_status": http_status,
-            "usage": usage.as_dict() if usage else None,
+            "usage": _usage_row(usage) if usage else None,
             "settled_usd_nanos": settlement.cap_nanos,
             "billed_usd_nanos": settlement.billed_nanos,
             "latency_ms": round((self.parts.clock.now() - self.started) * 1000, 3),
@@ -519,3 +518,14 @@ class Call:
         row = self.parts.ledger_row(self.record.org_id, -settlement.billed_nanos, "usage")
         row["request_id"] = self.request_id
         return row
+
+
+def _usage_row(usage: Usage) -> dict[str, int]:
+    """The record's stored usage of a reported ``usage``."""
+    return records.usage_row(
+        usage.prompt_tokens,
+        usage.completion_tokens,
+        usage.total_tokens,
+        usage.cached_tokens,
+        usage.cache_write_tokens,
+    )

@@ -202,7 +202,12 @@ def _check_byok(runtime: PolicySource, org: Org | None, model: Model) -> Model:
         raise GatewayError(
             "pricing_unavailable", f"No BYOK price is configured for {model.id}.", "model"
         )
-    return model.priced_at(price["input_usd_per_mtok"], price["output_usd_per_mtok"])
+    return model.priced_at(
+        price["input_usd_per_mtok"],
+        price["output_usd_per_mtok"],
+        price.get("cache_read_usd_per_mtok"),
+        price.get("cache_write_usd_per_mtok"),
+    )
 
 
 def check_entitlements(org: Org | None, record: KeyRecord, features: list[str]) -> None:

@@ -25,6 +25,7 @@ import enum
 from dataclasses import dataclass
 
 from gateway.accounts.catalog import Model
+from gateway.providers.base import Usage
 
 
 class Ending(enum.Enum):
@@ -79,15 +80,24 @@ def settle_amounts(
     model: Model,
     reserved_nanos: int,
     prompt_estimate: int,
-    prompt_tokens: int = 0,
-    completion_tokens: int = 0,
+    usage: Usage | None = None,
     live: bool,
 ) -> Settlement:
-    """The row of the table for ``ending``; ``*_tokens`` are the reported usage."""
+    """The row of the table for ``ending``; ``usage`` is the reported usage, priced with
+    its cached and cache-written tokens (:meth:`Model.cost_nanos`). The real cost is
+    capped at the reservation: a cache-write price above the input price could otherwise
+    take it past the worst case, which prices every input token as plain input."""
     if ending in (Ending.NOT_CALLED, Ending.PROVIDER_REFUSED):
         return Settlement(ending, 0, 0)
     if ending is Ending.USAGE:
-        cost = min(model.cost_nanos(prompt_tokens, completion_tokens), reserved_nanos)
+        reported = usage or Usage(prompt_tokens=0)
+        real = model.cost_nanos(
+            reported.prompt_tokens,
+            reported.completion_tokens,
+            reported.cached_tokens,
+            reported.cache_write_tokens,
+        )
+        cost = min(real, reserved_nanos)
         return Settlement(ending, cost, cost if live else 0)
     if ending is Ending.SERVER_ERROR:
         share = min(model.cost_nanos(max(1, prompt_estimate), 0), reserved_nanos)

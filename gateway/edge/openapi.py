@@ -44,10 +44,22 @@ USD = {"type": "number", "minimum": 0}
 USD_OR_NULL = {"type": ["number", "null"], "minimum": 0}
 TIMESTAMP = {"type": "string", "format": "date-time"}
 TIMESTAMP_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
+#: the token counts of a request record's usage, and of usage totals
+CACHE_COUNTS = {
+    "cached_input_tokens": {
+        **COUNT,
+        "description": "Part of input_tokens read from the provider's prompt cache.",
+    },
+    "cache_write_tokens": {
+        **COUNT,
+        "description": "Part of input_tokens written to the provider's prompt cache.",
+    },
+}
 USAGE_TOTALS = {
     "requests": COUNT,
     "input_tokens": COUNT,
     "output_tokens": COUNT,
+    **CACHE_COUNTS,
     "cost_usd": USD,
     "settled_usd": USD,
 }
@@ -197,7 +209,20 @@ SCHEMAS: dict[str, Any] = {
             "web_search": {"type": "boolean"},
             "zero_retention_available": {"type": "boolean"},
             "byok_available": {"type": "boolean"},
-            "pricing": {"type": "object"},
+            "pricing": obj(
+                {
+                    "input_usd_per_mtok": USD_OR_NULL,
+                    "output_usd_per_mtok": USD_OR_NULL,
+                    "cache_read_usd_per_mtok": {
+                        **USD_OR_NULL,
+                        "description": "Cached input read; null: priced as input.",
+                    },
+                    "cache_write_usd_per_mtok": {
+                        **USD_OR_NULL,
+                        "description": "Input written to the cache; null: priced as input.",
+                    },
+                }
+            ),
         },
         (
             "id",
@@ -339,7 +364,25 @@ SCHEMAS: dict[str, Any] = {
             "http_status": {"type": "integer"},
             "stream": {"type": "boolean"},
             "tags": TAG_MAP,
-            "usage": {"type": ["object", "null"]},
+            "usage": {
+                "anyOf": [
+                    {"type": "null"},
+                    obj(
+                        {
+                            "input_tokens": {
+                                **COUNT,
+                                "description": "Every input token, cached ones included.",
+                            },
+                            "output_tokens": COUNT,
+                            **CACHE_COUNTS,
+                            "prompt_tokens": {**COUNT, "description": "input_tokens."},
+                            "completion_tokens": {**COUNT, "description": "output_tokens."},
+                            "total_tokens": COUNT,
+                        },
+                        ("input_tokens", "output_tokens", *CACHE_COUNTS),
+                    ),
+                ]
+            },
             "cost": obj(
                 {
                     "estimated_usd": USD,

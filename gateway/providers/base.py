@@ -56,31 +56,50 @@ class Usage:
 
     @classmethod
     def reported(cls, data: Any) -> Usage | None:
-        """The usage an OpenAI-shaped ``usage`` object reports; None when it is not one."""
+        """The usage an OpenAI-shaped ``usage`` object reports; None when it is not one.
+
+        Cache counts are in ``prompt_tokens_details``: ``cached_tokens`` (OpenAI's) and
+        ``cache_write_tokens`` (OpenRouter's name, and how the native kinds pass theirs
+        on through a stream's usage chunk). A detail that is not a count reads as 0: the
+        usage stays reported, the tokens priced as plain input.
+        """
         if not isinstance(data, dict):
             return None
         try:
             details = data.get("prompt_tokens_details")
-            cached = details.get("cached_tokens") if isinstance(details, dict) else 0
+            details = details if isinstance(details, dict) else {}
             return cls(
                 prompt_tokens=int(data.get("prompt_tokens") or 0),
                 completion_tokens=int(data.get("completion_tokens") or 0),
-                cached_tokens=int(cached or 0),
+                cached_tokens=_detail(details, "cached_tokens"),
+                cache_write_tokens=_detail(details, "cache_write_tokens"),
             )
         except (TypeError, ValueError):
             return None
 
     def as_dict(self) -> dict[str, Any]:
-        """OpenAI's ``usage`` object of a chat completion (cached tokens in
-        ``prompt_tokens_details``, as OpenAI reports them, when there are any)."""
+        """OpenAI's ``usage`` object of a chat completion: cached tokens in
+        ``prompt_tokens_details``, as OpenAI reports them, and cache-written tokens
+        beside them (``cache_write_tokens``), when there are any."""
         usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.total_tokens,
         }
-        if self.cached_tokens:
-            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        if self.cached_tokens or self.cache_write_tokens:
+            details = {"cached_tokens": self.cached_tokens}
+            if self.cache_write_tokens:
+                details["cache_write_tokens"] = self.cache_write_tokens
+            usage["prompt_tokens_details"] = details
         return usage
+
+
+def _detail(details: dict[str, Any], name: str) -> int:
+    """One count of ``prompt_tokens_details``; 0 when absent or not a count."""
+    value = details.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return 0
+    return int(value)
 
 
 @dataclass(frozen=True, slots=True)

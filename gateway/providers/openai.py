@@ -57,10 +57,24 @@ from gateway.providers.wire import (
 
 
 class OpenAIProvider(HTTPProvider):
+    # -- what a kind speaking OpenAI's wire format at other addresses overrides ------------
+
+    def _path(self, operation: str, upstream_model: str) -> str:
+        """The path below ``base_url`` of ``operation`` (``chat/completions``,
+        ``embeddings``) for ``upstream_model``."""
+        return "/" + operation
+
+    def _passed_on(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        """A stream chunk as the gateway passes it on; None: not passed on, not output."""
+        return chunk
+
+    # ---------------------------------------------------------------------------------------
+
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body = {**request.body, "stream": False}
         body.pop("stream_options", None)
-        content = await self._post("/chat/completions", body, request.api_key, request.trace)
+        path = self._path("chat/completions", request.upstream_model)
+        content = await self._post(path, body, request.api_key, request.trace)
         try:
             completion = orjson.loads(content)
         except orjson.JSONDecodeError:
@@ -75,9 +89,8 @@ class OpenAIProvider(HTTPProvider):
         done = False
         response: Response | None = None
         try:
-            response = await self._open_stream(
-                "/chat/completions", body, request.api_key, request.trace
-            )
+            path = self._path("chat/completions", request.upstream_model)
+            response = await self._open_stream(path, body, request.api_key, request.trace)
             rest = b""
             async for piece in response.iter_body():
                 if done:
@@ -94,8 +107,11 @@ class OpenAIProvider(HTTPProvider):
                         secrets = self._secrets(request.api_key)
                         message, usage = explanation(orjson.dumps(chunk), secrets)
                         raise ProviderDropped(message, usage=usage)
+                    passed = self._passed_on(chunk)
+                    if passed is None:
+                        continue
                     produced = True
-                    yield chunk
+                    yield passed
             if not done and sse_data(rest) is DONE:
                 done = True  # the last line, without its line break
         except HTTPFailure as exc:
@@ -127,7 +143,7 @@ class OpenAIProvider(HTTPProvider):
         }
         if dimensions is not None:
             body["dimensions"] = dimensions
-        content = await self._post("/embeddings", body, api_key, trace)
+        content = await self._post(self._path("embeddings", upstream_model), body, api_key, trace)
         try:
             data = orjson.loads(content)
             rows = sorted(data["data"], key=lambda row: row["index"])

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterable
 
 from gateway.config.settings import Config, ProviderConfig
 from gateway.providers.anthropic import AnthropicProvider
+from gateway.providers.azure import AzureProvider
 from gateway.providers.base import Provider
 from gateway.providers.gemini import GeminiProvider
 from gateway.providers.mock import MockProvider
@@ -16,6 +17,7 @@ HTTP_KINDS: dict[str, Callable[[ProviderConfig, Callable[[], Iterable[str]]], Pr
     "openai": OpenAIProvider,
     "anthropic": AnthropicProvider,
     "gemini": GeminiProvider,
+    "azure": AzureProvider,
 }
 
 

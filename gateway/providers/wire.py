@@ -93,7 +93,7 @@ class HTTPProvider:
         except HTTPFailure as exc:
             raise ProviderUnreachable(str(exc)) from None
         if response.status != 200:
-            raise status_error(response.status, content, self._secrets(api_key))
+            raise self._status_error(response.status, content, api_key)
         return content
 
     async def _open_stream(
@@ -109,7 +109,12 @@ class HTTPProvider:
             content = await response.read()
         finally:
             await response.aclose()
-        raise status_error(response.status, content, self._secrets(api_key))
+        raise self._status_error(response.status, content, api_key)
+
+    def _status_error(self, status: int, content: bytes, api_key: str | None) -> ProviderError:
+        """The provider error of an answer with another status than 200 (a kind may read
+        more of its error body)."""
+        return status_error(status, content, self._secrets(api_key))
 
     async def aclose(self) -> None:
         await self.pool.aclose()

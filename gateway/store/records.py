@@ -106,6 +106,42 @@ def _key(conn: Conn, key_id: str) -> dict[str, Any] | None:
 
 # -- request records -----------------------------------------------------------------------
 
+#: the cache members of a record's stored ``usage``, flat so SQL can sum them
+CACHE_USAGE = ("cached_input_tokens", "cache_write_tokens")
+
+
+def usage_row(
+    prompt: int, completion: int, total: int, cached: int, written: int
+) -> dict[str, int]:
+    """A record's ``usage`` as stored: OpenAI's three counts (what records had before
+    cache tokens were priced) and the two cache counts, parts of ``prompt_tokens``."""
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": total,
+        "cached_input_tokens": cached,
+        "cache_write_tokens": written,
+    }
+
+
+def usage_view(stored: dict[str, Any] | None) -> dict[str, int] | None:
+    """A record's ``usage`` as GET /v1/requests/{id} shows it: ``input_tokens`` (every
+    input token), ``output_tokens``, ``cached_input_tokens`` and ``cache_write_tokens``
+    (parts of the input), and OpenAI's three names kept beside them. A record stored
+    before cache counts were (no cache members) shows them as 0."""
+    if stored is None:
+        return None
+    prompt = int(stored.get("prompt_tokens") or 0)
+    completion = int(stored.get("completion_tokens") or 0)
+    return {
+        "input_tokens": prompt,
+        "output_tokens": completion,
+        **{name: int(stored.get(name) or 0) for name in CACHE_USAGE},
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": int(stored.get("total_tokens") or prompt + completion),
+    }
+
 
 def get_request(conn: Conn, request_id: str, key_id: str) -> dict[str, Any] | None:
     return sq.select_one(conn, "requests", "WHERE id = ? AND key_id = ?", (request_id, key_id))
@@ -280,11 +316,15 @@ def usage_rows(
     marks = ", ".join("?" for _ in key_ids)
     params += [*key_ids, start, end]
     days = "day, " if by_day else ""
+    members = {"input_tokens": "prompt_tokens", "output_tokens": "completion_tokens"}
+    members |= {name: name for name in CACHE_USAGE}
+    sums = "".join(
+        f" SUM(COALESCE({dialect.json_int('usage', member)}, 0)) AS {name},"
+        for name, member in members.items()
+    )
     return sq.query(
         conn,
-        f"SELECT {days}{select}, COUNT(*) AS requests,"
-        f" SUM(COALESCE({dialect.json_int('usage', 'prompt_tokens')}, 0)) AS input_tokens,"
-        f" SUM(COALESCE({dialect.json_int('usage', 'completion_tokens')}, 0)) AS output_tokens,"
+        f"SELECT {days}{select}, COUNT(*) AS requests,{sums}"
         " SUM(billed_usd_nanos) AS billed, SUM(settled_usd_nanos) AS settled"
         f" FROM requests WHERE key_id IN ({marks}) AND day BETWEEN ? AND ?"
         f" AND status != '{PENDING}'"

@@ -278,7 +278,6 @@ async def test_cache_tokens_are_on_the_record(
     assert record["usage"]["prompt_tokens_details"]["cached_tokens"] == 100
 
 
-@pytest.mark.xfail(reason="cache prices are applied by the cache-pricing change", strict=True)
 async def test_cache_tokens_are_priced_at_the_cache_prices(
     live: tuple[Gateway, str], fake: FakeAnthropic
 ) -> None:

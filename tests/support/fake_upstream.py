@@ -25,6 +25,11 @@ tests never share state::
     [[fault hold]]                hold the call open (before answering) until ``release``;
                                   a held call whose client closes the connection ends there
     [[fault lockstep]]            stream: after each word, wait until the test ``ack()``s it
+    [[fault cached=N]]            report N of the prompt tokens as read from the prompt
+                                  cache (``prompt_tokens_details.cached_tokens``, as OpenAI)
+    [[fault cache_write=N]]       report N prompt tokens written to the cache
+                                  (``prompt_tokens_details.cache_write_tokens``, as
+                                  OpenRouter); both streamed and not
 
 ``calls`` counts requests received, ``served`` the answers sent in full, ``open`` the
 calls in progress, ``abandoned`` the held calls whose client closed the connection;
@@ -153,7 +158,7 @@ class FakeUpstream:
             if "echo" in faults:
                 echoed = faults["echo"]
                 if echoed == "auth":
-                    echoed = (self.auth[-1] or "").removeprefix("Bearer ")
+                    echoed = self.presented_key(self.headers[-1])
                 message = f"Incorrect API key provided: {echoed}. Header was {echoed!r}."
             error: dict[str, Any] = {"error": {"message": message, "type": "x", "code": None}}
             if "usage_on_error" in faults:
@@ -163,15 +168,32 @@ class FakeUpstream:
         if "malformed" in faults:
             await _send(conn, stream, 200, b"<html>upstream proxy page</html>")
             return True
-        path = request.target.decode()
+        path = request.target.decode().partition("?")[0]
         if path.endswith("/embeddings"):
             return await self._embeddings(conn, stream, body)
         if body.get("stream"):
             return await self._stream(conn, stream, body, faults)
         content, usage = _reply(body, faults, self.max_words)
-        completion = _completion(body, content, usage, "chat.completion")
+        completion = self.decorate(_completion(body, content, usage, "chat.completion"))
         await _send(conn, stream, 200, orjson.dumps(completion))
         return True
+
+    def presented_key(self, headers: dict[str, str]) -> str:
+        """The key a request presented (OpenAI's: the Bearer token)."""
+        return headers.get("authorization", "").removeprefix("Bearer ")
+
+    def decorate(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """An answer or stream chunk as this upstream sends it (OpenAI's: as it is)."""
+        return answer
+
+    def first_chunks(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        """Chunks a stream sends before its first choice (OpenAI's: none)."""
+        return []
+
+    async def _chunk(
+        self, conn: h11.Connection, stream: trio.SocketStream, chunk: dict[str, Any]
+    ) -> None:
+        await _event(conn, stream, self.decorate(chunk))
 
     async def _held(self, conn: h11.Connection, stream: trio.SocketStream) -> bool:
         """Wait for ``release`` while watching the connection: False when the client
@@ -203,6 +225,8 @@ class FakeUpstream:
             headers=[("content-type", "text/event-stream"), ("transfer-encoding", "chunked")],
         )
         await stream.send_all(conn.send(head))
+        for chunk in self.first_chunks(body):
+            await _event(conn, stream, chunk)
         pieces = [{"role": "assistant", "content": ""}] + [
             {"content": (" " if i else "") + word} for i, word in enumerate(content.split())
         ]
@@ -216,7 +240,7 @@ class FakeUpstream:
                 await trio.sleep_forever()
             choice = {"index": 0, "delta": delta, "finish_reason": None}
             self.words_sent = index
-            await _event(
+            await self._chunk(
                 conn, stream, _completion(body, None, None, "chat.completion.chunk", choice)
             )
             while "lockstep" in faults and self.acks < index:
@@ -225,22 +249,22 @@ class FakeUpstream:
                 await trio.sleep(delay)
         final = {"index": 0, "delta": {}, "finish_reason": "stop"}
         if "usage_with_content" in faults:
-            await _event(
+            await self._chunk(
                 conn, stream, _completion(body, None, usage, "chat.completion.chunk", last)
             )
             usage = None
         elif "usage_with_finish" in faults:
             chunk = _completion(body, None, usage, "chat.completion.chunk", final)
-            await _event(conn, stream, chunk)
+            await self._chunk(conn, stream, chunk)
             usage = None
         else:
-            await _event(
+            await self._chunk(
                 conn, stream, _completion(body, None, None, "chat.completion.chunk", final)
             )
         if usage is not None:
             chunk = _completion(body, None, usage, "chat.completion.chunk")
             chunk["choices"] = []
-            await _event(conn, stream, chunk)
+            await self._chunk(conn, stream, chunk)
         if "drop_at_end" in faults:
             return False  # cut: usage reported, no [DONE], no terminating chunk
         await stream.send_all(conn.send(h11.Data(data=b"data: [DONE]\n\n")))
@@ -270,23 +294,28 @@ class FakeUpstream:
 
 def _reply(
     body: dict[str, Any], faults: dict[str, str], max_words: int
-) -> tuple[str, dict[str, int] | None]:
+) -> tuple[str, dict[str, Any] | None]:
     limit = int(body.get("max_tokens") or 16)
     words = [WORDS[i % len(WORDS)] for i in range(min(limit, max_words))]
     content = " ".join(words)
     if "no_usage" in faults:
         return content, None
-    return content, {
+    usage: dict[str, Any] = {
         "prompt_tokens": prompt_tokens(body),
         "completion_tokens": len(words),
         "total_tokens": prompt_tokens(body) + len(words),
     }
+    if "cached" in faults or "cache_write" in faults:
+        usage["prompt_tokens_details"] = {"cached_tokens": int(faults.get("cached", 0))}
+        if "cache_write" in faults:
+            usage["prompt_tokens_details"]["cache_write_tokens"] = int(faults["cache_write"])
+    return content, usage
 
 
 def _completion(
     body: dict[str, Any],
     content: str | None,
-    usage: dict[str, int] | None,
+    usage: dict[str, Any] | None,
     kind: str,
     choice: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
@@ -359,8 +388,15 @@ async def _read_request(
             return None, b""
 
 
-async def _send(conn: h11.Connection, stream: trio.SocketStream, status: int, data: bytes) -> None:
+async def _send(
+    conn: h11.Connection,
+    stream: trio.SocketStream,
+    status: int,
+    data: bytes,
+    extra: tuple[tuple[str, str], ...] = (),
+) -> None:
     headers = [("content-type", "application/json"), ("content-length", str(len(data)))]
+    headers += extra
     await stream.send_all(conn.send(h11.Response(status_code=status, headers=headers)))
     await stream.send_all(conn.send(h11.Data(data=data)))
     await stream.send_all(conn.send(h11.EndOfMessage()))

@@ -25,7 +25,14 @@ if TYPE_CHECKING:
     from gateway.serving.runtime import Runtime
 
 GROUPS = {"day": "day", "model": "model", "key": "key_id"}
-EMPTY = {"requests": 0, "input_tokens": 0, "output_tokens": 0, "billed": 0, "settled": 0}
+EMPTY = {
+    "requests": 0,
+    "input_tokens": 0,
+    "output_tokens": 0,
+    **dict.fromkeys(records.CACHE_USAGE, 0),
+    "billed": 0,
+    "settled": 0,
+}
 
 
 async def _reader() -> KeyRecord:
@@ -46,7 +53,7 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
         "http_status": row["http_status"],
         "stream": bool(row["stream"]),
         "tags": row["tags"] or {},
-        "usage": row["usage"],
+        "usage": records.usage_view(row["usage"]),
         "cost": {
             "estimated_usd": nanos_to_usd(row["estimated_usd_nanos"]),
             "reserved_usd": nanos_to_usd(row["reserved_usd_nanos"]),
@@ -131,6 +138,8 @@ def usage_totals(row: dict[str, Any]) -> dict[str, Any]:
         "requests": row["requests"],
         "input_tokens": row["input_tokens"] or 0,
         "output_tokens": row["output_tokens"] or 0,
+        # parts of input_tokens: read from, and written to, the provider's prompt cache
+        **{name: row[name] or 0 for name in records.CACHE_USAGE},
         "cost_usd": nanos_to_usd(row["billed"] or 0),
         "settled_usd": nanos_to_usd(row["settled"] or 0),
     }
