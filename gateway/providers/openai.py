@@ -43,18 +43,13 @@ from gateway.providers.base import (
     ProviderDropped,
     ProviderError,
     ProviderMalformed,
-    ProviderRateLimited,
-    ProviderRefused,
     ProviderRequest,
     ProviderResult,
-    ProviderServerError,
-    ProviderTimedOut,
     ProviderUnreachable,
     Usage,
 )
-from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response, TimedOut
-
-REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
+from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response
+from gateway.providers.http_answers import error_for_status, failure_error, post_whole
 
 
 def _explanation(content: bytes, secrets: Iterable[str]) -> tuple[str, Usage | None]:
@@ -71,12 +66,7 @@ def _explanation(content: bytes, secrets: Iterable[str]) -> tuple[str, Usage | N
 
 
 def status_error(status: int, content: bytes, secrets: Iterable[str]) -> ProviderError:
-    message, usage = _explanation(content, secrets)
-    if status in REFUSAL_STATUSES:
-        return ProviderRefused(status, message, usage=usage)
-    if status == 429:
-        return ProviderRateLimited(message, usage=usage)
-    return ProviderServerError(status, message, usage=usage)
+    return error_for_status(status, *_explanation(content, secrets))
 
 
 class OpenAIProvider:
@@ -111,16 +101,8 @@ class OpenAIProvider:
     ) -> bytes:
         """One non-streamed upstream call: the body of a 200 answer, or the provider
         error it maps to."""
-        try:
-            response = await self.pool.post(path, self._headers(api_key, trace), orjson.dumps(body))
-            try:
-                content = await response.read()
-            finally:
-                await response.aclose()
-        except TimedOut:
-            raise ProviderTimedOut("the upstream did not answer within timeout_s") from None
-        except HTTPFailure as exc:
-            raise ProviderUnreachable(str(exc)) from None
+        headers = self._headers(api_key, trace)
+        response, content = await post_whole(self.pool, path, headers, orjson.dumps(body))
         if response.status != 200:
             raise status_error(response.status, content, self._secrets(api_key))
         return content
@@ -179,11 +161,7 @@ class OpenAIProvider:
         except HTTPFailure as exc:
             if done:
                 return
-            if isinstance(exc, TimedOut):
-                raise ProviderTimedOut("the upstream stalled past timeout_s") from None
-            if produced:
-                raise ProviderDropped(str(exc)) from None
-            raise ProviderUnreachable(str(exc)) from None
+            raise failure_error(exc, produced=produced) from None
         finally:
             if response is not None:
                 await response.aclose()

@@ -6,12 +6,14 @@ from collections.abc import Callable, Iterable
 
 from gateway.config.settings import Config, ProviderConfig
 from gateway.providers.base import Provider
+from gateway.providers.bedrock import BedrockProvider
 from gateway.providers.mock import MockProvider
 from gateway.providers.openai import OpenAIProvider
 
 #: the class of each kind that speaks HTTP, one entry per kind
 HTTP_KINDS: dict[str, Callable[[ProviderConfig, Callable[[], Iterable[str]]], Provider]] = {
     "openai": OpenAIProvider,
+    "bedrock": BedrockProvider,
 }
 
 
