@@ -42,6 +42,7 @@ import re
 import ssl
 import urllib.request
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
 
@@ -217,8 +218,10 @@ class Response:
         assert conn is not None
         timeout = self._pool.timeout
         if self._chunked:
-            async for piece in self._iter_chunked(conn, timeout):
-                yield piece
+            # closed with this generator when a reader leaves early (else GC'd unfinished)
+            async with aclosing(self._iter_chunked(conn, timeout)) as chunks:
+                async for piece in chunks:
+                    yield piece
         elif self._left is not None:
             while self._left:
                 if not conn.buffer and not await conn.fill(timeout):

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import secrets as token_source
 import time
+from contextlib import aclosing
 from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -163,10 +164,11 @@ class BedrockProvider:
             if response.status != 200:
                 content = await response.read()
                 raise _status_error(response, content, self._secrets(request))
-            async for piece in response.iter_body():
-                for chunk in reader.feed(piece):
-                    produced = True
-                    yield chunk
+            async with aclosing(response.iter_body()) as pieces:  # left early on an exception
+                async for piece in pieces:
+                    for chunk in reader.feed(piece):
+                        produced = True
+                        yield chunk
         except HTTPFailure as exc:
             if reader.stopped and reader.usage is not None:
                 return  # the whole answer and its usage came: the rest is not ours
