@@ -33,8 +33,8 @@ from __future__ import annotations
 
 import secrets as token_source
 import time
-from contextlib import aclosing
 from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import aclosing
 from typing import Any
 from urllib.parse import quote, urlsplit
 
