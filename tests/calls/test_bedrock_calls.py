@@ -462,3 +462,9 @@ async def test_byok_with_the_organisations_key_pair(
     response = await call(gw, key["token"], body_for("hello"))
     assert response.json()["error"]["code"] == "byok_credential_rejected"
     assert fake.calls == calls
+
+
+async def test_the_servers_secrets_include_the_aws_credentials(live: tuple[Gateway, str]) -> None:
+    """Every provider's error text is cut of them, a bedrock provider's or another's."""
+    gw, _ = live
+    assert {KEY_ID, SECRET, TOKEN} <= set(gw.runtime.provider_secrets())
