@@ -25,6 +25,7 @@ from tests.calls.test_live_settlement import (
     IN_PRICE,
     MAX_TOKENS,
     OUT_PRICE,
+    body_for,
     call,
     cost,
     estimate_of,
@@ -50,7 +51,7 @@ T = TypeVar("T")
 @pytest.fixture
 async def fake(nursery: trio.Nursery) -> FakeBedrock:
     credentials = {KEY_ID: (SECRET, TOKEN), ORG_ID: (ORG_SECRET, None)}
-    return await nursery.start(FakeBedrock(credentials, region="eu-west-1").serve)
+    return await nursery.start(FakeBedrock(credentials=credentials, region="eu-west-1").serve)
 
 
 async def bedrock_gateway(
@@ -61,7 +62,7 @@ async def bedrock_gateway(
         name="aws", kind="bedrock", base_url=fake.url, region="eu-west-1", timeout_s=timeout_s
     )
     provider = replace(provider, session_token_env="GW_AWS_SESSION_TOKEN")
-    chat = ModelConfig("claude-b", "aws", "anthropic.claude-3-5-sonnet-20240620-v1:0")
+    chat = ModelConfig("live-chat", "aws", "anthropic.claude-3-5-sonnet-20240620-v1:0")
     chat = replace(
         chat,
         input_usd_per_mtok=IN_PRICE,
@@ -83,15 +84,6 @@ async def live(
     key = await gw.create_key(name="live", mode="live", caps={"usd_day": 10})
     yield gw, key["token"]
     gw.stop.set()
-
-
-def body_for(text: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "model": "claude-b",
-        "messages": [{"role": "user", "content": text}],
-        "max_tokens": MAX_TOKENS,
-        **extra,
-    }
 
 
 async def with_client(gw: Gateway, token: str, use: Callable[[openai.OpenAI], T]) -> T:
@@ -125,7 +117,7 @@ async def test_a_plain_chat(live: tuple[Gateway, str], fake: FakeBedrock) -> Non
     completion = raw.parse()
     assert completion.choices[0].message.content == "alpha bravo charlie delta echo foxtrot"
     assert completion.choices[0].finish_reason == "stop"
-    assert completion.model == "claude-b"
+    assert completion.model == "live-chat"
     assert orjson.loads(raw.http_response.text)["svc"]["ignored_parameters"] == ["seed"]
     assert fake.rejections == [] and fake.paths[-1].endswith("v1%3A0/converse")
     assert fake.bodies[-1]["inferenceConfig"] == {"maxTokens": MAX_TOKENS, "temperature": 0.2}
@@ -178,7 +170,7 @@ async def test_cached_tokens_reach_the_record(live: tuple[Gateway, str]) -> None
 @pytest.mark.parametrize("stream", [False, True])
 async def test_responses(live: tuple[Gateway, str], stream: bool) -> None:
     gw, token = live
-    body = {"model": "claude-b", "input": "say something", "max_output_tokens": 20}
+    body = {"model": "live-chat", "input": "say something", "max_output_tokens": 20}
 
     def respond(client: openai.OpenAI) -> Any:
         if not stream:
@@ -214,7 +206,7 @@ async def test_a_tool_call_round_trip(
     question = [{"role": "user", "content": "weather in Paris?"}]
 
     def round_trip(client: openai.OpenAI) -> tuple[Any, str]:
-        first = {"model": "claude-b", "messages": question, "tools": [WEATHER]}
+        first = {"model": "live-chat", "messages": question, "tools": [WEATHER]}
         if stream:
             chunks = list(client.chat.completions.create(**first, stream=True))
             calls = [c.choices[0].delta.tool_calls[0] for c in chunks if c.choices
@@ -236,7 +228,9 @@ async def test_a_tool_call_round_trip(
             {"role": "assistant", "content": None, "tool_calls": [tool_call]},
             {"role": "tool", "tool_call_id": tool_call["id"], "content": "sunny, 21 C"},
         ]
-        second = client.chat.completions.create(model="claude-b", messages=history, tools=[WEATHER])
+        second = client.chat.completions.create(
+            model="live-chat", messages=history, tools=[WEATHER]
+        )
         return tool_call, second.choices[0].message.content or ""
 
     tool_call, answer = await with_client(gw, token, round_trip)
@@ -280,7 +274,7 @@ async def test_an_image_input(live: tuple[Gateway, str], fake: FakeBedrock) -> N
 
     def look(client: openai.OpenAI) -> Any:
         return client.chat.completions.create(
-            model="claude-b", messages=[{"role": "user", "content": parts}], max_tokens=9
+            model="live-chat", messages=[{"role": "user", "content": parts}], max_tokens=9
         )
 
     assert (await with_client(gw, token, look)).choices[0].message.content
@@ -293,7 +287,7 @@ async def test_an_image_by_web_address_is_refused_saying_what_works(
 ) -> None:
     gw, token = live
     parts = [{"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}]
-    body = {"model": "claude-b", "messages": [{"role": "user", "content": parts}]}
+    body = {"model": "live-chat", "messages": [{"role": "user", "content": parts}]}
     response = await call(gw, token, body)
     assert response.status_code == 400
     assert response.json()["error"]["code"] == "invalid_request"

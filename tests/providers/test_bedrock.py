@@ -40,7 +40,7 @@ PIXEL = (
 @pytest.fixture
 async def fake(nursery: trio.Nursery) -> FakeBedrock:
     credentials = {KEY_ID: (SECRET, TOKEN), ORG_ID: (ORG_SECRET, None)}
-    return await nursery.start(FakeBedrock(credentials).serve)
+    return await nursery.start(FakeBedrock(credentials=credentials).serve)
 
 
 @pytest.fixture

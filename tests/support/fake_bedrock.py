@@ -45,7 +45,6 @@ import hmac
 import re
 import struct
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -57,7 +56,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from tests.support.fake_upstream import WORDS, _read_request, directives
+from tests.support.fake_upstream import WORDS, LoopbackServer, directives
 
 TOP_LEVEL = {
     "messages", "system", "inferenceConfig", "toolConfig", "guardrailConfig",
@@ -95,48 +94,22 @@ class Rejected(Exception):
 
 
 @dataclass
-class FakeBedrock:
+class FakeBedrock(LoopbackServer):
     #: access key id → (secret access key, session token or None)
-    credentials: dict[str, tuple[str, str | None]]
+    credentials: dict[str, tuple[str, str | None]] = field(default_factory=dict)
     region: str = "us-east-1"
-    url: str = ""
-    calls: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
     rejections: list[str] = field(default_factory=list)
     max_words: int = 6
-    _changed: trio.Event = field(default_factory=trio.Event)
 
-    async def wait_until(self, condition: Callable[[], bool]) -> None:
-        while not condition():
-            await self._changed.wait()
-
-    async def serve(self, *, task_status: trio.TaskStatus[FakeBedrock]) -> None:
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        port = listeners[0].socket.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
-        task_status.started(self)
-        await trio.serve_listeners(self._connection, listeners)
-
-    async def _connection(self, stream: trio.SocketStream) -> None:
-        conn = h11.Connection(h11.SERVER)
-        try:
-            while True:
-                request, body = await _read_request(conn, stream)
-                if request is None:
-                    return
-                self.calls += 1
-                self._changed.set()
-                self._changed = trio.Event()
-                keep = await self._reply(conn, stream, request, body)
-                if not keep or conn.our_state is not h11.DONE:
-                    return
-                conn.start_next_cycle()
-        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.ProtocolError):
-            return
-        finally:
-            await stream.aclose()
+    async def _answer(
+        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
+    ) -> bool:
+        self.calls += 1
+        self._notify()
+        return await self._reply(conn, stream, request, raw)
 
     async def _reply(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
@@ -180,7 +153,7 @@ class FakeBedrock:
         if "malformed" in faults:
             await _send(conn, stream, 200, "text/html", b"<html>a proxy page</html>")
             return True
-        blocks, stop_reason = self._answer(body, faults)
+        blocks, stop_reason = self._content(body, faults)
         usage = _usage(body, blocks, faults)
         if action == "converse":
             answer: dict[str, Any] = {
@@ -241,7 +214,7 @@ class FakeBedrock:
         if not hmac.compare_digest(expected, signature):
             raise Rejected(403, "InvalidSignatureException", BAD_SIGNATURE)
 
-    def _answer(
+    def _content(
         self, body: dict[str, Any], faults: dict[str, str]
     ) -> tuple[list[dict[str, Any]], str]:
         tools = {

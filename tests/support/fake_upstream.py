@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import h11
 import orjson
@@ -68,36 +68,17 @@ def prompt_tokens(body: dict[str, Any]) -> int:
 
 
 @dataclass
-class FakeUpstream:
+class LoopbackServer:
+    """A real HTTP/1.1 server on a loopback port (trio sockets and h11) that answers its
+    requests one at a time per connection (the base of this fake and of
+    tests/support/fake_bedrock.py): ``calls`` counts the requests, :meth:`wait_until`
+    waits on a condition, checked at each call and each change a subclass notifies."""
+
     url: str = ""
     calls: int = 0
-    bodies: list[dict[str, Any]] = field(default_factory=list)
-    auth: list[str | None] = field(default_factory=list)
-    headers: list[dict[str, str]] = field(default_factory=list)
-    served: int = 0
-    open: int = 0
-    #: held calls ([[fault hold]]) whose client closed the connection before the answer
-    abandoned: int = 0
-    #: held calls ([[fault hold]]) answer once this is set
-    release: trio.Event = field(default_factory=trio.Event)
     _changed: trio.Event = field(default_factory=trio.Event)
-    #: lockstep streams: words sent so far, and words the client said it received
-    words_sent: int = 0
-    acks: int = 0
-    _acked: trio.Event = field(default_factory=trio.Event)
-    #: the most words an answer has (one stream chunk each), whatever max_tokens allows
-    max_words: int = 6
-
-    async def received(self, count: int) -> None:
-        """Return once ``count`` requests in all have come in (counted, not answered)."""
-        await self.wait_until(lambda: self.calls >= count)
-
-    def ack(self) -> int:
-        """(lockstep) The client received one more word; how many had been sent then."""
-        self.acks += 1
-        self._acked.set()
-        self._acked = trio.Event()
-        return self.words_sent
+    #: what ``url`` adds to the server's origin
+    path: ClassVar[str] = ""
 
     def _notify(self) -> None:
         self._changed.set()
@@ -108,10 +89,10 @@ class FakeUpstream:
         while not condition():
             await self._changed.wait()
 
-    async def serve(self, *, task_status: trio.TaskStatus[FakeUpstream]) -> None:
+    async def serve(self, *, task_status: trio.TaskStatus[Any]) -> None:
         listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
         port = listeners[0].socket.getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}/v1"
+        self.url = f"http://127.0.0.1:{port}{self.path}"
         task_status.started(self)
         await trio.serve_listeners(self._connection, listeners)
 
@@ -130,6 +111,43 @@ class FakeUpstream:
             return
         finally:
             await stream.aclose()
+
+    async def _answer(
+        self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
+    ) -> bool:
+        """Answer one request; False: close the connection after it."""
+        raise NotImplementedError
+
+
+@dataclass
+class FakeUpstream(LoopbackServer):
+    path: ClassVar[str] = "/v1"
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    auth: list[str | None] = field(default_factory=list)
+    headers: list[dict[str, str]] = field(default_factory=list)
+    served: int = 0
+    open: int = 0
+    #: held calls ([[fault hold]]) whose client closed the connection before the answer
+    abandoned: int = 0
+    #: held calls ([[fault hold]]) answer once this is set
+    release: trio.Event = field(default_factory=trio.Event)
+    #: lockstep streams: words sent so far, and words the client said it received
+    words_sent: int = 0
+    acks: int = 0
+    _acked: trio.Event = field(default_factory=trio.Event)
+    #: the most words an answer has (one stream chunk each), whatever max_tokens allows
+    max_words: int = 6
+
+    async def received(self, count: int) -> None:
+        """Return once ``count`` requests in all have come in (counted, not answered)."""
+        await self.wait_until(lambda: self.calls >= count)
+
+    def ack(self) -> int:
+        """(lockstep) The client received one more word; how many had been sent then."""
+        self.acks += 1
+        self._acked.set()
+        self._acked = trio.Event()
+        return self.words_sent
 
     async def _answer(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
