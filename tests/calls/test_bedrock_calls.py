@@ -19,6 +19,7 @@ import orjson
 import pytest
 import trio
 
+from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.calls.provider_errors import REFUSED_PHRASE
 from gateway.config.settings import ModelConfig, ProviderConfig
 from tests.calls.test_live_settlement import (
@@ -160,6 +161,10 @@ async def test_cached_tokens_reach_the_record(live: tuple[Gateway, str]) -> None
     after = await state(gw, token, response.headers["X-Request-Id"])
     # no cache prices configured: cached tokens are priced as input
     assert settled(after) == cost(13, 6) == after["used"]
+    async with gw.client(token) as client:
+        totals = (await client.get("/v1/usage")).json()["totals"]
+    assert (totals["requests"], totals["input_tokens"], totals["output_tokens"]) == (1, 13, 6)
+    assert round(totals["cost_usd"] * NANOS_PER_USD) == cost(13, 6)
     data, request_id = await stream_data(
         gw, token, body_for(text, stream=True, stream_options={"include_usage": True})
     )
