@@ -41,7 +41,8 @@ import ipaddress
 import re
 import ssl
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from typing import NamedTuple
 from urllib.parse import unquote, urlsplit
 
@@ -211,14 +212,16 @@ class Response:
         parts = [piece async for piece in self.iter_body()]
         return b"".join(parts)
 
-    async def iter_body(self) -> AsyncIterator[bytes]:
+    async def iter_body(self) -> AsyncGenerator[bytes, None]:
         """The body as it arrives: every complete piece read so far, at each read."""
         conn = self._conn
         assert conn is not None
         timeout = self._pool.timeout
         if self._chunked:
-            async for piece in self._iter_chunked(conn, timeout):
-                yield piece
+            # closed with this generator when a reader leaves early (else GC'd unfinished)
+            async with aclosing(self._iter_chunked(conn, timeout)) as chunks:
+                async for piece in chunks:
+                    yield piece
         elif self._left is not None:
             while self._left:
                 if not conn.buffer and not await conn.fill(timeout):
@@ -237,7 +240,7 @@ class Response:
                     break
         self._done = True
 
-    async def _iter_chunked(self, conn: Connection, timeout: float) -> AsyncIterator[bytes]:
+    async def _iter_chunked(self, conn: Connection, timeout: float) -> AsyncGenerator[bytes, None]:
         buffer = conn.buffer
         while True:
             pieces: list[bytes] = []

@@ -8,6 +8,7 @@ from gateway.config.settings import Config, ProviderConfig
 from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.azure import AzureProvider
 from gateway.providers.base import Provider
+from gateway.providers.bedrock import BedrockProvider
 from gateway.providers.gemini import GeminiProvider
 from gateway.providers.mock import MockProvider
 from gateway.providers.openai import OpenAIProvider
@@ -18,6 +19,7 @@ HTTP_KINDS: dict[str, Callable[[ProviderConfig, Callable[[], Iterable[str]]], Pr
     "anthropic": AnthropicProvider,
     "gemini": GeminiProvider,
     "azure": AzureProvider,
+    "bedrock": BedrockProvider,
 }
 
 

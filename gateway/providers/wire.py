@@ -56,15 +56,9 @@ class HTTPProvider:
     ) -> None:
         """``secrets``: every credential the server holds now (its own keys and the
         organisations' BYOK keys), cut out of the upstream's error text."""
-        assert config.base_url is not None
         self.config = config
         self.secrets = secrets
-        self.pool = HTTP1Pool(
-            config.base_url,
-            max_connections=config.max_connections,
-            timeout=config.timeout_s,
-            connect_timeout=min(10.0, config.timeout_s),
-        )
+        self.pool = pool_for(config)
 
     def _headers(self, api_key: str | None, trace: TraceContext | None) -> dict[str, str]:
         headers = {"Content-Type": "application/json"}
@@ -82,16 +76,8 @@ class HTTPProvider:
     ) -> bytes:
         """One non-streamed upstream call: the body of a 200 answer, or the provider
         error it maps to."""
-        try:
-            response = await self.pool.post(path, self._headers(api_key, trace), orjson.dumps(body))
-            try:
-                content = await response.read()
-            finally:
-                await response.aclose()
-        except TimedOut:
-            raise ProviderTimedOut("the upstream did not answer within timeout_s") from None
-        except HTTPFailure as exc:
-            raise ProviderUnreachable(str(exc)) from None
+        headers = self._headers(api_key, trace)
+        response, content = await exchange(self.pool, path, headers, orjson.dumps(body))
         if response.status != 200:
             raise self._status_error(response.status, content, api_key)
         return content
@@ -133,8 +119,39 @@ def explanation(content: bytes, secrets: Iterable[str]) -> tuple[str, Usage | No
     return redact_secrets(str(message or body), secrets)[:500], Usage.reported(body.get("usage"))
 
 
+def pool_for(config: ProviderConfig) -> HTTP1Pool:
+    """The pooled client of a provider's ``base_url``."""
+    assert config.base_url is not None
+    return HTTP1Pool(
+        config.base_url,
+        max_connections=config.max_connections,
+        timeout=config.timeout_s,
+        connect_timeout=min(10.0, config.timeout_s),
+    )
+
+
+async def exchange(
+    pool: HTTP1Pool, path: str, headers: dict[str, str], body: bytes
+) -> tuple[Response, bytes]:
+    """One non-streamed call: the answer (its status and headers) and its whole body; a
+    connection that fails is its provider error."""
+    try:
+        response = await pool.post(path, headers, body)
+        try:
+            content = await response.read()
+        finally:
+            await response.aclose()
+    except HTTPFailure as exc:
+        raise stream_failure(exc, produced=False) from None
+    return response, content
+
+
 def status_error(status: int, content: bytes, secrets: Iterable[str]) -> ProviderError:
-    message, usage = explanation(content, secrets)
+    return error_for_status(status, *explanation(content, secrets))
+
+
+def error_for_status(status: int, message: str, usage: Usage | None = None) -> ProviderError:
+    """The provider error of a non-2xx answer; ``message`` already cleaned of secrets."""
     if status in REFUSAL_STATUSES:
         return ProviderRefused(status, message, usage=usage)
     if status == 429:
@@ -143,9 +160,12 @@ def status_error(status: int, content: bytes, secrets: Iterable[str]) -> Provide
 
 
 def stream_failure(exc: HTTPFailure, produced: bool) -> ProviderError:
-    """The provider error of a stream's connection failing (``produced``: after output)."""
+    """The provider error of a connection failing while an answer was awaited
+    (``produced``: after output had started)."""
     if isinstance(exc, TimedOut):
-        return ProviderTimedOut("the upstream stalled past timeout_s")
+        if produced:
+            return ProviderTimedOut("the upstream stalled past timeout_s")
+        return ProviderTimedOut("the upstream did not answer within timeout_s")
     if produced:
         return ProviderDropped(str(exc))
     return ProviderUnreachable(str(exc))

@@ -296,8 +296,12 @@ class Runtime:
 
     def provider_secrets(self) -> list[str]:
         """Every upstream credential this server can send now: the providers' keys and
-        the organisations' BYOK keys (read at each use, as :meth:`provider_key` does)."""
+        the organisations' BYOK keys (read at each use, as :meth:`provider_key` does);
+        a bedrock provider's key id, secret key and session token."""
         names = {p.api_key_env for p in self.config.providers} | set(self.byok.values())
+        for p in self.config.providers:
+            if p.kind == "bedrock":
+                names |= {p.access_key_id_env, p.secret_access_key_env, p.session_token_env}
         return [value for name in names if name and (value := os.environ.get(name))]
 
     async def aclose_providers(self) -> None:
