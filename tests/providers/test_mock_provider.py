@@ -28,8 +28,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.config.settings import default_config
-from gateway.providers import (
-    MockProvider,
+from gateway.providers.base import (
     ProviderDropped,
     ProviderError,
     ProviderRateLimited,
@@ -40,7 +39,7 @@ from gateway.providers import (
     Usage,
     embedding_response,
 )
-from gateway.providers.mock import _TOKEN, count_tokens, prompt_tokens
+from gateway.providers.mock import _TOKEN, MockProvider, count_tokens, prompt_tokens
 
 HELLO = {"messages": [{"role": "user", "content": "Say hello."}]}
 
