@@ -67,7 +67,12 @@ from gateway.calls.streaming import (
 )
 from gateway.errors import GatewayError
 from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS
-from gateway.providers.base import ProviderError, ProviderRequest, embedding_response
+from gateway.providers.base import (
+    EmbeddingRequest,
+    ProviderError,
+    ProviderRequest,
+    embedding_response,
+)
 from gateway.store.claims import Claim, ClaimHeld
 
 T = TypeVar("T")
@@ -342,11 +347,9 @@ async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
     result = await _ask(
         call,
         lambda: hold.provider.embed(
-            config.upstream_id,
-            parsed.inputs,
-            parsed.dimensions,
-            api_key,
-            call.trace,
+            EmbeddingRequest(
+                config.upstream_id, parsed.inputs, parsed.dimensions, api_key, call.trace
+            )
         ),
         "The call ran out of time.",
     )
