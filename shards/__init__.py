@@ -24,27 +24,12 @@ Money is integer nano-USD (:data:`NANOS_PER_USD`), tokens are ints, ``None``
 limits mean unlimited.
 """
 
+from . import messages
 from .actor import ShardUnavailable
 from .clock import Clock, FakeClock, NonDecreasingClock, SystemClock
 from .keys import KeyRef, KeyState
 from .leases import LeaseBook, LeaseNeed, LeaseShort, lease_size, posted
-from .messages import (
-    BUDGET_EXCEEDED,
-    INSUFFICIENT_CREDITS,
-    KEY_CAP_EXCEEDED,
-    NANOS_PER_USD,
-    RATE_LIMITED,
-    TOO_MANY_IN_FLIGHT,
-    Admission,
-    AdmitRequest,
-    KeyStatus,
-    KeyStatusRequest,
-    Reservation,
-    ReserveRefusal,
-    ReserveRequest,
-    SettleRequest,
-    SpendWindow,
-)
+from .messages import *  # noqa: F403 -- the whole vocabulary, as messages.__all__ names it
 from .org import OrgSnapshot
 from .pool import PoolStatistics, ShardPool, shard_index
 from .windows import (
@@ -58,33 +43,18 @@ from .windows import (
 )
 
 __all__ = [
-    "BUDGET_EXCEEDED",
-    "INSUFFICIENT_CREDITS",
-    "KEY_CAP_EXCEEDED",
-    "NANOS_PER_USD",
-    "RATE_LIMITED",
-    "TOO_MANY_IN_FLIGHT",
-    "Admission",
-    "AdmitRequest",
     "Clock",
     "FakeClock",
     "KeyRef",
     "KeyState",
-    "KeyStatus",
-    "KeyStatusRequest",
     "LeaseBook",
     "LeaseNeed",
     "LeaseShort",
     "NonDecreasingClock",
     "OrgSnapshot",
     "PoolStatistics",
-    "Reservation",
-    "ReserveRefusal",
-    "ReserveRequest",
-    "SettleRequest",
     "ShardPool",
     "ShardUnavailable",
-    "SpendWindow",
     "SystemClock",
     "day_resets_at",
     "day_window",
@@ -97,3 +67,4 @@ __all__ = [
     "seconds_until_minute_reset",
     "shard_index",
 ]
+__all__ += messages.__all__

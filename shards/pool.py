@@ -43,6 +43,7 @@ import itertools
 import zlib
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 import trio
 
@@ -64,7 +65,18 @@ from .org import OrgBook, OrgSnapshot
 from .state import ShardState
 from .windows import MINUTE_S, day_window, month_of_day
 
-__all__ = ["PoolStatistics", "ShardPool", "ShardUnavailable", "shard_index"]
+__all__ = ["PoolStatistics", "ShardPool", "ShardUnavailable", "StatusLimits", "shard_index"]
+
+
+class StatusLimits(TypedDict):
+    """The caps a key's windows are read against (:class:`KeyStatusRequest` besides the key),
+    given by keyword to :meth:`ShardPool.key_status`."""
+
+    rpm: int
+    tpm: int | None
+    max_in_flight: int
+    usd_day: int | None
+    usd_month: int | None
 
 
 def shard_index(family_id: str, n_shards: int) -> int:
@@ -201,49 +213,15 @@ class ShardPool:
         """
         return self._shards[req.shard].call_must_deliver(req)
 
-    def key_status(
-        self,
-        key: KeyRef,
-        *,
-        rpm: int,
-        tpm: int | None,
-        max_in_flight: int,
-        usd_day: int | None,
-        usd_month: int | None,
-    ) -> Awaitable[KeyStatus]:
+    def key_status(self, key: KeyRef, **limits: Unpack[StatusLimits]) -> Awaitable[KeyStatus]:
         """Windows of one key for GET /v1/key (await it); counts nothing, takes no slot."""
-        request = KeyStatusRequest.build(
-            shard=key.shard,
-            key=key.state,
-            rpm=rpm,
-            tpm=tpm,
-            max_in_flight=max_in_flight,
-            usd_day=usd_day,
-            usd_month=usd_month,
-        )
+        request = KeyStatusRequest.build(shard=key.shard, key=key.state, **limits)
         return self._shards[key.shard].call(request)
 
-    def key_status_nowait(
-        self,
-        key: KeyRef,
-        *,
-        rpm: int,
-        tpm: int | None,
-        max_in_flight: int,
-        usd_day: int | None,
-        usd_month: int | None,
-    ) -> KeyStatus:
+    def key_status_nowait(self, key: KeyRef, **limits: Unpack[StatusLimits]) -> KeyStatus:
         """Synchronous :meth:`key_status`, bypassing the mailbox: a read of the shard's
         state, which only the trio thread touches."""
-        request = KeyStatusRequest.build(
-            shard=key.shard,
-            key=key.state,
-            rpm=rpm,
-            tpm=tpm,
-            max_in_flight=max_in_flight,
-            usd_day=usd_day,
-            usd_month=usd_month,
-        )
+        request = KeyStatusRequest.build(shard=key.shard, key=key.state, **limits)
         return self._shards[key.shard].state.status(request)
 
     # -- start-up rebuild and operator changes (synchronous) ------------------------

@@ -16,7 +16,7 @@ import hmac
 import re
 import secrets
 import string
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -90,6 +90,13 @@ class Caps:
 CAP_FIELDS = ("usd_day", "usd_month", "rpm", "tpm", "max_in_flight", "max_output_tokens")
 
 
+#: the fields that :meth:`KeyRecord.to_row` and :meth:`KeyRecord.from_row` convert (the
+#: shard reference is never stored); the other fields are columns stored as they are
+_CONVERTED = frozenset(
+    {"scopes", "caps", "byok", "allowed_models", "required_tags", "default_tags", "shard_ref"}
+)
+
+
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
     id: str
@@ -128,57 +135,33 @@ class KeyRecord:
         return replace(self, **changes)
 
     def to_row(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "org_id": self.org_id,
-            "parent_id": self.parent_id,
-            "family_id": self.family_id,
-            "prefix": self.prefix,
-            "fingerprint": self.fingerprint,
-            "name": self.name,
-            "mode": self.mode,
-            "environment": self.environment,
-            "status": self.status,
-            "scopes": list(self.scopes),
-            "caps": self.caps.public(),
-            "data_mode": self.data_mode,
-            "byok": int(self.byok),
-            "allowed_models": list(self.allowed_models)
-            if self.allowed_models is not None
-            else None,
-            "required_tags": self.required_tags,
-            "default_tags": self.default_tags,
-            "expires_at": self.expires_at,
-            "created_at": self.created_at,
-            "last_used_at": self.last_used_at,
-            "rotated_to": self.rotated_to,
-        }
+        row = {f.name: getattr(self, f.name) for f in _STORED_AS_IS}
+        allowed = self.allowed_models
+        row.update(
+            scopes=list(self.scopes),
+            caps=self.caps.public(),
+            byok=int(self.byok),
+            allowed_models=list(allowed) if allowed is not None else None,
+            required_tags=self.required_tags,
+            default_tags=self.default_tags,
+        )
+        return row
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> KeyRecord:
         allowed = row.get("allowed_models")
+        # a column the record may hold as None may be missing from the row
+        stored: dict[str, Any] = {
+            f.name: row.get(f.name) if f.default is None else row[f.name] for f in _STORED_AS_IS
+        }
         return cls(
-            id=row["id"],
-            org_id=row["org_id"],
-            parent_id=row.get("parent_id"),
-            family_id=row["family_id"],
-            prefix=row["prefix"],
-            fingerprint=row["fingerprint"],
-            name=row["name"],
-            mode=row["mode"],
-            environment=row["environment"],
-            status=row["status"],
+            **stored,
             scopes=tuple(row["scopes"]),
             caps=Caps.from_dict(row["caps"]),
-            data_mode=row["data_mode"],
             byok=bool(row["byok"]),
             allowed_models=tuple(allowed) if allowed is not None else None,
             required_tags=row.get("required_tags") or {},
             default_tags=row.get("default_tags") or {},
-            expires_at=row.get("expires_at"),
-            created_at=row["created_at"],
-            last_used_at=row.get("last_used_at"),
-            rotated_to=row.get("rotated_to"),
         )
 
     def public(self, now: float) -> dict[str, Any]:
@@ -206,6 +189,9 @@ class KeyRecord:
             "parent_id": self.parent_id,
             "org_id": self.org_id,
         }
+
+
+_STORED_AS_IS = tuple(f for f in fields(KeyRecord) if f.name not in _CONVERTED)
 
 
 def iso(ts: float | None) -> str | None:

@@ -68,7 +68,12 @@ from gateway.calls.streaming import (
 from gateway.errors import GatewayError
 from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS
 from gateway.observe.tracing import TraceContext
-from gateway.providers.base import ProviderError, ProviderRequest, embedding_response
+from gateway.providers.base import (
+    EmbeddingRequest,
+    ProviderError,
+    ProviderRequest,
+    embedding_response,
+)
 from gateway.store.claims import Claim, ClaimHeld
 
 T = TypeVar("T")
@@ -346,11 +351,7 @@ async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
     result = await _ask(
         call,
         lambda trace: hold.provider.embed(
-            config.upstream_id,
-            parsed.inputs,
-            parsed.dimensions,
-            api_key,
-            trace,
+            EmbeddingRequest(config.upstream_id, parsed.inputs, parsed.dimensions, api_key, trace)
         ),
         "The call ran out of time.",
     )

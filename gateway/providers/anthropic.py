@@ -35,6 +35,7 @@ from gateway.providers.anthropic_translate import (
     usage_of,
 )
 from gateway.providers.base import (
+    EmbeddingRequest,
     EmbeddingResult,
     ProviderDropped,
     ProviderError,
@@ -155,14 +156,7 @@ class AnthropicProvider(HTTPProvider):
             return ProviderDropped(message)
         return status_error(ERROR_STATUS.get(exc.kind, 500), content, self._secrets(api_key))
 
-    async def embed(
-        self,
-        upstream_model: str,
-        inputs: list[Any],
-        dimensions: int | None,
-        api_key: str | None,
-        trace: TraceContext | None = None,
-    ) -> EmbeddingResult:
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         raise ProviderRefused(
             400,
             "Anthropic has no embeddings API; serve the embedding model from a provider "

@@ -119,6 +119,19 @@ class ProviderRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class EmbeddingRequest:
+    """One embeddings call: each input (a string or a token array) sent upstream with
+    ``model`` = ``upstream_model``; ``None`` dimensions: the model's own."""
+
+    upstream_model: str
+    inputs: list[Any]
+    dimensions: int | None = None
+    api_key: str | None = None
+    #: the call's W3C trace, sent upstream as ``traceparent`` (and ``tracestate``)
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ProviderResult:
     completion: dict[str, Any]
     usage: Usage | None
@@ -139,15 +152,8 @@ class Provider(Protocol):
         """Yield ``chat.completion.chunk`` dicts; the last carries ``usage`` when reported."""
         ...
 
-    async def embed(
-        self,
-        upstream_model: str,
-        inputs: list[Any],
-        dimensions: int | None,
-        api_key: str | None,
-        trace: TraceContext | None = None,
-    ) -> EmbeddingResult:
-        """Embed each input (a string or a token array); ``None`` dimensions: the model's own."""
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
+        """Embed each input of the request."""
         ...
 
     def ignored_parameters(self, body: dict[str, Any]) -> list[str]:

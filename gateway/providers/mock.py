@@ -48,8 +48,13 @@ import trio
 
 from gateway.calls.estimate import IMAGE_PART_TYPES
 from gateway.config.settings import ModelConfig
-from gateway.observe.tracing import TraceContext
-from gateway.providers.base import EmbeddingResult, ProviderRequest, ProviderResult, Usage
+from gateway.providers.base import (
+    EmbeddingRequest,
+    EmbeddingResult,
+    ProviderRequest,
+    ProviderResult,
+    Usage,
+)
 from gateway.providers.schema_values import Draw, as_dict, below, phrase, sample
 
 DEFAULT_DIMENSIONS = 1536
@@ -196,17 +201,11 @@ class MockProvider:
         await self._pause()
         yield {**header, "choices": [], "usage": answer.usage.as_dict()}
 
-    async def embed(
-        self,
-        upstream_model: str,
-        inputs: list[Any],
-        dimensions: int | None,
-        api_key: str | None,
-        trace: TraceContext | None = None,
-    ) -> EmbeddingResult:
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         await trio.lowlevel.checkpoint()
-        size = dimensions or self._dimensions.get(upstream_model, DEFAULT_DIMENSIONS)
-        vectors = [_unit_vector(upstream_model, item, size) for item in inputs]
+        model, inputs = request.upstream_model, request.inputs
+        size = request.dimensions or self._dimensions.get(model, DEFAULT_DIMENSIONS)
+        vectors = [_unit_vector(model, item, size) for item in inputs]
         tokens = sum(count_tokens(item) if isinstance(item, str) else len(item) for item in inputs)
         return EmbeddingResult(vectors=vectors, usage=Usage(prompt_tokens=tokens))
 

@@ -35,8 +35,8 @@ from typing import Any
 
 import orjson
 
-from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
+    EmbeddingRequest,
     EmbeddingResult,
     ProviderDropped,
     ProviderMalformed,
@@ -128,22 +128,16 @@ class OpenAIProvider(HTTPProvider):
             raise ProviderDropped("the stream ended without [DONE]")
         raise ProviderUnreachable("the upstream closed the stream before any output")
 
-    async def embed(
-        self,
-        upstream_model: str,
-        inputs: list[Any],
-        dimensions: int | None,
-        api_key: str | None,
-        trace: TraceContext | None = None,
-    ) -> EmbeddingResult:
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         body: dict[str, Any] = {
-            "model": upstream_model,
-            "input": inputs,
+            "model": request.upstream_model,
+            "input": request.inputs,
             "encoding_format": "float",
         }
-        if dimensions is not None:
-            body["dimensions"] = dimensions
-        content = await self._post(self._path("embeddings", upstream_model), body, api_key, trace)
+        if request.dimensions is not None:
+            body["dimensions"] = request.dimensions
+        path = self._path("embeddings", request.upstream_model)
+        content = await self._post(path, body, request.api_key, request.trace)
         try:
             data = orjson.loads(content)
             rows = sorted(data["data"], key=lambda row: row["index"])

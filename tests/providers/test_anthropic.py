@@ -16,6 +16,7 @@ from gateway.config.settings import ProviderConfig
 from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.anthropic_translate import ANSWER_TOOL, DEFAULT_MAX_TOKENS
 from gateway.providers.base import (
+    EmbeddingRequest,
     ProviderDropped,
     ProviderError,
     ProviderMalformed,
@@ -364,7 +365,7 @@ async def test_a_slow_answer_times_out(fake: FakeAnthropic) -> None:
 
 async def test_embeddings_are_refused(provider: AnthropicProvider) -> None:
     with pytest.raises(ProviderRefused) as refused:
-        await provider.embed("claude-up", ["hi"], None, KEY)
+        await provider.embed(EmbeddingRequest("claude-up", ["hi"], None, KEY))
     assert "no embeddings" in refused.value.message
 
 

@@ -14,6 +14,7 @@ import trio
 
 from gateway.config.settings import ProviderConfig, load_config
 from gateway.providers.base import (
+    EmbeddingRequest,
     ProviderDropped,
     ProviderMalformed,
     ProviderRateLimited,
@@ -296,13 +297,15 @@ async def test_streamed_tool_call(provider: GeminiProvider, fake: FakeGemini) ->
 
 
 async def test_embeddings(provider: GeminiProvider, fake: FakeGemini) -> None:
-    result = await provider.embed("text-embedding-004", ["one two", "three"], 8, KEY)
+    result = await provider.embed(
+        EmbeddingRequest("text-embedding-004", ["one two", "three"], 8, KEY)
+    )
     assert fake.refusals == []
     assert fake.paths == ["/v1beta/models/text-embedding-004:batchEmbedContents"]
     assert [len(v) for v in result.vectors] == [8, 8]
     assert result.usage.prompt_tokens > 0
     with pytest.raises(ProviderRefused, match="text only"):
-        await provider.embed("text-embedding-004", [[1, 2, 3]], None, KEY)
+        await provider.embed(EmbeddingRequest("text-embedding-004", [[1, 2, 3]], None, KEY))
 
 
 async def test_a_wrong_key_is_refused_by_the_fake(provider: GeminiProvider) -> None:

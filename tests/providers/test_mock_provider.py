@@ -28,8 +28,8 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.config.settings import default_config
-from gateway.providers import (
-    MockProvider,
+from gateway.providers.base import (
+    EmbeddingRequest,
     ProviderDropped,
     ProviderError,
     ProviderRateLimited,
@@ -40,7 +40,7 @@ from gateway.providers import (
     Usage,
     embedding_response,
 )
-from gateway.providers.mock import _TOKEN, count_tokens, prompt_tokens
+from gateway.providers.mock import _TOKEN, MockProvider, count_tokens, prompt_tokens
 
 HELLO = {"messages": [{"role": "user", "content": "Say hello."}]}
 
@@ -455,12 +455,14 @@ async def test_json_object_answer_is_an_object() -> None:
 async def test_embeddings_are_deterministic_unit_vectors() -> None:
     provider = MockProvider.for_models(default_config().models)
     inputs: list[Any] = ["hello", "world", [101, 7592, 102]]
-    result = await provider.embed("text-embedding-3-small", inputs, None, None)
+    result = await provider.embed(EmbeddingRequest("text-embedding-3-small", inputs, None, None))
     assert [len(v) for v in result.vectors] == [1536, 1536, 1536]
     assert all(math.isclose(math.fsum(x * x for x in v), 1.0, rel_tol=1e-5) for v in result.vectors)
     assert len({tuple(v) for v in result.vectors}) == 3
     assert result.usage == Usage(prompt_tokens=1 + 1 + 3, total_tokens=5)
-    again = await MockProvider().embed("text-embedding-3-small", ["hello"], 256, None)
+    again = await MockProvider().embed(
+        EmbeddingRequest("text-embedding-3-small", ["hello"], 256, None)
+    )
     assert len(again.vectors[0]) == 256
     prefix = result.vectors[0][:256]
     norm = math.sqrt(math.fsum(x * x for x in prefix))
@@ -470,7 +472,9 @@ async def test_embeddings_are_deterministic_unit_vectors() -> None:
 
 @pytest.mark.parametrize("encoding_format", ["float", "base64"])
 async def test_embedding_response_is_what_the_openai_client_reads(encoding_format: Any) -> None:
-    result = await MockProvider().embed("text-embedding-3-small", ["a", "b"], 64, None)
+    result = await MockProvider().embed(
+        EmbeddingRequest("text-embedding-3-small", ["a", "b"], 64, None)
+    )
     body = embedding_response(result, "text-embedding-3-small", encoding_format)
     # as the client does: build the response unvalidated (a base64 vector is a string where
     # the type says list), then decode base64 itself when its caller named no format

@@ -11,12 +11,18 @@ echoed. The CLI's ``user`` verbs call these.
 
 from __future__ import annotations
 
-from quart import Quart, Response, request
+from quart import Quart, Response
 
 from gateway.edge.dashboard import users
 from gateway.edge.dashboard.app_state import state
 from gateway.edge.http import json_response, read_json_object, runtime
-from gateway.edge.routes.admin import authorize_admin, org_or_404
+from gateway.edge.routes.admin import (
+    add_routes,
+    authorize_admin,
+    authorized_create,
+    authorized_org_filter,
+    list_response,
+)
 from gateway.errors import GatewayError
 from gateway.store import dashboard as ops
 
@@ -28,20 +34,14 @@ def _with_password(view: dict[str, object], password: str | None) -> dict[str, o
 
 
 async def create_user() -> Response:
-    authorize_admin()
-    body = await read_json_object()
-    org = org_or_404(str(body.get("org_id", "")))
+    body, org = await authorized_create()
     row, password = await users.create_user(runtime(), state(), org.id, body)
     return json_response(_with_password(users.user_view(row), password), 201)
 
 
 async def list_users() -> Response:
-    authorize_admin()
-    org_id = request.args.get("org_id")
-    if org_id is not None:
-        org_or_404(org_id)  # an unknown organisation is a 404, not an empty list
-    rows = await runtime().store.read(ops.list_users, org_id)
-    return json_response({"object": "list", "data": [users.user_view(row) for row in rows]})
+    rows = await runtime().store.read(ops.list_users, authorized_org_filter())
+    return list_response([users.user_view(row) for row in rows])
 
 
 async def change_user(user_id: str, action: str) -> Response:
@@ -61,17 +61,12 @@ async def reset_password(user_id: str) -> Response:
 
 
 def register(app: Quart) -> None:
-    app.add_url_rule("/admin/users", "admin_create_user", create_user, methods=["POST"])
-    app.add_url_rule("/admin/users", "admin_list_users", list_users, methods=["GET"])
-    app.add_url_rule(
-        "/admin/users/<path:user_id>/<any(disable, enable):action>",
-        "admin_user_action",
-        change_user,
-        methods=["POST"],
-    )
-    app.add_url_rule(
-        "/admin/users/<path:user_id>/reset-password",
-        "admin_user_reset_password",
-        reset_password,
-        methods=["POST"],
+    add_routes(
+        app,
+        (
+            ("POST", "/admin/users", create_user),
+            ("GET", "/admin/users", list_users),
+            ("POST", "/admin/users/<path:user_id>/<any(disable, enable):action>", change_user),
+            ("POST", "/admin/users/<path:user_id>/reset-password", reset_password),
+        ),
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import re
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 from quart import Quart, Response, request
@@ -44,6 +45,28 @@ def org_or_404(org_id: str) -> Org:
     if org is None:
         raise GatewayError("not_found", f"No organization {org_id}.")
     return org
+
+
+async def authorized_create() -> tuple[dict[str, Any], Org]:
+    """A create call of the admin API: the admin bearer checked, then the JSON body and the
+    organisation its ``org_id`` names (a 404 if there is none)."""
+    authorize_admin()
+    body = await read_json_object()
+    return body, org_or_404(str(body.get("org_id", "")))
+
+
+def authorized_org_filter() -> str | None:
+    """A list call of the admin API: the admin bearer checked, then its ``org_id`` query
+    parameter, if any (an unknown organisation is a 404, not an empty list)."""
+    authorize_admin()
+    org_id = request.args.get("org_id")
+    if org_id is not None:
+        org_or_404(org_id)
+    return org_id
+
+
+def list_response(data: list[Any]) -> Response:
+    return json_response({"object": "list", "data": data})
 
 
 def _key(key_id: str) -> KeyRecord:
@@ -90,8 +113,7 @@ async def create_org() -> Response:
 
 async def list_orgs() -> Response:
     authorize_admin()
-    orgs = [_org_view(org) for org in runtime().orgs.values()]
-    return json_response({"object": "list", "data": orgs})
+    return list_response([_org_view(org) for org in runtime().orgs.values()])
 
 
 async def _add_credits(org: Org, nanos: int) -> None:
@@ -169,22 +191,18 @@ def _with_token(record: KeyRecord, token: str) -> dict[str, Any]:
 
 
 async def create_key() -> Response:
-    authorize_admin()
-    body = await read_json_object()
-    org = org_or_404(str(body.get("org_id", "")))
+    body, org = await authorized_create()
     record, token = await create_root_key(runtime(), org.id, body)
     return json_response(_with_token(record, token), 201)
 
 
 async def list_keys() -> Response:
-    authorize_admin()
-    org_id = request.args.get("org_id")
-    if org_id is not None:
-        org_or_404(org_id)  # an unknown organisation is a 404, not an empty list
+    org_id = authorized_org_filter()
     rt = runtime()
     now = rt.clock.now()
-    keys = [r.public(now) for r in rt.keyring.all() if org_id is None or r.org_id == org_id]
-    return json_response({"object": "list", "data": keys})
+    return list_response(
+        [r.public(now) for r in rt.keyring.all() if org_id is None or r.org_id == org_id]
+    )
 
 
 async def change_key(key_id: str, action: str) -> Response:
@@ -212,7 +230,7 @@ async def list_models() -> Response:
         {**model.public(), "enabled": not catalog.is_disabled(model.id)}
         for model in catalog.every()
     ]
-    return json_response({"object": "list", "data": rows})
+    return list_response(rows)
 
 
 async def model_action(model_id: str, action: str) -> Response:
@@ -229,33 +247,40 @@ async def model_action(model_id: str, action: str) -> Response:
     return json_response({**model.public(), "enabled": enabled})
 
 
+def add_routes(
+    app: Quart, routes: Iterable[tuple[str, str, Callable[..., Awaitable[Response]]]]
+) -> None:
+    """Route each (method, path, view) of an admin API table; the endpoint is named
+    ``admin_<view>``. Shared with the user admin API of the dashboard."""
+    for method, path, view in routes:
+        app.add_url_rule(path, f"admin_{view.__name__}", view, methods=[method])
+
+
 def register(app: Quart) -> None:
-    app.add_url_rule("/admin/models", "admin_list_models", list_models, methods=["GET"])
-    app.add_url_rule(
-        "/admin/models/<path:model_id>/<any(disable, enable):action>",
-        "admin_model_action",
-        model_action,
-        methods=["POST"],
+    org_actions = (
+        ("POST", "credits", add_credits),
+        ("PUT", "policy", set_policy),
+        ("PUT", "byok", set_byok),
+        ("PUT", "webhook", set_webhook),
     )
-    app.add_url_rule("/admin/orgs", "admin_create_org", create_org, methods=["POST"])
-    app.add_url_rule("/admin/orgs", "admin_list_orgs", list_orgs, methods=["GET"])
-    for action, view, method in (
-        ("credits", add_credits, "POST"),
-        ("policy", set_policy, "PUT"),
-        ("byok", set_byok, "PUT"),
-        ("webhook", set_webhook, "PUT"),
-    ):
-        app.add_url_rule(
-            f"/admin/orgs/<path:org_id>/{action}", f"admin_{action}", view, methods=[method]
-        )
-    app.add_url_rule("/admin/keys", "admin_create_key", create_key, methods=["POST"])
-    app.add_url_rule("/admin/keys", "admin_list_keys", list_keys, methods=["GET"])
-    app.add_url_rule(
-        "/admin/keys/<path:key_id>/<any(rotate, revoke, disable, enable):action>",
-        "admin_key_action",
-        change_key,
-        methods=["POST"],
-    )
-    app.add_url_rule(
-        "/admin/keys/<path:key_id>/caps", "admin_key_caps", change_caps, methods=["PATCH"]
+    add_routes(
+        app,
+        (
+            ("GET", "/admin/models", list_models),
+            ("POST", "/admin/models/<path:model_id>/<any(disable, enable):action>", model_action),
+            ("POST", "/admin/orgs", create_org),
+            ("GET", "/admin/orgs", list_orgs),
+            *(
+                (method, f"/admin/orgs/<path:org_id>/{part}", view)
+                for method, part, view in org_actions
+            ),
+            ("POST", "/admin/keys", create_key),
+            ("GET", "/admin/keys", list_keys),
+            (
+                "POST",
+                "/admin/keys/<path:key_id>/<any(rotate, revoke, disable, enable):action>",
+                change_key,
+            ),
+            ("PATCH", "/admin/keys/<path:key_id>/caps", change_caps),
+        ),
     )

@@ -43,6 +43,7 @@ import orjson
 from gateway.config.settings import ProviderConfig
 from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
+    EmbeddingRequest,
     EmbeddingResult,
     ProviderDropped,
     ProviderError,
@@ -181,14 +182,7 @@ class BedrockProvider:
                 raise ProviderDropped("the stream ended before messageStop", usage=reader.usage)
             raise ProviderUnreachable("the upstream closed the stream before any output")
 
-    async def embed(
-        self,
-        upstream_model: str,
-        inputs: list[Any],
-        dimensions: int | None,
-        api_key: str | None,
-        trace: TraceContext | None = None,
-    ) -> EmbeddingResult:
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         raise ProviderRefused(
             400, "a bedrock provider serves chat models (Converse) only, not embeddings"
         )

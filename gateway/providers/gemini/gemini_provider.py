@@ -31,8 +31,8 @@ from urllib.parse import quote
 import orjson
 
 from gateway.calls.estimate import estimate_embedding_tokens
-from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
+    EmbeddingRequest,
     EmbeddingResult,
     ProviderDropped,
     ProviderError,
@@ -139,17 +139,15 @@ class GeminiProvider(HTTPProvider):
         except Unreadable:
             raise ProviderMalformed("a stream event is not a Gemini answer") from None
 
-    async def embed(
-        self,
-        upstream_model: str,
-        inputs: list[Any],
-        dimensions: int | None,
-        api_key: str | None,
-        trace: TraceContext | None = None,
-    ) -> EmbeddingResult:
+    async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         """One batchEmbedContents call for every input. Gemini embeds text only, and its
         answer reports no token count: the call is counted at the gateway's estimate of
         the inputs (the bound its reservation used)."""
+        upstream_model, inputs, dimensions = (
+            request.upstream_model,
+            request.inputs,
+            request.dimensions,
+        )
         if not all(isinstance(item, str) for item in inputs):
             raise ProviderRefused(
                 400, "Gemini embeds text only: send input as a string or an array of strings"
@@ -162,7 +160,7 @@ class GeminiProvider(HTTPProvider):
                 item["outputDimensionality"] = dimensions
             requests.append(item)
         path = self._path(upstream_model, "batchEmbedContents")
-        content = await self._post(path, {"requests": requests}, api_key, trace)
+        content = await self._post(path, {"requests": requests}, request.api_key, request.trace)
         try:
             data = orjson.loads(content)
             vectors = [[float(x) for x in row["values"]] for row in data["embeddings"]]
