@@ -271,11 +271,14 @@ async def test_cache_tokens_are_on_the_record(
         response = await call(gw, token, body)
         assert response.status_code == 200, response.text
         usage = response.json()["usage"]
-        assert usage["prompt_tokens_details"] == {"cached_tokens": 100}
+        assert usage["prompt_tokens_details"] == {"cached_tokens": 100, "cache_write_tokens": 50}
         request_id = response.headers["X-Request-Id"]
     record = (await state(gw, token, request_id))["record"]
     assert record["usage"]["prompt_tokens"] == reported(fake)["input"] + 150
-    assert record["usage"]["prompt_tokens_details"]["cached_tokens"] == 100
+    assert (record["usage"]["cached_input_tokens"], record["usage"]["cache_write_tokens"]) == (
+        100,
+        50,
+    )
 
 
 async def test_cache_tokens_are_priced_at_the_cache_prices(

@@ -157,7 +157,7 @@ async def test_cached_tokens_reach_the_record(live: tuple[Gateway, str]) -> None
     assert usage["prompt_tokens_details"]["cached_tokens"] == 4
     record = await record_of(gw, token, response.headers["X-Request-Id"])
     assert record["usage"]["prompt_tokens"] == 13
-    assert record["usage"]["prompt_tokens_details"]["cached_tokens"] == 4
+    assert (record["usage"]["cached_input_tokens"], record["usage"]["cache_write_tokens"]) == (4, 3)
     after = await state(gw, token, response.headers["X-Request-Id"])
     # no cache prices configured: cached tokens are priced as input
     assert settled(after) == cost(13, 6) == after["used"]

@@ -128,7 +128,7 @@ async def test_plain_chat_bills_geminis_usage(live: tuple[Gateway, str], fake: F
     usage = after["record"]["usage"]
     assert usage["prompt_tokens"] == answer.usage.prompt_tokens
     assert usage["completion_tokens"] == 6
-    assert usage["prompt_tokens_details"]["cached_tokens"] == 4
+    assert usage["cached_input_tokens"] == 4
     assert settled(after) == cost(usage["prompt_tokens"], 6) == after["spent"]
     async with gw.client(token) as client:
         totals = (await client.get("/v1/usage")).json()["totals"]

@@ -91,7 +91,10 @@ async def test_a_plain_chat_is_a_chat_completion_with_its_usage(
     assert result.usage.prompt_tokens == input_tokens + 150
     assert (result.usage.cached_tokens, result.usage.cache_write_tokens) == (100, 50)
     assert result.usage.completion_tokens == 6
-    assert answer["usage"]["prompt_tokens_details"] == {"cached_tokens": 100}
+    assert answer["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 100,
+        "cache_write_tokens": 50,
+    }
 
 
 async def test_max_tokens_is_always_sent(provider: AnthropicProvider, fake: FakeAnthropic) -> None:

@@ -62,4 +62,5 @@ def test_the_paths_of_both_surfaces() -> None:
         == "/openai/deployments/emb/embeddings?api-version=2024-10-21"
     )
     assert provider(None)._path("chat/completions", "gpt-4o") == "/openai/v1/chat/completions"
-    assert provider()._auth("k" * 32) == {"api-key": "k" * 32}
+    headers = provider()._headers("k" * 32, None)
+    assert headers["api-key"] == "k" * 32 and "Authorization" not in headers

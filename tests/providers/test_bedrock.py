@@ -86,10 +86,16 @@ async def test_cache_reads_and_writes_are_parts_of_the_prompt(provider: BedrockP
     assert usage is not None
     # 13 words; the fake reports inputTokens = 13 - 4 - 3: AWS counts cache tokens apart
     assert (usage.prompt_tokens, usage.cached_tokens, usage.cache_write_tokens) == (13, 4, 3)
-    assert result.completion["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
+    assert result.completion["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 4,
+        "cache_write_tokens": 3,
+    }
     chunks = await chunks_of(provider, request(text))
     assert chunks[-1]["usage"]["prompt_tokens"] == 13
-    assert chunks[-1]["usage"]["prompt_tokens_details"] == {"cached_tokens": 4}
+    assert chunks[-1]["usage"]["prompt_tokens_details"] == {
+        "cached_tokens": 4,
+        "cache_write_tokens": 3,
+    }
 
 
 async def test_a_stream_is_openai_chunks(provider: BedrockProvider, fake: FakeBedrock) -> None:
