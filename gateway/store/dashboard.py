@@ -52,7 +52,8 @@ def session_user(conn: Conn, session_id: str, now: float) -> dict[str, Any] | No
     """The active user of a live session, with the session's ``expires_at``."""
     rows = sq.query(
         conn,
-        "SELECT u.id, u.org_id, u.email, u.role, s.expires_at FROM dashboard_sessions s"
+        "SELECT u.id, u.org_id, u.email, u.role, u.password_temporary, s.expires_at"
+        " FROM dashboard_sessions s"
         " JOIN dashboard_users u ON u.id = s.user_id"
         " WHERE s.id = ? AND s.expires_at > ? AND u.status = 'active'",
         (session_id, now),

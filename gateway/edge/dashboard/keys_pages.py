@@ -10,7 +10,7 @@ from quart import Response, request
 
 from gateway.accounts.key_actions import ACTIONS, ROOT_SCOPES, create_root_key, key_action, set_caps
 from gateway.accounts.key_record import DATA_MODES, ENVIRONMENTS, SCOPES, KeyRecord
-from gateway.edge.dashboard import forms
+from gateway.edge.dashboard import audit, forms
 from gateway.edge.dashboard.web import User, bp, form_user, page, page_user, see_other
 from gateway.edge.http import runtime
 from gateway.edge.routes.key import key_view
@@ -105,6 +105,7 @@ async def create_key() -> Response:
         values["scopes"] = form.getlist("scopes")
         context = _form_context(values, {error.param or "form": error.message or ""})
         return await page("key_new.html", 400, **context)
+    await audit.record(user, "key.created", record.name, f"{record.prefix} ({record.mode})")
     return await page("key_token.html", nav="keys", key=record, token=token, rotated=None)
 
 
@@ -115,6 +116,7 @@ async def change_key(key_id: str, action: str) -> Response:
         raise GatewayError("not_found", "No such action.")
     rt = runtime()
     record, token = await key_action(rt, org_key(user, key_id), action)
+    await audit.record(user, f"key.{action}d", record.name, record.prefix)
     if token is not None:
         old = rt.keyring.get(key_id)
         return await page("key_token.html", nav="keys", key=record, token=token, rotated=old)
@@ -163,6 +165,7 @@ async def save_caps(key_id: str) -> Response:
     try:
         raw = forms.caps(form)
         await set_caps(runtime(), record, raw)
+        await audit.record(user, "key.caps_changed", record.name, record.prefix)
     except GatewayError as error:
         errors = {error.param or "form": error.message or ""}
         return await page("key_caps.html", 400, **_caps_context(record, form.to_dict(), errors))
