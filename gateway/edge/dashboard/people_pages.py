@@ -15,7 +15,7 @@ from typing import Any
 
 from quart import Response, request
 
-from gateway.edge.dashboard import audit, passwords, users
+from gateway.edge.dashboard import audit, paging, passwords, users
 from gateway.edge.dashboard.app_state import state
 from gateway.edge.dashboard.web import (
     Refused,
@@ -150,7 +150,7 @@ async def change_status(user_id: str, action: str) -> Response:
 async def audit_list() -> Response:
     user = await page_user()
     owners_only(user, "read the audit list")
-    before = _cursor(request.args.get("before", ""))
+    before = paging.cursor(request.args.get("before", ""))
     rows = await runtime().store.read(people.audit_rows, user.org_id, AUDIT_PAGE + 1, before)
     more = rows[AUDIT_PAGE - 1] if len(rows) > AUDIT_PAGE else None
     return await page(
@@ -158,17 +158,8 @@ async def audit_list() -> Response:
         nav="audit",
         rows=rows[:AUDIT_PAGE],
         actions=audit.ACTIONS,
-        older=f"{more['created_at']!r}~{more['id']}" if more else None,
+        older=paging.after(more, "created_at") if more else None,
     )
-
-
-def _cursor(text: str) -> tuple[float, str] | None:
-    """A page cursor ``<created>~<id>``; anything else is the first page."""
-    stamp, sep, row_id = text.partition("~")
-    try:
-        return (float(stamp), row_id) if sep and row_id else None
-    except ValueError:
-        return None
 
 
 # -- one's own account -----------------------------------------------------------------------
