@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
 _UNITS = (
     (86400 * 365, "year"),
@@ -38,8 +38,10 @@ def amount(value: float | None) -> Markup:
     """An amount as the page shows it, with the exact figure (nano-USD) on hover."""
     if value is None:
         return Markup('<span class="muted">—</span>')
-    return Markup('<span class="amount" title="{} exactly">{}</span>').format(
-        exact(value), usd(value)
+    # the texts are digits, "$", "-", "<", ",", ".": only "<" needs escaping; escape()
+    # is far cheaper than Markup.format on a page of fifty rows
+    return Markup(
+        f'<span class="amount" title="{exact(value)} exactly">{escape(usd(value))}</span>'
     )
 
 
@@ -78,9 +80,9 @@ def when(ts: float | str | None, now: float) -> Markup:
     if isinstance(ts, str):
         ts = datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
     iso = datetime.fromtimestamp(ts, UTC).isoformat().replace("+00:00", "Z")
-    return Markup('<time datetime="{}">{}</time> <span class="hint">({})</span>').format(
-        iso, utc(ts), relative(ts, now)
-    )
+    return Markup(
+        f'<time datetime="{iso}">{utc(ts)}</time> <span class="hint">({relative(ts, now)})</span>'
+    )  # digits, letters, spaces, ":" and "-" only: nothing to escape
 
 
 def number(value: int | float | None) -> str:
