@@ -199,6 +199,6 @@ async def change_password() -> Response:
         "password_changed_at": rt.clock.now(),
         "password_temporary": 0,
     }
-    entry = audit.entry(user, "user.password_changed", user.email, "their own")
+    entry = audit.entry(user, "user.password_changed", user.email)
     await rt.store.write(people.set_own_password, user.id, values, user.session_id, entry)
     return see_other("/dashboard/account?notice=password")
