@@ -265,5 +265,10 @@ def check_spend_controls(org: Org | None, record: KeyRecord, cost_nanos: int) ->
 
 def callable_models(runtime: PolicySource, record: KeyRecord) -> list[Model]:
     """The organisation's catalog as this key sees it: models no org or contract rule denies."""
-    org = runtime.orgs.get(record.org_id)
+    return org_models(runtime, record.org_id)
+
+
+def org_models(runtime: PolicySource, org_id: str) -> list[Model]:
+    """The organisation's catalog (every key of it sees the same; the dashboard shows it)."""
+    org = runtime.orgs.get(org_id)
     return [m for m in runtime.catalog.models.values() if not org_rules(runtime, org, m)]

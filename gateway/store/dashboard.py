@@ -52,7 +52,8 @@ def session_user(conn: Conn, session_id: str, now: float) -> dict[str, Any] | No
     """The active user of a live session, with the session's ``expires_at``."""
     rows = sq.query(
         conn,
-        "SELECT u.id, u.org_id, u.email, u.role, s.expires_at FROM dashboard_sessions s"
+        "SELECT u.id, u.org_id, u.email, u.role, u.password_temporary, s.expires_at"
+        " FROM dashboard_sessions s"
         " JOIN dashboard_users u ON u.id = s.user_id"
         " WHERE s.id = ? AND s.expires_at > ? AND u.status = 'active'",
         (session_id, now),
@@ -80,11 +81,16 @@ def org_requests(
     org_id: str,
     filters: dict[str, str],
     limit: int,
-    before: float | None = None,
+    before: tuple[float, str] | None = None,
+    bounds: tuple[float, float] | None = None,
 ) -> list[dict[str, Any]]:
-    """Request records of an organisation, newest first.
+    """A page of an organisation's request records, newest first (``created``, then
+    ``id``): the ``limit`` after ``before``, the ``(created, id)`` of the previous page's
+    last row (keyset pages: a deep page costs what the first does).
 
-    ``filters`` may hold ``key_id``, ``model``, ``status`` and ``tag`` (``k`` or ``k=v``).
+    ``filters`` may hold ``key_id``, ``model``, ``status`` and ``tag`` (``k`` or ``k=v``);
+    ``bounds`` is ``[start, end)`` in epoch seconds. Migration 8's indexes serve each
+    equality filter with the page order; a tag is matched on the rows the others leave.
     """
     where = ["org_id = ?"]
     params: list[Any] = [org_id]
@@ -101,12 +107,18 @@ def org_requests(
         else:
             where.append(f"{member} IS NOT NULL")
             params.append(name)
+    if bounds is not None:
+        where.append("created >= ? AND created < ?")
+        params += list(bounds)
     if before is not None:
-        where.append("created < ?")
-        params.append(before)
+        where.append("(created, id) < (?, ?)")
+        params += list(before)
     params.append(limit)
     return sq.select(
-        conn, "requests", f"WHERE {' AND '.join(where)} ORDER BY created DESC LIMIT ?", params
+        conn,
+        "requests",
+        f"WHERE {' AND '.join(where)} ORDER BY created DESC, id DESC LIMIT ?",
+        params,
     )
 
 

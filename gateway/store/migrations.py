@@ -220,6 +220,43 @@ def _m007_cluster(db: Database) -> None:
     )
 
 
+def _m008_dashboard_people(db: Database) -> None:
+    """The dashboard's second round: users invited by an owner (a one-time password the
+    user must replace: ``password_temporary``), the audit list of changes, and the request
+    list's keyset pages (newest first, ``(created, id)``) under its filters: an
+    organisation's records, a key's, a model's, a status's. The organisation's index
+    gains ``id`` (the tie-breaker of two records of one instant) and replaces the
+    ``(org_id, created)`` one."""
+    db.execute(
+        "ALTER TABLE dashboard_users ADD COLUMN password_temporary INTEGER NOT NULL DEFAULT 0"
+    )
+    db.table("dashboard_audit").create(
+        {
+            "id": str,
+            "org_id": str,
+            "created_at": float,
+            "actor_id": str,
+            "actor_email": str,
+            "action": str,
+            "target": str,
+            "detail": str,
+        },
+        pk="id",
+    )
+    for statement in _REQUEST_PAGES:
+        db.execute(statement)
+    db.execute("CREATE INDEX dashboard_audit_org ON dashboard_audit (org_id, created_at, id)")
+
+
+#: the request list's indexes (both backends): each equality filter, then the page order
+_REQUEST_PAGES = (
+    "DROP INDEX idx_requests_org_id_created",
+    "CREATE INDEX requests_org_pages ON requests (org_id, created, id)",
+    "CREATE INDEX requests_key_pages ON requests (key_id, created, id)",
+    "CREATE INDEX requests_model_pages ON requests (org_id, model, created, id)",
+    "CREATE INDEX requests_status_pages ON requests (org_id, status, created, id)",
+)
+
 _PG_001 = (
     """CREATE TABLE orgs (
         id TEXT COLLATE "C" PRIMARY KEY, name TEXT, residency TEXT, policy TEXT,
@@ -333,6 +370,16 @@ _PG_007 = (
 )
 
 
+_PG_008 = (
+    "ALTER TABLE dashboard_users ADD COLUMN password_temporary INTEGER NOT NULL DEFAULT 0",
+    """CREATE TABLE dashboard_audit (
+        id TEXT COLLATE "C" PRIMARY KEY, org_id TEXT, created_at DOUBLE PRECISION,
+        actor_id TEXT, actor_email TEXT, action TEXT, target TEXT, detail TEXT)""",
+    *_REQUEST_PAGES,
+    "CREATE INDEX dashboard_audit_org ON dashboard_audit (org_id, created_at, id)",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     """One schema version: its step on SQLite and its statements on PostgreSQL."""
@@ -349,6 +396,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m005_request_trace, _PG_005),
     Migration(_m006_pending_requests, _PG_006),
     Migration(_m007_cluster, _PG_007),
+    Migration(_m008_dashboard_people, _PG_008),
 )
 
 

@@ -10,10 +10,19 @@ from typing import Any
 
 from werkzeug.datastructures import MultiDict
 
-from gateway.accounts.key_record import CAP_FIELDS
+from gateway.accounts.key_record import CAP_FIELDS, Caps
 from gateway.errors import GatewayError
 
 USD_CAPS = ("usd_day", "usd_month")
+#: each cap field and its label, in the order the forms show them
+CAP_LABELS = {
+    "usd_day": "USD a day",
+    "usd_month": "USD a month",
+    "rpm": "Requests a minute",
+    "tpm": "Tokens a minute",
+    "max_in_flight": "Calls in flight",
+    "max_output_tokens": "Output tokens a call",
+}
 _SEPARATORS = re.compile(r"[\s,]+")
 
 
@@ -27,17 +36,24 @@ def _cap(field: str, text: str) -> int | float:
         ) from None
 
 
-def caps(form: MultiDict[str, str], *, blank_is_unlimited: bool) -> dict[str, Any]:
-    """The caps fields of a form; a blank field is left out (creation: the defaults) or
-    null (editing: unlimited, where the field allows it)."""
+def caps(form: MultiDict[str, str]) -> dict[str, Any]:
+    """The caps fields of a form. A blank field means the same on the create and the edit
+    form: the default (:class:`Caps`'s), which is no cap for the spend caps and tokens a
+    minute, and a number for the caps that are always limited."""
+    defaults = Caps().public()
     out: dict[str, Any] = {}
     for field in CAP_FIELDS:
         text = form.get(f"caps.{field}", "").strip()
-        if text:
-            out[field] = _cap(field, text)
-        elif blank_is_unlimited:
-            out[field] = None
+        out[field] = _cap(field, text) if text else defaults[field]
     return out
+
+
+def blank_means() -> dict[str, str]:
+    """What a blank caps field means, per field, as both forms say it."""
+    return {
+        field: "no cap" if default is None else f"the default, {default:,}"
+        for field, default in Caps().public().items()
+    }
 
 
 def tag_map(text: str, param: str) -> dict[str, str]:
@@ -61,7 +77,7 @@ def key_body(form: MultiDict[str, str]) -> dict[str, Any]:
         "scopes": form.getlist("scopes"),
         "keys_manage": form.get("keys_manage") == "on",
         "byok": form.get("byok") == "on",
-        "caps": caps(form, blank_is_unlimited=False),
+        "caps": caps(form),
         "required_tags": tag_map(form.get("required_tags", ""), "required_tags"),
         "default_tags": tag_map(form.get("default_tags", ""), "default_tags"),
     }

@@ -9,8 +9,8 @@ from typing import Any
 from quart import Response, request
 
 from gateway.accounts.key_actions import ACTIONS, ROOT_SCOPES, create_root_key, key_action, set_caps
-from gateway.accounts.key_record import CAP_FIELDS, DATA_MODES, ENVIRONMENTS, SCOPES, KeyRecord
-from gateway.edge.dashboard import forms
+from gateway.accounts.key_record import DATA_MODES, ENVIRONMENTS, SCOPES, KeyRecord
+from gateway.edge.dashboard import audit, forms
 from gateway.edge.dashboard.web import User, bp, form_user, page, page_user, see_other
 from gateway.edge.http import runtime
 from gateway.edge.routes.key import key_view
@@ -75,7 +75,8 @@ def _form_context(values: dict[str, Any], errors: dict[str, str]) -> dict[str, A
         "environments": ENVIRONMENTS,
         "data_modes": DATA_MODES,
         "scopes": [s for s in SCOPES if s != "keys:manage"],
-        "cap_fields": CAP_FIELDS,
+        "cap_fields": forms.CAP_LABELS,
+        "blank": forms.blank_means(),
         "models": [m.id for m in runtime().catalog.every()],
     }
 
@@ -104,6 +105,7 @@ async def create_key() -> Response:
         values["scopes"] = form.getlist("scopes")
         context = _form_context(values, {error.param or "form": error.message or ""})
         return await page("key_new.html", 400, **context)
+    await audit.record(user, "key.created", record.name, f"{record.prefix} ({record.mode})")
     return await page("key_token.html", nav="keys", key=record, token=token, rotated=None)
 
 
@@ -114,31 +116,46 @@ async def change_key(key_id: str, action: str) -> Response:
         raise GatewayError("not_found", "No such action.")
     rt = runtime()
     record, token = await key_action(rt, org_key(user, key_id), action)
+    await audit.record(user, f"key.{action}d", record.name, record.prefix)
     if token is not None:
         old = rt.keyring.get(key_id)
         return await page("key_token.html", nav="keys", key=record, token=token, rotated=old)
     return see_other(f"/dashboard/keys?notice={action}:{record.id}")
 
 
-@bp.get("/keys/<key_id>/revoke")
-async def confirm_revoke(key_id: str) -> Response:
+def live_children(record: KeyRecord) -> list[KeyRecord]:
+    """The sub-keys a revoke or rotation still affects: those not already revoked."""
+    return [c for c in runtime().keyring.children(record.id) if c.status != "revoked"]
+
+
+@bp.get("/keys/<key_id>/<any(revoke, rotate):action>")
+async def confirm_action(key_id: str, action: str) -> Response:
+    """Revoke and rotate each ask first: one click never ends or replaces a token."""
     user = await page_user()
     record = org_key(user, key_id)
-    children = runtime().keyring.children(record.id)
-    return await page("key_revoke.html", nav="keys", key=record, children=children)
+    return await page(f"key_{action}.html", nav="keys", key=record, children=live_children(record))
 
 
 def _caps_values(record: KeyRecord) -> dict[str, Any]:
     return {f"caps.{name}": value for name, value in record.caps.public().items()}
 
 
+def _caps_context(record: KeyRecord, values: dict[str, Any], errors: dict[str, str]) -> Any:
+    return {
+        "nav": "keys",
+        "key": record,
+        "values": values,
+        "errors": errors,
+        "cap_fields": forms.CAP_LABELS,
+        "blank": forms.blank_means(),
+    }
+
+
 @bp.get("/keys/<key_id>/caps")
 async def caps_form(key_id: str) -> Response:
     user = await page_user()
     record = org_key(user, key_id)
-    return await page(
-        "key_caps.html", nav="keys", key=record, values=_caps_values(record), errors={}
-    )
+    return await page("key_caps.html", **_caps_context(record, _caps_values(record), {}))
 
 
 @bp.post("/keys/<key_id>/caps")
@@ -146,11 +163,10 @@ async def save_caps(key_id: str) -> Response:
     user, form = await form_user()
     record = org_key(user, key_id)
     try:
-        raw = forms.caps(form, blank_is_unlimited=True)
+        raw = forms.caps(form)
         await set_caps(runtime(), record, raw)
+        await audit.record(user, "key.caps_changed", record.name, record.prefix)
     except GatewayError as error:
         errors = {error.param or "form": error.message or ""}
-        return await page(
-            "key_caps.html", 400, nav="keys", key=record, values=form.to_dict(), errors=errors
-        )
+        return await page("key_caps.html", 400, **_caps_context(record, form.to_dict(), errors))
     return see_other(f"/dashboard/keys?notice=caps:{record.id}")

@@ -1,5 +1,7 @@
-"""The read-only pages: Usage (a 30-day chart, totals, CSV), Requests (the records, newest
-first, filtered; one record's detail) and Credits (balance, reserved, the ledger).
+"""The read-only pages: Usage (a chart a day over a date range, totals by day, key, model
+or tag, CSV), Requests (the records, newest first, filtered by date, key, model, status
+and tag, in keyset pages; one record's detail) and Credits (balance, reserved, the
+ledger).
 
 They read through the same functions as ``/v1/usage``, ``/v1/requests/{id}`` and
 ``/v1/credits``, over every key of the signed-in user's organisation.
@@ -9,13 +11,15 @@ from __future__ import annotations
 
 import csv
 import io
-from datetime import UTC, date, datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 from quart import Response, request
+from werkzeug.datastructures import MultiDict
 
 from gateway.accounts.catalog import nanos_to_usd
 from gateway.accounts.tag_rules import TAG_KEY
+from gateway.edge.dashboard import paging, time_range
 from gateway.edge.dashboard.chart import bar_chart
 from gateway.edge.dashboard.format import decimal
 from gateway.edge.dashboard.keys_pages import org_keys
@@ -26,19 +30,14 @@ from gateway.errors import GatewayError
 from gateway.store import dashboard as ops
 from gateway.store import records
 
-DAYS = 30
 PAGE_SIZE = 50
 LEDGER_ROWS = 100
 STATUSES = ("succeeded", "failed", "cancelled")
 METRICS = {"settled": "settled", "billed": "billed"}
+GROUP_BY = ("day", "key", "model", "tag")
 
 
-def _period() -> list[date]:
-    today = datetime.fromtimestamp(runtime().clock.now(), UTC).date()
-    return [today - timedelta(days=DAYS - 1 - i) for i in range(DAYS)]
-
-
-def _group(user: User) -> tuple[str, str, str | None]:
+def _group() -> tuple[str, str, str | None]:
     """(group_by as the page names it, the store's group, the tag name if any)."""
     by = request.args.get("group_by", "key")
     tag = request.args.get("tag", "").strip()
@@ -46,32 +45,37 @@ def _group(user: User) -> tuple[str, str, str | None]:
         if not TAG_KEY.fullmatch(tag):
             raise GatewayError("invalid_request", "Name a tag key to group by.", "tag")
         return by, f"tag:{tag}", tag
-    if by not in ("key", "model"):
+    if by not in GROUP_BY:
         by = "key"
     return by, GROUPS[by], None
 
 
-async def _usage(user: User) -> dict[str, Any]:
+async def _usage(user: User, span: time_range.TimeRange) -> dict[str, Any]:
+    """The organisation's usage over ``span``: the very query and totals of ``/v1/usage``
+    (``records.usage_rows``, ``usage_totals``), over every key of the organisation."""
     rt = runtime()
-    days = _period()
-    by, group, tag = _group(user)
+    by, group, tag = _group()
     names = {r.id: f"{r.name} ({r.prefix})" for r in org_keys(user.org_id)}
     key_ids = list(names) or [""]
-    args = (key_ids, days[0].isoformat(), days[-1].isoformat())
+    args = (key_ids, span.start.isoformat(), span.end.isoformat())
     total_rows = await rt.store.read(records.usage_rows, *args, None)
     group_rows = await rt.store.read(records.usage_rows, *args, group)
-    daily = await rt.store.read(records.usage_rows, *args, group, True)  # by day
+    series = None if by == "day" else group  # by day: one series, a bar a day
+    daily = await rt.store.read(records.usage_rows, *args, series, True)
     metric = METRICS.get(request.args.get("metric", ""), "settled")
 
     def label(value: Any) -> str:
+        if by == "day":
+            return str(value) if value is not None else "all calls"
         if value is None:
             return "(no tag)" if tag else "(none)"
         return names.get(value, str(value)) if by == "key" else str(value)
 
     points = {(row["day"], label(row["grp"])): nanos_to_usd(row[metric] or 0) for row in daily}
-    chart, legend = bar_chart(days, points, f"Daily spend by {by}, last {DAYS} days")
+    title = f"Daily spend by {by}, {span.start} to {span.end}"
+    chart, legend = bar_chart(span.days, points, title)
     return {
-        "days": days,
+        "span": span,
         "group_by": by,
         "tag": tag or "",
         "metric": metric,
@@ -83,22 +87,36 @@ async def _usage(user: User) -> dict[str, Any]:
     }
 
 
+def _span() -> time_range.TimeRange:
+    return time_range.read(request.args, runtime().clock.now())
+
+
+def _range_context() -> dict[str, Any]:
+    return {"presets": time_range.PRESETS, "group_bys": GROUP_BY}
+
+
 @bp.get("/usage")
 async def usage() -> Response:
     user = await page_user()
     try:
-        data = await _usage(user)
+        data = await _usage(user, _span())
     except GatewayError as error:
+        fallback = time_range.read(MultiDict(), runtime().clock.now())
+        errors = {error.param or "form": error.message or ""}
         return await page(
-            "usage.html", 400, nav="usage", error=error.message, group_by="tag", tag=""
-        )
-    return await page("usage.html", nav="usage", error=None, **data)
+            "usage.html", 400, nav="usage", errors=errors, span=fallback,
+            group_by=request.args.get("group_by", "key"), tag=request.args.get("tag", ""),
+            values=request.args, **_range_context(),
+        )  # fmt: skip
+    return await page(
+        "usage.html", nav="usage", errors={}, values=request.args, **data, **_range_context()
+    )
 
 
 @bp.get("/usage.csv")
 async def usage_csv() -> Response:
     user = await page_user()
-    data = await _usage(user)
+    data = await _usage(user, _span())
     out = io.StringIO()
     columns = ["day", "group", "requests", "input_tokens", "output_tokens"]
     writer = csv.writer(out)
@@ -106,7 +124,8 @@ async def usage_csv() -> Response:
     for row in data["daily"]:
         amounts = (decimal(row["cost_usd"]), decimal(row["settled_usd"]))
         writer.writerow([*(row[c] for c in columns), *amounts])
-    name = f"usage-{data['group_by']}-{data['days'][0]}-{data['days'][-1]}.csv"
+    span = data["span"]
+    name = f"usage-{data['group_by']}-{span.start}-{span.end}.csv"
     return Response(
         out.getvalue(),
         content_type="text/csv; charset=utf-8",
@@ -122,36 +141,43 @@ async def requests_page() -> Response:
     filters = {
         name: request.args.get(name, "").strip() for name in ("key_id", "model", "status", "tag")
     }
-    error = None
+    errors: dict[str, str] = {}
     tag_name = filters["tag"].partition("=")[0]
     if filters["tag"] and not TAG_KEY.fullmatch(tag_name):
-        error, filters["tag"] = "A tag filter is key or key=value (letters, digits, _.:-).", ""
-    before = _before()
-    rows = await rt.store.read(ops.org_requests, user.org_id, filters, PAGE_SIZE + 1, before)
+        errors["tag"] = "A tag filter is key or key=value (letters, digits, _.:-)."
+        filters["tag"] = ""
+    span = None
+    if request.args.get("range"):  # no range: every record, newest first
+        try:
+            span = _span()
+        except GatewayError as error:
+            errors[error.param or "form"] = error.message or ""
+    bounds = span.bounds if span is not None else None
+    before = paging.cursor(request.args.get("before", ""))
+    rows = await rt.store.read(
+        ops.org_requests, user.org_id, filters, PAGE_SIZE + 1, before, bounds
+    )
     views = [request_view(row) for row in rows[:PAGE_SIZE]]
-    older = rows[PAGE_SIZE - 1]["created"] if len(rows) > PAGE_SIZE else None
-    names = {r.id: r.name for r in keys}
+    last = rows[PAGE_SIZE - 1] if len(rows) > PAGE_SIZE else None
+    query = {k: v for k, v in filters.items() if v} | (span.query() if span else {})
+    if last is not None:
+        query["before"] = paging.after(last, "created")
     return await page(
         "requests.html",
-        400 if error else 200,
+        400 if errors else 200,
         nav="requests",
         rows=views,
-        names=names,
+        names={r.id: r.name for r in keys},
         keys=keys,
         models=[m.id for m in rt.catalog.every()],
         statuses=STATUSES,
         filters=filters,
-        error=error,
-        older=older,
+        errors=errors,
+        span=span,
+        values=request.args,
+        older=urlencode(query) if last is not None else None,
+        presets=time_range.PRESETS,
     )
-
-
-def _before() -> float | None:
-    raw = request.args.get("before")
-    try:
-        return float(raw) if raw else None
-    except ValueError:
-        return None
 
 
 @bp.get("/requests/<request_id>")

@@ -1,9 +1,11 @@
 """Dashboard users: owners, admins and viewers of one organisation.
 
 Created, listed, disabled and given new passwords by the operator (``/admin/users``,
-``svc-gateway user ...``); they sign in at ``/dashboard/login``. One email is one user
-of one organisation (it is what a user signs in with). Disabling a user or resetting
-its password ends its sessions at once.
+``svc-gateway user ...``) or by an owner in the dashboard
+(:mod:`~gateway.edge.dashboard.people_pages`); they sign in at ``/dashboard/login``. A
+generated password is a one-time one: its user must choose a new one before any page.
+One email is one user of one organisation (it is what a user signs in with). Disabling a
+user or resetting its password ends its sessions at once.
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ async def create_user(
         "created_at": now,
         "password_changed_at": now,
         "last_login_at": None,
+        # a generated password is a one-time one: the user replaces it on first sign-in
+        "password_temporary": int(generated is not None),
     }
     if not await rt.store.write(ops.insert_user, row):
         raise GatewayError("invalid_request", f"A user with email {email} exists.", "email")
@@ -127,7 +131,11 @@ async def reset_password(
     lock-out of the email is lifted."""
     row = await get_user(rt, user_id)
     password_hash, generated = await _password(st, given)
-    values = {"password_hash": password_hash, "password_changed_at": rt.clock.now()}
+    values = {
+        "password_hash": password_hash,
+        "password_changed_at": rt.clock.now(),
+        "password_temporary": int(generated is not None),
+    }
     await rt.store.write(ops.update_user, row["id"], values, True)  # end its sessions
     st.throttle.clear(row["email"])
     return row, generated

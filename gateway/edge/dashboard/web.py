@@ -42,14 +42,28 @@ class User:
     role: str
     session_id: str
     csrf: str
+    #: signed in with a one-time password: every page but the account's asks for a new one
+    must_change: bool = False
 
     @property
     def can_edit(self) -> bool:
         return self.role in EDITORS
 
+    @property
+    def is_owner(self) -> bool:
+        return self.role == "owner"
+
 
 class NeedsSignIn(Exception):
     """No valid session: pages redirect to the sign-in form."""
+
+
+class NeedsNewPassword(Exception):
+    """Signed in with a one-time password: pages redirect to the account page."""
+
+
+#: the pages a user with a one-time password may open (to replace it, or to leave)
+ACCOUNT_PATHS = ("/dashboard/account", "/dashboard/account/password", "/dashboard/logout")
 
 
 class Refused(Exception):
@@ -84,6 +98,7 @@ async def current_user() -> User | None:
                 role=row["role"],
                 session_id=sid,
                 csrf=sessions.csrf_token(secret, sid),
+                must_change=bool(row["password_temporary"]),
             )
     g.dashboard_user = user
     return user
@@ -93,16 +108,24 @@ async def page_user() -> User:
     user = await current_user()
     if user is None:
         raise NeedsSignIn
+    if user.must_change and request.path not in ACCOUNT_PATHS:
+        raise NeedsNewPassword
     return user
+
+
+async def checked_form(user: User) -> MultiDict[str, str]:
+    """The form of a state-changing POST once its CSRF token is checked."""
+    form = await read_form()
+    if not sessions.csrf_ok(await state().secret(), user.session_id, form.get("csrf_token")):
+        raise _csrf_refusal()
+    return form
 
 
 async def form_user() -> tuple[User, MultiDict[str, str]]:
     """The user of a state-changing POST, and its form, once the CSRF token and the role
     are checked."""
     user = await page_user()
-    form = await read_form()
-    if not sessions.csrf_ok(await state().secret(), user.session_id, form.get("csrf_token")):
-        raise _csrf_refusal()
+    form = await checked_form(user)
     if not user.can_edit:
         raise Refused(
             403,
@@ -111,6 +134,16 @@ async def form_user() -> tuple[User, MultiDict[str, str]]:
             "or an admin of your organisation.",
         )
     return user, form
+
+
+def owners_only(user: User, what: str) -> None:
+    """403 unless the user is an owner of its organisation."""
+    if not user.is_owner:
+        raise Refused(
+            403,
+            f"Only owners can {what}",
+            f"Your role is {user.role}. Ask an owner of your organisation.",
+        )
 
 
 def _csrf_refusal() -> Refused:
@@ -151,6 +184,11 @@ async def _headers(response: Response) -> Response:
 @bp.errorhandler(NeedsSignIn)
 async def _to_sign_in(_error: NeedsSignIn) -> Response:
     return see_other("/dashboard/login")
+
+
+@bp.errorhandler(NeedsNewPassword)
+async def _to_account(_error: NeedsNewPassword) -> Response:
+    return see_other("/dashboard/account")
 
 
 @bp.errorhandler(Refused)
@@ -226,7 +264,7 @@ async def login() -> Response:
         "expires_at": now + sessions.LIFETIME_S,
     }
     await rt.store.write(ops.insert_session, session, now)
-    response = see_other("/dashboard/keys")
+    response = see_other("/dashboard/account" if row["password_temporary"] else "/dashboard/keys")
     response.set_cookie(
         sessions.COOKIE,
         sessions.sign(secret, token),
@@ -243,9 +281,7 @@ async def login() -> Response:
 @bp.post("/logout")
 async def logout() -> Response:
     user = await page_user()
-    form = await read_form()
-    if not sessions.csrf_ok(await state().secret(), user.session_id, form.get("csrf_token")):
-        raise _csrf_refusal()
+    await checked_form(user)
     await runtime().store.write(ops.delete_session, user.session_id)
     response = see_other("/dashboard/login")
     response.delete_cookie(sessions.COOKIE, path=sessions.COOKIE_PATH)
