@@ -38,6 +38,26 @@ def number(body: dict[str, Any], name: str, *, integer: bool = False) -> Any:
     return value
 
 
+#: the public name of a key's list of allowed models (the spec's GET /v1/key field), taken
+#: by the key bodies too, and the name those bodies took first, still accepted
+MODEL_LIST = "allowed_model_keys"
+MODEL_LIST_ALIAS = "allowed_models"
+
+
+def public_names(body: dict[str, Any]) -> dict[str, Any]:
+    """The body with ``allowed_models`` read as ``allowed_model_keys``: a key's model list
+    goes by the name its answers carry; sending both names at once is refused."""
+    if MODEL_LIST_ALIAS not in body:
+        return body
+    if MODEL_LIST in body:
+        raise GatewayError(
+            "invalid_request",
+            f"{MODEL_LIST_ALIAS} is the older name of {MODEL_LIST}: send one of them.",
+            param=MODEL_LIST_ALIAS,
+        )
+    return {(MODEL_LIST if name == MODEL_LIST_ALIAS else name): v for name, v in body.items()}
+
+
 def string_list(body: dict[str, Any], name: str) -> tuple[str, ...] | None:
     """A list of non-empty strings, duplicates dropped; None when absent or null."""
     value = body.get(name)

@@ -13,8 +13,9 @@ new sub-key, or the first refusal, in this order:
    anything), else child_exceeds_parent with param ``caps.<field>``;
 6. ``data_mode``: as strict as the parent's or stricter
    (standard < zero_retention < confidential), else child_exceeds_parent;
-7. ``allowed_models``: every model in the organisation's API catalog (else
-   model_not_in_catalog) and in the parent's list (else child_exceeds_parent);
+7. ``allowed_model_keys`` (or its older name ``allowed_models``): every model in the
+   organisation's API catalog (else model_not_in_catalog) and in the parent's list (else
+   child_exceeds_parent);
 8. ``required_tags``: merged with the parent's, which stay required (a value the parent
    pins cannot be changed: child_exceeds_parent); ``default_tags`` merged over the
    parent's (the child's win);
@@ -30,7 +31,14 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from gateway.accounts.key_fields import parse_caps, parse_expiry, parse_name, string_list
+from gateway.accounts.key_fields import (
+    MODEL_LIST,
+    parse_caps,
+    parse_expiry,
+    parse_name,
+    public_names,
+    string_list,
+)
 from gateway.accounts.key_record import CAP_FIELDS, DATA_MODES, SCOPES, Caps, KeyRecord
 from gateway.accounts.tag_rules import check_tag_map
 from gateway.errors import GatewayError
@@ -38,9 +46,17 @@ from gateway.errors import GatewayError
 #: the scopes a sub-key may hold
 SUB_KEY_SCOPES = ("inference", "embeddings", "usage:read")
 INHERITED = ("mode", "environment", "byok")
-FIELDS = frozenset(
-    {"name", "scopes", "caps", "data_mode", "allowed_models", "required_tags"}
-    | {"default_tags", "expires_at", *INHERITED}
+#: the fields of a POST /v1/keys body, in the order the refusal of another one lists them
+FIELDS = (
+    "name",
+    "scopes",
+    "caps",
+    "data_mode",
+    MODEL_LIST,
+    "required_tags",
+    "default_tags",
+    "expires_at",
+    *INHERITED,
 )
 
 
@@ -55,10 +71,13 @@ def child_settings(
 
     ``catalog`` holds the ids of the models of the organisation's API catalog.
     """
-    unknown = sorted(set(body) - FIELDS)
+    body = public_names(body)
+    unknown = sorted(set(body).difference(FIELDS))
     if unknown:
         raise GatewayError(
-            "invalid_request", f"Unknown field {unknown[0]!r} in a sub-key body.", unknown[0]
+            "invalid_request",
+            f"Unknown field {unknown[0]!r} in a sub-key body; allowed: {', '.join(FIELDS)}.",
+            unknown[0],
         )
     name = parse_name(body)
     for field in INHERITED:
@@ -130,26 +149,26 @@ def _data_mode(parent: str, body: dict[str, Any]) -> str:
 def _allowed_models(
     parent: tuple[str, ...] | None, body: dict[str, Any], catalog: Collection[str]
 ) -> tuple[str, ...] | None:
-    models = string_list(body, "allowed_models")
+    models = string_list(body, MODEL_LIST)
     if models is None:
         return parent
     if not models:
         raise GatewayError(
             "invalid_request",
-            "allowed_models must name at least one model; leave it out to inherit the "
+            f"{MODEL_LIST} must name at least one model; leave it out to inherit the "
             "parent's list.",
-            param="allowed_models",
+            param=MODEL_LIST,
         )
     outside = [m for m in models if m not in catalog]
     if outside:
         raise GatewayError(
             "model_not_in_catalog",
             f"Not in the organization's catalog: {', '.join(outside)}.",
-            param="allowed_models",
+            param=MODEL_LIST,
         )
     beyond = [m for m in models if parent is not None and m not in parent]
     if beyond:
-        raise _exceeds(f"Not allowed to the parent key: {', '.join(beyond)}.", "allowed_models")
+        raise _exceeds(f"Not allowed to the parent key: {', '.join(beyond)}.", MODEL_LIST)
     return models
 
 

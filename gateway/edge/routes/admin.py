@@ -25,7 +25,7 @@ from gateway.edge.auth import bearer_token
 from gateway.edge.http import json_response, read_json_object, runtime
 from gateway.errors import GatewayError
 from gateway.observe.alerts import check_webhook_url
-from gateway.store import records
+from gateway.store import node_leases, records
 
 
 def authorize_admin() -> None:
@@ -216,8 +216,8 @@ async def list_models() -> Response:
 
 
 async def model_action(model_id: str, action: str) -> Response:
-    """Switch a model off (calls answer 503 model_unavailable) or on, until a restart
-    (with several nodes: on every node, stored until switched back)."""
+    """Switch a model off (calls answer 503 model_unavailable) or on; the switch is
+    stored, so it outlives a restart (with several nodes: on every node)."""
     authorize_admin()
     rt = runtime()
     enabled = action == "enable"
@@ -226,6 +226,8 @@ async def model_action(model_id: str, action: str) -> Response:
         raise GatewayError("not_found", f"No model {model_id}.")
     if rt.cluster is not None:
         await rt.cluster.switch_model(model_id, enabled)
+    else:
+        await rt.store.write(node_leases.switch_model, model_id, enabled, rt.clock.now())
     return json_response({**model.public(), "enabled": enabled})
 
 

@@ -84,7 +84,9 @@ def _disabled(body: dict[str, Any]) -> bool:
     unknown = sorted(set(body) - {"disabled"})
     if unknown:
         raise GatewayError(
-            "invalid_request", f"Only disabled can be changed, not {unknown[0]!r}.", unknown[0]
+            "invalid_request",
+            f"Unknown field {unknown[0]!r}; allowed: disabled (the only setting a PATCH changes).",
+            unknown[0],
         )
     disabled = body.get("disabled")
     if not isinstance(disabled, bool):
