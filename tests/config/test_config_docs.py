@@ -149,8 +149,7 @@ def test_the_readme_operator_blocks_work_as_typed(tmp_path: Path) -> None:
     module, function = script_of["svc-gateway"].split(":")
     entry = bin_dir / "svc-gateway"
     entry.write_text(
-        f"#!{sys.executable}\nimport sys\nfrom {module} import {function}\n"
-        f"sys.exit({function}())\n"
+        f"#!{sys.executable}\nimport sys\nfrom {module} import {function}\nsys.exit({function}())\n"
     )
     entry.chmod(0o755)
     operator = readme_block("## Operating it from the command line")
