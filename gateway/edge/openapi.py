@@ -521,7 +521,7 @@ def _error_responses(path: str, codes: tuple[str, ...]) -> dict[str, Any]:
 EXAMPLE_PROMPT = "Say hello."
 
 
-def _examples(chat_model: str | None, embedding_model: str | None) -> dict[str, Any]:
+def _examples(chat_model: str | None, embedding_model: str | None) -> dict[tuple[str, str], Any]:
     """A working body per operation that takes one, by path and method: a generic client
     (Swagger UI's "try it out", a fuzzer given the document alone) reaches a served model.
     The output budgets are small, so that the worst case fits small caps."""

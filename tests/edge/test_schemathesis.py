@@ -200,18 +200,23 @@ def test_the_server_answers_as_documented(case: Case, served: str, fuzz_token: s
     ANSWERS[(case.method, case.path, response.status_code)] += 1
 
 
+def calls_by_model(server: Server, token: str) -> dict[str, int]:
+    """The key's recorded calls by model (GET /v1/usage): calls that reached the model."""
+    with httpx.Client(base_url=server.url) as client:
+        usage = client.get(
+            "/v1/usage",
+            params={"group_by": "model"},
+            headers={"Authorization": f"Bearer {token}"},
+        ).json()
+    return {row["group"]: row["requests"] for row in usage["data"]}
+
+
 def test_fuzzed_calls_reached_the_mock(fuzz_server: Server, fuzz_token: str) -> None:
     """Runs after the fuzzing above (file order): valid calls were served by the model,
     not only refused. Only a call that reached the model leaves a record."""
     assert ANSWERS[("POST", "/v1/chat/completions", 200)] > 0, ANSWERS
-    with httpx.Client(base_url=fuzz_server.url) as client:
-        usage = client.get(
-            "/v1/usage",
-            params={"group_by": "model"},
-            headers={"Authorization": f"Bearer {fuzz_token}"},
-        ).json()
-    served = {row["group"]: row["requests"] for row in usage["data"]}
-    assert any(served.get(model, 0) > 0 for model in CHAT_MODELS), usage
+    served = calls_by_model(fuzz_server, fuzz_token)
+    assert any(served.get(model, 0) > 0 for model in CHAT_MODELS), served
     assert fuzz_server.proc.poll() is None, fuzz_server.stderr()
 
 
@@ -237,13 +242,7 @@ def test_schemathesis_with_the_document_alone_reaches_the_mock(
         command, cwd=tmp_path, capture_output=True, text=True, timeout=240, check=False
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
-    with httpx.Client(base_url=fuzz_server.url) as client:
-        usage = client.get(
-            "/v1/usage",
-            params={"group_by": "model"},
-            headers={"Authorization": f"Bearer {key['token']}"},
-        ).json()
-    served = {row["group"]: row["requests"] for row in usage["data"]}
+    served = calls_by_model(fuzz_server, key["token"])
     # a record exists only for a call that reached the model: the mock served these
-    assert served.get("gpt-4o-mini", 0) >= 2, usage  # chat completions and responses
-    assert served.get("text-embedding-3-small", 0) >= 1, usage
+    assert served.get("gpt-4o-mini", 0) >= 2, served  # chat completions and responses
+    assert served.get("text-embedding-3-small", 0) >= 1, served
