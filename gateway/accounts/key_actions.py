@@ -19,6 +19,7 @@ from gateway.accounts.key_fields import (
     parse_expiry,
     parse_name,
     public_names,
+    refuse_unknown_fields,
     string_list,
 )
 from gateway.accounts.key_record import DATA_MODES, ENVIRONMENTS, MODES, SCOPES, Caps, KeyRecord
@@ -58,12 +59,7 @@ def root_key_settings(rt: KeyDesk, body: dict[str, Any]) -> dict[str, Any]:
     # refused, not ignored: a typo ("allowed_model") or a field of sub-keys ("parent_id")
     # must not silently give a key without what was asked
     body = public_names(body)
-    if unknown := sorted(set(body).difference(KEY_FIELDS)):
-        raise GatewayError(
-            "invalid_request",
-            f"Unknown field {unknown[0]!r} in a key body; allowed: {', '.join(KEY_FIELDS)}.",
-            unknown[0],
-        )
+    refuse_unknown_fields(body, KEY_FIELDS, "a key body")
     mode = body.get("mode", "sandbox")
     if mode not in MODES:
         raise GatewayError("invalid_request", "mode must be live or sandbox.", param="mode")

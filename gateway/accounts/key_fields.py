@@ -6,6 +6,7 @@ whether a valid value is *allowed* (a sub-key inside its parent) is decided else
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gateway.accounts.key_record import CAP_FIELDS, Caps, parse_iso
@@ -56,6 +57,18 @@ def public_names(body: dict[str, Any]) -> dict[str, Any]:
             param=MODEL_LIST_ALIAS,
         )
     return {(MODEL_LIST if name == MODEL_LIST_ALIAS else name): v for name, v in body.items()}
+
+
+def refuse_unknown_fields(body: dict[str, Any], allowed: Sequence[str], what: str) -> None:
+    """A field the body does not take is refused, not ignored (a typo must not give a
+    key without what was asked), naming it and every field the body takes."""
+    unknown = sorted(set(body).difference(allowed))
+    if unknown:
+        raise GatewayError(
+            "invalid_request",
+            f"Unknown field {unknown[0]!r} in {what}; allowed: {', '.join(allowed)}.",
+            param=unknown[0],
+        )
 
 
 def string_list(body: dict[str, Any], name: str) -> tuple[str, ...] | None:

@@ -37,6 +37,7 @@ from gateway.accounts.key_fields import (
     parse_expiry,
     parse_name,
     public_names,
+    refuse_unknown_fields,
     string_list,
 )
 from gateway.accounts.key_record import CAP_FIELDS, DATA_MODES, SCOPES, Caps, KeyRecord
@@ -72,13 +73,7 @@ def child_settings(
     ``catalog`` holds the ids of the models of the organisation's API catalog.
     """
     body = public_names(body)
-    unknown = sorted(set(body).difference(FIELDS))
-    if unknown:
-        raise GatewayError(
-            "invalid_request",
-            f"Unknown field {unknown[0]!r} in a sub-key body; allowed: {', '.join(FIELDS)}.",
-            unknown[0],
-        )
+    refuse_unknown_fields(body, FIELDS, "a sub-key body")
     name = parse_name(body)
     for field in INHERITED:
         if field in body and body[field] != getattr(parent, field):

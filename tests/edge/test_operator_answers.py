@@ -50,12 +50,14 @@ async def test_unknown_fields_of_key_bodies_are_refused_with_the_allowed_list(
         "POST", "/admin/keys", {"org_id": gateway.org_id, "name": "k", "banana": 1}
     )
     policy = await gateway.admin("PUT", f"/admin/orgs/{gateway.org_id}/policy", {"banana": 1})
+    org = await gateway.admin("POST", "/admin/orgs", {"name": "o", "banana": 1})
     for answer, listed in (
         (created, "name, scopes, caps, data_mode, allowed_model_keys"),
         (patched, "disabled"),
         (admin, "org_id, name, mode"),
         (policy, "contract_allowed_models, contract_blocked_models"),
         (chat, "max_tokens"),
+        (org, "name, credits_usd, residency"),
     ):
         assert answer.status_code == 400, answer.text
         error = answer.json()["error"]

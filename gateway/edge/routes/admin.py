@@ -18,7 +18,7 @@ from quart import Quart, Response, request
 
 from gateway.accounts.catalog import nanos_to_usd, usd_to_nanos
 from gateway.accounts.key_actions import create_root_key, key_action, set_caps
-from gateway.accounts.key_fields import number
+from gateway.accounts.key_fields import number, refuse_unknown_fields
 from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.orgs import Org, validate_policy
 from gateway.edge.auth import bearer_token
@@ -71,6 +71,7 @@ def _org_view(org: Org) -> dict[str, Any]:
 async def create_org() -> Response:
     authorize_admin()
     body = await read_json_object()
+    refuse_unknown_fields(body, ("name", "credits_usd", "residency"), "an organisation body")
     name = body.get("name")
     if not isinstance(name, str) or not name.strip():
         raise GatewayError("invalid_request", "name is required.", param="name")
@@ -104,6 +105,7 @@ async def add_credits(org_id: str) -> Response:
     authorize_admin()
     org = org_or_404(org_id)
     body = await read_json_object()
+    refuse_unknown_fields(body, ("add_usd",), "a credits body")
     amount = number(body, "add_usd")
     if not amount:
         raise GatewayError("invalid_request", "add_usd must be a positive number.", param="add_usd")
@@ -127,6 +129,7 @@ async def set_byok(org_id: str) -> Response:
     authorize_admin()
     org = org_or_404(org_id)
     body = await read_json_object()
+    refuse_unknown_fields(body, ("provider", "api_key_env"), "a BYOK body")
     provider, env = body.get("provider"), body.get("api_key_env")
     if not isinstance(provider, str) or not provider:
         raise GatewayError("invalid_request", "provider is required.", param="provider")
@@ -154,7 +157,9 @@ async def set_webhook(org_id: str) -> Response:
     """Spend alerts of the organisation go to ``url``; the signing secret is shown once."""
     authorize_admin()
     org = org_or_404(org_id)
-    url = check_webhook_url((await read_json_object()).get("url"))
+    body = await read_json_object()
+    refuse_unknown_fields(body, ("url",), "a webhook body")
+    url = check_webhook_url(body.get("url"))
     secret = await runtime().alerts.set_webhook(org.id, url)
     return json_response({"org_id": org.id, "url": url, "secret": secret})
 
