@@ -15,10 +15,10 @@ from typing import Any, Protocol
 from gateway.accounts.catalog import Catalog
 from gateway.accounts.key_fields import (
     MODEL_LIST,
+    model_list_name,
     parse_caps,
     parse_expiry,
     parse_name,
-    public_names,
     refuse_unknown_fields,
     string_list,
 )
@@ -58,8 +58,8 @@ def root_key_settings(rt: KeyDesk, body: dict[str, Any]) -> dict[str, Any]:
     """Keyword arguments of :meth:`Keyring.build` (besides org and name) from a key body."""
     # refused, not ignored: a typo ("allowed_model") or a field of sub-keys ("parent_id")
     # must not silently give a key without what was asked
-    body = public_names(body)
     refuse_unknown_fields(body, KEY_FIELDS, "a key body")
+    listed = model_list_name(body)
     mode = body.get("mode", "sandbox")
     if mode not in MODES:
         raise GatewayError("invalid_request", "mode must be live or sandbox.", param="mode")
@@ -74,14 +74,14 @@ def root_key_settings(rt: KeyDesk, body: dict[str, Any]) -> dict[str, Any]:
     data_mode = body.get("data_mode", "standard")
     if data_mode not in DATA_MODES:
         raise GatewayError("invalid_request", "Unknown data mode.", param="data_mode")
-    allowed = string_list(body, MODEL_LIST)
+    allowed = string_list(body, listed)
     if allowed is not None:
         unknown = [m for m in allowed if rt.catalog.get(m) is None]
         if unknown:
             raise GatewayError(
                 "model_not_in_catalog",
                 f"Not in the catalog: {', '.join(unknown)}.",
-                MODEL_LIST,
+                listed,
             )
     return {
         "mode": mode,

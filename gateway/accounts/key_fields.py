@@ -45,24 +45,27 @@ MODEL_LIST = "allowed_model_keys"
 MODEL_LIST_ALIAS = "allowed_models"
 
 
-def public_names(body: dict[str, Any]) -> dict[str, Any]:
-    """The body with ``allowed_models`` read as ``allowed_model_keys``: a key's model list
-    goes by the name its answers carry; sending both names at once is refused."""
+def model_list_name(body: dict[str, Any]) -> str:
+    """The name the body gives its model list: ``allowed_model_keys`` (the name answers
+    carry), or ``allowed_models`` (the name bodies took first); errors about the list name
+    the field as sent. Sending both names at once is refused."""
     if MODEL_LIST_ALIAS not in body:
-        return body
+        return MODEL_LIST
     if MODEL_LIST in body:
         raise GatewayError(
             "invalid_request",
             f"{MODEL_LIST_ALIAS} is the older name of {MODEL_LIST}: send one of them.",
             param=MODEL_LIST_ALIAS,
         )
-    return {(MODEL_LIST if name == MODEL_LIST_ALIAS else name): v for name, v in body.items()}
+    return MODEL_LIST_ALIAS
 
 
 def refuse_unknown_fields(body: dict[str, Any], allowed: Sequence[str], what: str) -> None:
     """A field the body does not take is refused, not ignored (a typo must not give a
-    key without what was asked), naming it and every field the body takes."""
-    unknown = sorted(set(body).difference(allowed))
+    key without what was asked), naming it and every field the body takes (the older
+    name of the model list is read too, not listed)."""
+    read = {*allowed, MODEL_LIST_ALIAS} if MODEL_LIST in allowed else set(allowed)
+    unknown = sorted(set(body) - read)
     if unknown:
         raise GatewayError(
             "invalid_request",

@@ -33,10 +33,10 @@ from typing import Any
 
 from gateway.accounts.key_fields import (
     MODEL_LIST,
+    model_list_name,
     parse_caps,
     parse_expiry,
     parse_name,
-    public_names,
     refuse_unknown_fields,
     string_list,
 )
@@ -72,7 +72,6 @@ def child_settings(
 
     ``catalog`` holds the ids of the models of the organisation's API catalog.
     """
-    body = public_names(body)
     refuse_unknown_fields(body, FIELDS, "a sub-key body")
     name = parse_name(body)
     for field in INHERITED:
@@ -144,26 +143,26 @@ def _data_mode(parent: str, body: dict[str, Any]) -> str:
 def _allowed_models(
     parent: tuple[str, ...] | None, body: dict[str, Any], catalog: Collection[str]
 ) -> tuple[str, ...] | None:
-    models = string_list(body, MODEL_LIST)
+    name = model_list_name(body)
+    models = string_list(body, name)
     if models is None:
         return parent
     if not models:
         raise GatewayError(
             "invalid_request",
-            f"{MODEL_LIST} must name at least one model; leave it out to inherit the "
-            "parent's list.",
-            param=MODEL_LIST,
+            f"{name} must name at least one model; leave it out to inherit the parent's list.",
+            param=name,
         )
     outside = [m for m in models if m not in catalog]
     if outside:
         raise GatewayError(
             "model_not_in_catalog",
             f"Not in the organization's catalog: {', '.join(outside)}.",
-            param=MODEL_LIST,
+            param=name,
         )
     beyond = [m for m in models if parent is not None and m not in parent]
     if beyond:
-        raise _exceeds(f"Not allowed to the parent key: {', '.join(beyond)}.", MODEL_LIST)
+        raise _exceeds(f"Not allowed to the parent key: {', '.join(beyond)}.", name)
     return models
 
 
