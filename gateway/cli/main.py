@@ -626,7 +626,7 @@ def config() -> None:
 
 @config.command("example")
 def config_example() -> None:
-    """Print a commented configuration file with every key (docs/CONFIG.md)."""
+    """Print an example configuration file, commented, with every key (docs/CONFIG.md)."""
     click.echo(EXAMPLE, nl=False)
 
 

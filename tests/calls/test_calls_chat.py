@@ -209,7 +209,7 @@ def test_an_unknown_parameter_is_not_supported_by_this_gateway() -> None:
     assert error.message.startswith(
         "The parameter presence_penalty is not supported by this gateway; the fields it knows:"
     )
-    assert "max_completion_tokens, messages, metadata" in error.message  # the list, sorted
+    assert "max_tokens, messages, metadata" in error.message  # the list, sorted
 
 
 # Fields accepted with no effect: each is accepted and forwards nothing.
