@@ -223,37 +223,28 @@ def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
             token = runtime.demo_token
             url = binds[0]
             database = runtime.store.name
+            note = _start_note(token, demo)
             if as_json:
                 info: dict[str, Any] = {"url": url, "database": database, "sandbox_key": token}
-                if token is None and demo:
-                    info["message"] = (
-                        f"existing database: the demo key was shown once. {NEW_KEY_HINT}"
-                    )
+                if token is None and note:
+                    info["message"] = note
                 click.echo(orjson.dumps(info).decode())
-                sys.stdout.flush()
-                return
-            if config.server.log_format == "json":
-                click.echo(orjson.dumps(_listening_line(url, database, token, demo)).decode())
-                sys.stdout.flush()
-                return
-            click.echo(f"svc-gateway listening on {url}")
-            click.echo(f"database: {database}")
-            if token and sys.stdout.isatty():
-                click.echo(f"sandbox key (shown once): {token}")
-                click.echo(f"try: curl -H 'Authorization: Bearer {token}' {url}/v1/key")
-            elif token:
-                # stdout is a file or a pipe, a log someone else may read: no token there
-                click.echo(
-                    "demo organisation created; its sandbox key is not printed because stdout"
-                    f" is not a terminal (`serve --json` prints it). {NEW_KEY_HINT}"
-                )
-            elif demo:
-                click.echo(f"existing database: the demo key was shown once. {NEW_KEY_HINT}")
+            elif config.server.log_format == "json":
+                # a log shipper reads one object per line: the token only to a terminal
+                line: dict[str, Any] = {"event": "listening", "url": url, "database": database}
+                if token and sys.stdout.isatty():
+                    line["sandbox_key"] = token
+                elif note:
+                    line["message"] = note
+                click.echo(orjson.dumps(line).decode())
             else:
-                click.echo(
-                    "create organisations and keys with `svc-gateway org create`,"
-                    " `svc-gateway key create`"
-                )
+                click.echo(f"svc-gateway listening on {url}")
+                click.echo(f"database: {database}")
+                if token and sys.stdout.isatty():
+                    click.echo(f"sandbox key (shown once): {token}")
+                    click.echo(f"try: curl -H 'Authorization: Bearer {token}' {url}/v1/key")
+                else:
+                    click.echo(note)
             sys.stdout.flush()
 
     trio.run(run)
@@ -269,20 +260,17 @@ NEW_KEY_HINT = (
 )
 
 
-def _listening_line(url: str, database: str, token: str | None, demo: bool) -> dict[str, Any]:
-    """What ``serve`` prints once listening, as one JSON object (``log_format = "json"``:
-    a log shipper reads one object per line). The sandbox key only to a terminal."""
-    line: dict[str, Any] = {"event": "listening", "url": url, "database": database}
-    if token and sys.stdout.isatty():
-        line["sandbox_key"] = token
-    elif token:
-        line["message"] = (
+def _start_note(token: str | None, demo: bool) -> str:
+    """What ``serve`` says once listening when it does not show a sandbox key."""
+    if token:
+        # stdout is a file or a pipe, a log someone else may read: no token there
+        return (
             "demo organisation created; its sandbox key is not printed because stdout is"
-            f" not a terminal. {NEW_KEY_HINT}"
+            f" not a terminal (`serve --json` prints it). {NEW_KEY_HINT}"
         )
-    elif demo:
-        line["message"] = f"existing database: the demo key was shown once. {NEW_KEY_HINT}"
-    return line
+    if demo:
+        return f"existing database: the demo key was shown once. {NEW_KEY_HINT}"
+    return "create organisations and keys with `svc-gateway org create`, `svc-gateway key create`"
 
 
 # -- admin client --------------------------------------------------------------------------
