@@ -1,5 +1,8 @@
 """Configuration: the TOML file of DESIGN.md, environment overrides, validation.
 
+docs/CONFIG.md is the reference of every key (tests/config/test_config_docs.py keeps it
+and ``svc-gateway config example``, :mod:`gateway.config.example`, true to this loader).
+
 Precedence, highest first: command-line flags, environment variables, the file,
 embedded defaults. With no file at all the server runs on the embedded default:
 SQLite in the working directory, the deterministic mock provider and a demo catalog.

@@ -22,6 +22,7 @@ from gateway.config.example import EXAMPLE
 from gateway.config.settings import (
     MODEL_KEYS,
     PROVIDER_KINDS,
+    TABLES,
     ServerConfig,
     load_config,
     provider_keys,
@@ -63,6 +64,7 @@ def test_the_example_loads_with_and_without_its_commented_tables(tmp_path: Path)
 
 def test_the_example_holds_every_key(tmp_path: Path) -> None:
     config = tomllib.loads(uncommented(EXAMPLE))
+    assert set(config) == set(TABLES)  # a table added to the loader is added here too
     assert set(config["server"]) == set(ServerConfig.__dataclass_fields__)
     assert set(config["cluster"]) == {"node_id", "lease_s"}
     for provider in config["providers"]:
