@@ -12,6 +12,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from types import TracebackType
 from typing import Any, NoReturn
 from urllib.parse import quote
 
@@ -170,6 +171,7 @@ def serve(
     if config.server.log_format == "json":
         click.get_current_context().meta[JSON_LOGS] = True
         logging.captureWarnings(True)  # a warning is a log line too, in JSON
+        sys.excepthook = _log_crash  # and so is a traceback
     missing = missing_credentials(config, os.environ)
     if missing:
         fail(
@@ -186,6 +188,11 @@ def serve(
         _serve(config, as_json, demo=demo or config.source is None)
     finally:
         lock.release()
+
+
+def _log_crash(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+    """An exception nothing caught, as one log line (its traceback a field)."""
+    log.critical("unhandled %s", kind.__name__, exc_info=(kind, error, tb), extra=event("crash"))
 
 
 def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
