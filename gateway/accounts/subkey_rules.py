@@ -75,7 +75,9 @@ def child_settings(
     refuse_unknown_fields(body, FIELDS, "a sub-key body")
     name = parse_name(body)
     for field in INHERITED:
-        if field in body and body[field] != getattr(parent, field):
+        inherited = getattr(parent, field)
+        # the parent's value, of its type: 0 is not false (nor 1.0 true)
+        if field in body and (type(body[field]) is not type(inherited) or body[field] != inherited):
             raise GatewayError(
                 "invalid_request",
                 f"{field} is inherited from the parent key and cannot be changed.",
