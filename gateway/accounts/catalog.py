@@ -189,7 +189,7 @@ class Catalog:
         return model_id in self._every and model_id not in self.models
 
     def set_enabled(self, model_id: str, enabled: bool) -> Model | None:
-        """Turn a configured model on or off until the next restart; None if unknown."""
+        """Turn a configured model on or off (the caller stores the switch); None if unknown."""
         model = self._every.get(model_id)
         if model is None:
             return None

@@ -13,7 +13,15 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from gateway.accounts.catalog import Catalog
-from gateway.accounts.key_fields import parse_caps, parse_expiry, parse_name, string_list
+from gateway.accounts.key_fields import (
+    MODEL_LIST,
+    model_list_name,
+    parse_caps,
+    parse_expiry,
+    parse_name,
+    refuse_unknown_fields,
+    string_list,
+)
 from gateway.accounts.key_record import DATA_MODES, ENVIRONMENTS, MODES, SCOPES, Caps, KeyRecord
 from gateway.accounts.keyring import Keyring
 from gateway.accounts.subkey_rules import child_caps
@@ -40,11 +48,9 @@ ROOT_SCOPES = ("inference", "embeddings", "usage:read")
 ACTIONS = ("rotate", "revoke", "disable", "enable")
 
 #: the body of POST /admin/keys (DECISIONS.md, admin API table)
-KEY_FIELDS = frozenset(
-    {
-        "org_id", "name", "mode", "environment", "scopes", "keys_manage", "caps",
-        "data_mode", "byok", "allowed_models", "required_tags", "default_tags", "expires_at",
-    }
+KEY_FIELDS = (
+    "org_id", "name", "mode", "environment", "scopes", "keys_manage", "caps",
+    "data_mode", "byok", MODEL_LIST, "required_tags", "default_tags", "expires_at",
 )  # fmt: skip
 
 
@@ -52,10 +58,8 @@ def root_key_settings(rt: KeyDesk, body: dict[str, Any]) -> dict[str, Any]:
     """Keyword arguments of :meth:`Keyring.build` (besides org and name) from a key body."""
     # refused, not ignored: a typo ("allowed_model") or a field of sub-keys ("parent_id")
     # must not silently give a key without what was asked
-    if unknown := sorted(set(body) - KEY_FIELDS):
-        raise GatewayError(
-            "invalid_request", f"Unknown field {unknown[0]!r} in a key body.", unknown[0]
-        )
+    refuse_unknown_fields(body, KEY_FIELDS, "a key body")
+    listed = model_list_name(body)
     mode = body.get("mode", "sandbox")
     if mode not in MODES:
         raise GatewayError("invalid_request", "mode must be live or sandbox.", param="mode")
@@ -70,14 +74,14 @@ def root_key_settings(rt: KeyDesk, body: dict[str, Any]) -> dict[str, Any]:
     data_mode = body.get("data_mode", "standard")
     if data_mode not in DATA_MODES:
         raise GatewayError("invalid_request", "Unknown data mode.", param="data_mode")
-    allowed = string_list(body, "allowed_models")
+    allowed = string_list(body, listed)
     if allowed is not None:
         unknown = [m for m in allowed if rt.catalog.get(m) is None]
         if unknown:
             raise GatewayError(
                 "model_not_in_catalog",
                 f"Not in the catalog: {', '.join(unknown)}.",
-                "allowed_models",
+                listed,
             )
     return {
         "mode": mode,

@@ -6,6 +6,7 @@ whether a valid value is *allowed* (a sub-key inside its parent) is decided else
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gateway.accounts.key_record import CAP_FIELDS, Caps, parse_iso
@@ -36,6 +37,41 @@ def number(body: dict[str, Any], name: str, *, integer: bool = False) -> Any:
             "invalid_request", f"{name} must be {kind} of at most {limit:,}.", param=name
         )
     return value
+
+
+#: the public name of a key's list of allowed models (the spec's GET /v1/key field), taken
+#: by the key bodies too, and the name those bodies took first, still accepted
+MODEL_LIST = "allowed_model_keys"
+MODEL_LIST_ALIAS = "allowed_models"
+
+
+def model_list_name(body: dict[str, Any]) -> str:
+    """The name the body gives its model list: ``allowed_model_keys`` (the name answers
+    carry), or ``allowed_models`` (the name bodies took first); errors about the list name
+    the field as sent. Sending both names at once is refused."""
+    if MODEL_LIST_ALIAS not in body:
+        return MODEL_LIST
+    if MODEL_LIST in body:
+        raise GatewayError(
+            "invalid_request",
+            f"{MODEL_LIST_ALIAS} is the older name of {MODEL_LIST}: send one of them.",
+            param=MODEL_LIST_ALIAS,
+        )
+    return MODEL_LIST_ALIAS
+
+
+def refuse_unknown_fields(body: dict[str, Any], allowed: Sequence[str], what: str) -> None:
+    """A field the body does not take is refused, not ignored (a typo must not give a
+    key without what was asked), naming it and every field the body takes (the older
+    name of the model list is read too, not listed)."""
+    read = {*allowed, MODEL_LIST_ALIAS} if MODEL_LIST in allowed else set(allowed)
+    unknown = sorted(set(body) - read)
+    if unknown:
+        raise GatewayError(
+            "invalid_request",
+            f"Unknown field {unknown[0]!r} in {what}; allowed: {', '.join(allowed)}.",
+            param=unknown[0],
+        )
 
 
 def string_list(body: dict[str, Any], name: str) -> tuple[str, ...] | None:

@@ -74,7 +74,11 @@ def validate_policy(policy: Any) -> dict[str, Any]:
     for key, value in policy.items():
         kind = POLICY_KEYS.get(key)
         if kind is None:
-            raise GatewayError("invalid_request", f"Unknown policy key {key!r}.", param=key)
+            raise GatewayError(
+                "invalid_request",
+                f"Unknown policy key {key!r}; allowed: {', '.join(POLICY_KEYS)}.",
+                param=key,
+            )
         kinds = kind if isinstance(kind, tuple) else (kind,)
         if isinstance(value, bool) != (kind is bool) or not isinstance(value, kinds):
             raise GatewayError(

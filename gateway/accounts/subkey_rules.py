@@ -13,8 +13,9 @@ new sub-key, or the first refusal, in this order:
    anything), else child_exceeds_parent with param ``caps.<field>``;
 6. ``data_mode``: as strict as the parent's or stricter
    (standard < zero_retention < confidential), else child_exceeds_parent;
-7. ``allowed_models``: every model in the organisation's API catalog (else
-   model_not_in_catalog) and in the parent's list (else child_exceeds_parent);
+7. ``allowed_model_keys`` (or its older name ``allowed_models``): every model in the
+   organisation's API catalog (else model_not_in_catalog) and in the parent's list (else
+   child_exceeds_parent);
 8. ``required_tags``: merged with the parent's, which stay required (a value the parent
    pins cannot be changed: child_exceeds_parent); ``default_tags`` merged over the
    parent's (the child's win);
@@ -30,7 +31,15 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from gateway.accounts.key_fields import parse_caps, parse_expiry, parse_name, string_list
+from gateway.accounts.key_fields import (
+    MODEL_LIST,
+    model_list_name,
+    parse_caps,
+    parse_expiry,
+    parse_name,
+    refuse_unknown_fields,
+    string_list,
+)
 from gateway.accounts.key_record import CAP_FIELDS, DATA_MODES, SCOPES, Caps, KeyRecord
 from gateway.accounts.tag_rules import check_tag_map
 from gateway.errors import GatewayError
@@ -38,9 +47,17 @@ from gateway.errors import GatewayError
 #: the scopes a sub-key may hold
 SUB_KEY_SCOPES = ("inference", "embeddings", "usage:read")
 INHERITED = ("mode", "environment", "byok")
-FIELDS = frozenset(
-    {"name", "scopes", "caps", "data_mode", "allowed_models", "required_tags"}
-    | {"default_tags", "expires_at", *INHERITED}
+#: the fields of a POST /v1/keys body, in the order the refusal of another one lists them
+FIELDS = (
+    "name",
+    "scopes",
+    "caps",
+    "data_mode",
+    MODEL_LIST,
+    "required_tags",
+    "default_tags",
+    "expires_at",
+    *INHERITED,
 )
 
 
@@ -55,14 +72,12 @@ def child_settings(
 
     ``catalog`` holds the ids of the models of the organisation's API catalog.
     """
-    unknown = sorted(set(body) - FIELDS)
-    if unknown:
-        raise GatewayError(
-            "invalid_request", f"Unknown field {unknown[0]!r} in a sub-key body.", unknown[0]
-        )
+    refuse_unknown_fields(body, FIELDS, "a sub-key body")
     name = parse_name(body)
     for field in INHERITED:
-        if field in body and body[field] != getattr(parent, field):
+        inherited = getattr(parent, field)
+        # the parent's value, of its type: 0 is not false (nor 1.0 true)
+        if field in body and (type(body[field]) is not type(inherited) or body[field] != inherited):
             raise GatewayError(
                 "invalid_request",
                 f"{field} is inherited from the parent key and cannot be changed.",
@@ -130,26 +145,26 @@ def _data_mode(parent: str, body: dict[str, Any]) -> str:
 def _allowed_models(
     parent: tuple[str, ...] | None, body: dict[str, Any], catalog: Collection[str]
 ) -> tuple[str, ...] | None:
-    models = string_list(body, "allowed_models")
+    name = model_list_name(body)
+    models = string_list(body, name)
     if models is None:
         return parent
     if not models:
         raise GatewayError(
             "invalid_request",
-            "allowed_models must name at least one model; leave it out to inherit the "
-            "parent's list.",
-            param="allowed_models",
+            f"{name} must name at least one model; leave it out to inherit the parent's list.",
+            param=name,
         )
     outside = [m for m in models if m not in catalog]
     if outside:
         raise GatewayError(
             "model_not_in_catalog",
             f"Not in the organization's catalog: {', '.join(outside)}.",
-            param="allowed_models",
+            param=name,
         )
     beyond = [m for m in models if parent is not None and m not in parent]
     if beyond:
-        raise _exceeds(f"Not allowed to the parent key: {', '.join(beyond)}.", "allowed_models")
+        raise _exceeds(f"Not allowed to the parent key: {', '.join(beyond)}.", name)
     return models
 
 

@@ -17,8 +17,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from gateway.accounts.catalog import usd_to_nanos
+from gateway.accounts.catalog import nanos_to_usd, usd_to_nanos
 from gateway.accounts.key_record import KeyRecord, key_ref
+from gateway.accounts.usd_json import plain_usd
+from gateway.calls.estimate import LOWER_IT
 from gateway.errors import GatewayError
 from gateway.store import StoreError
 from shards import (
@@ -197,17 +199,18 @@ async def reserve(
         return verdict
     rt.metrics.refused(verdict.code)
     raise GatewayError(
-        verdict.code, _reserve_message(verdict.code), retry_after=verdict.retry_after
+        verdict.code, _reserve_message(verdict.code, cost), retry_after=verdict.retry_after
     )
 
 
-def _reserve_message(code: str) -> str:
+def _reserve_message(code: str, cost: int) -> str:
+    worst = f"The worst-case cost of this call, {plain_usd(nanos_to_usd(cost))} USD"
     return {
         "rate_limited": "This key's tokens-per-minute limit is reached.",
-        "key_cap_exceeded": "The worst-case cost of this call would exceed a spend cap "
-        "of this key or its parent.",
-        "insufficient_credits": "The organization lacks credits for the worst-case cost "
-        "of this call.",
+        "key_cap_exceeded": f"{worst}, would exceed a spend cap of this key or its parent;"
+        f" {LOWER_IT}.",
+        "insufficient_credits": f"{worst}, is more than the organization's credits left;"
+        f" {LOWER_IT}.",
         "budget_exceeded": "The organization's budget for the period is exhausted.",
     }[code]
 

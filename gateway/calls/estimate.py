@@ -61,6 +61,13 @@ EMBEDDING_INPUT_OVERHEAD = 2
 # Content parts that carry an image (chat completions; responses).
 IMAGE_PART_TYPES = frozenset({"image_url", "input_image"})
 
+#: how a caller lowers a call's worst case, so its reservation (the spec: lowering
+#: max_tokens lowers the reservation), for refusals that name the worst case
+LOWER_IT = (
+    "a lower max_tokens (max_output_tokens on /v1/responses; when omitted the key's maximum"
+    " output tokens is reserved) lowers it"
+)
+
 
 def estimate_prompt_tokens(body: dict[str, Any], *, image_tokens: int = IMAGE_TOKENS) -> int:
     """An upper bound of the prompt tokens of the chat-completions ``body`` (parsed JSON)."""

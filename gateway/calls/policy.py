@@ -32,6 +32,8 @@ from typing import Any, Protocol
 from gateway.accounts.catalog import Catalog, Model, nanos_to_usd, usd_to_nanos
 from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.orgs import Org
+from gateway.accounts.usd_json import plain_usd
+from gateway.calls.estimate import LOWER_IT
 from gateway.errors import GatewayError
 
 BYOK_SETUP_RETRY_AFTER = 60
@@ -256,8 +258,8 @@ def check_spend_controls(org: Org | None, record: KeyRecord, cost_nanos: int) ->
     if ceiling is not None and cost_nanos > usd_to_nanos(ceiling):
         raise GatewayError(
             "max_cost_per_request",
-            f"The worst-case cost of this call (${nanos_to_usd(cost_nanos)}) is above the "
-            f"contract's maximum of ${ceiling} per request.",
+            f"The worst-case cost of this call (${plain_usd(nanos_to_usd(cost_nanos))}) is"
+            f" above the contract's maximum of ${ceiling} per request; {LOWER_IT}.",
             param=None,
             svc={"policy": {"decisions": [_deny("contract_max_cost_per_request")]}},
         )

@@ -34,6 +34,7 @@ from typing import Any, Protocol
 import orjson
 import trio
 
+from gateway.accounts.usd_json import plain_amounts
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call, finish_reasons
 from gateway.calls.parse.translate import ResponseStreamTranslator
@@ -52,7 +53,7 @@ FINAL_SEND_S = 5.0
 
 def sse(data: Any, event: str | None = None) -> bytes:
     head = f"event: {event}\n".encode() if event else b""
-    return head + b"data: " + orjson.dumps(data) + b"\n\n"
+    return head + b"data: " + orjson.dumps(plain_amounts(data)) + b"\n\n"
 
 
 class StreamFormat(Protocol):

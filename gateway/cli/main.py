@@ -7,10 +7,12 @@ stdout. The server URL comes from ``--url`` or ``SVC_GATEWAY_URL``
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
 from pathlib import Path
+from types import TracebackType
 from typing import Any, NoReturn
 from urllib.parse import quote
 
@@ -19,9 +21,13 @@ import httpx
 import orjson
 import trio
 
+from gateway import __version__
 from gateway.accounts.key_fields import MAX_COUNT, MAX_USD
+from gateway.config.credentials import missing_credentials
+from gateway.config.example import EXAMPLE
 from gateway.config.settings import Config, ConfigError, load_config
 from gateway.observe.logs import configure as configure_logging
+from gateway.observe.logs import event
 from gateway.serving.db_lock import DatabaseLock, DatabaseLockError
 from gateway.store import StoreError
 
@@ -34,7 +40,11 @@ def fail(message: str, status: int = 1, code: str | None = None) -> NoReturn:
     ctx = click.get_current_context(silent=True)
     if ctx is not None and ctx.meta.get(JSON_MODE):
         _echo_error_object(message, status, code)
-    click.echo(f"svc-gateway: {message}", err=True)
+    if ctx is not None and ctx.meta.get(JSON_LOGS):
+        # log_format = "json": every line of the process is one JSON object
+        log.error("svc-gateway: %s", message, extra=event("error", exit_status=status))
+    else:
+        click.echo(f"svc-gateway: {message}", err=True)
     sys.exit(status)
 
 
@@ -64,6 +74,8 @@ USD = Usd()
 COUNT = click.IntRange(0, MAX_COUNT)
 JSON_MODE = "svc_gateway.json"  # the verb's --json flag, once its callback has run
 JSON_ARGS = "svc_gateway.json_args"  # "--json" is among the arguments
+JSON_LOGS = "svc_gateway.json_logs"  # serve runs with log_format = "json"
+log = logging.getLogger("gateway.cli")
 
 
 def _json_mode(ctx: click.Context, _param: click.Parameter, value: bool) -> bool:
@@ -106,6 +118,7 @@ class _Cli(click.Group):
 
 
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="svc-gateway")
 def main() -> None:
     """svc-gateway: a key-authenticated gateway for language-model calls.
 
@@ -155,6 +168,17 @@ def serve(
     except ConfigError as exc:
         fail(str(exc), 2)
     configure_logging(config.server.log_format, config.server.log_level)
+    if config.server.log_format == "json":
+        click.get_current_context().meta[JSON_LOGS] = True
+        logging.captureWarnings(True)  # a warning is a log line too, in JSON
+        sys.excepthook = _log_crash  # and so is a traceback
+    missing = missing_credentials(config, os.environ)
+    if missing:
+        fail(
+            f"{'; '.join(missing)} (set it, or leave the key out of the provider's table for"
+            " a provider that needs no key or serves BYOK keys only: docs/CONFIG.md)",
+            2,
+        )
     lock = DatabaseLock(config.server.db)
     try:
         lock.acquire()
@@ -164,6 +188,11 @@ def serve(
         _serve(config, as_json, demo=demo or config.source is None)
     finally:
         lock.release()
+
+
+def _log_crash(kind: type[BaseException], error: BaseException, tb: TracebackType | None) -> None:
+    """An exception nothing caught, as one log line (its traceback a field)."""
+    log.critical("unhandled %s", kind.__name__, exc_info=(kind, error, tb), extra=event("crash"))
 
 
 def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
@@ -201,34 +230,54 @@ def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
             token = runtime.demo_token
             url = binds[0]
             database = runtime.store.name
+            note = _start_note(token, demo)
             if as_json:
-                info = {"url": url, "database": database, "sandbox_key": token}
+                info: dict[str, Any] = {"url": url, "database": database, "sandbox_key": token}
+                if token is None and note:
+                    info["message"] = note
                 click.echo(orjson.dumps(info).decode())
-                sys.stdout.flush()
-                return
-            click.echo(f"svc-gateway listening on {url}")
-            click.echo(f"database: {database}")
-            if token and sys.stdout.isatty():
-                click.echo(f"sandbox key (shown once): {token}")
-                click.echo(f"try: curl -H 'Authorization: Bearer {token}' {url}/v1/key")
-            elif token:
-                # stdout is a file or a pipe, a log someone else may read: no token there
-                click.echo(
-                    "demo organisation created; its sandbox key is not printed because stdout"
-                    " is not a terminal (`serve --json` prints it): create keys with"
-                    " `svc-gateway key create`"
-                )
-            elif demo:
-                click.echo("existing database: create keys with `svc-gateway key create`")
+            elif config.server.log_format == "json":
+                # a log shipper reads one object per line: the token only to a terminal
+                line: dict[str, Any] = {"event": "listening", "url": url, "database": database}
+                if token and sys.stdout.isatty():
+                    line["sandbox_key"] = token
+                elif note:
+                    line["message"] = note
+                click.echo(orjson.dumps(line).decode())
             else:
-                click.echo(
-                    "create organisations and keys with `svc-gateway org create`,"
-                    " `svc-gateway key create`"
-                )
+                click.echo(f"svc-gateway listening on {url}")
+                click.echo(f"database: {database}")
+                if token and sys.stdout.isatty():
+                    click.echo(f"sandbox key (shown once): {token}")
+                    click.echo(f"try: curl -H 'Authorization: Bearer {token}' {url}/v1/key")
+                else:
+                    click.echo(note)
             sys.stdout.flush()
 
     trio.run(run)
     runtime.store.close()
+
+
+#: how an operator gets a key when the demo key was not seen or is lost (it is stored only
+#: as a fingerprint, so it cannot be shown again): a new key of the demo organisation
+NEW_KEY_HINT = (
+    "A new key (the admin API needs SVC_ADMIN_TOKEN set for the server): `svc-gateway org"
+    " list` shows the demo organisation's id, then `svc-gateway key create --org ORG_ID"
+    " --name demo --mode sandbox --keys-manage`"
+)
+
+
+def _start_note(token: str | None, demo: bool) -> str:
+    """What ``serve`` says once listening when it does not show a sandbox key."""
+    if token:
+        # stdout is a file or a pipe, a log someone else may read: no token there
+        return (
+            "demo organisation created; its sandbox key is not printed because stdout is"
+            f" not a terminal (`serve --json` prints it). {NEW_KEY_HINT}"
+        )
+    if demo:
+        return f"existing database: the demo key was shown once. {NEW_KEY_HINT}"
+    return "create organisations and keys with `svc-gateway org create`, `svc-gateway key create`"
 
 
 # -- admin client --------------------------------------------------------------------------
@@ -334,7 +383,7 @@ json_option = click.option(
 
 @main.group()
 def org() -> None:
-    """Manage organisations: create, credits, policy, BYOK, spend-alert webhook."""
+    """Manage organisations: create, list, credits, policy, BYOK, spend-alert webhook."""
 
 
 @org.command("create")
@@ -349,6 +398,15 @@ def org_create(
     """Create an organisation; prints its id."""
     body = {"name": name, "credits_usd": credits, "residency": residency}
     emit(call_admin(url, "POST", "/admin/orgs", body), as_json)
+
+
+@org.command("list")
+@url_option
+@json_option
+def org_list(url: str | None, as_json: bool) -> None:
+    """List the organisations: id, name, residency, credit balance."""
+    data = call_admin(url, "GET", "/admin/orgs")
+    emit(data, as_json, ("id", "name", "residency", "balance_usd"))
 
 
 @org.command("credits")
@@ -512,10 +570,23 @@ def db_copy(source: str, target: str, as_json: bool) -> None:
     PostgreSQL. Refused when the target has any row; whole or nothing."""
     from gateway.store.copy import copy_database
 
+    # a server on the source could write while the copy reads (and its in-memory spend
+    # is not in the file): the copy takes the databases' one-server locks, as serve does
+    locks = [DatabaseLock(source), DatabaseLock(target)]
+    try:
+        for lock in locks:
+            lock.acquire()
+    except DatabaseLockError as exc:
+        for lock in locks:
+            lock.release()
+        fail(f"{exc}: stop that server before copying its database")
     try:
         copied = copy_database(source, target)
     except StoreError as exc:
         fail(str(exc))
+    finally:
+        for lock in locks:
+            lock.release()
     if as_json:
         emit(copied, as_json)
         return
@@ -526,7 +597,8 @@ def db_copy(source: str, target: str, as_json: bool) -> None:
 
 @main.group()
 def model() -> None:
-    """Switch models of the catalog off and on (until the server restarts)."""
+    """Switch models of the catalog off and on (the switch is stored: it outlives a
+    restart, and reaches every node of a cluster)."""
 
 
 _id_action(model, "model", "disable", "Switch a model off: its calls answer 503 model_unavailable.")
@@ -540,6 +612,46 @@ def model_list(url: str | None, as_json: bool) -> None:
     """List every configured model and whether it is enabled."""
     data = call_admin(url, "GET", "/admin/models")
     emit(data, as_json, ("id", "kind", "owned_by", "enabled"))
+
+
+@main.group()
+def config() -> None:
+    """The configuration file: print a commented example, check a file."""
+
+
+@config.command("example")
+def config_example() -> None:
+    """Print an example configuration file, commented, with every key (docs/CONFIG.md)."""
+    click.echo(EXAMPLE, nl=False)
+
+
+@config.command("check")
+@click.argument("file", type=click.Path(dir_okay=False))
+@json_option
+def config_check(file: str, as_json: bool) -> None:
+    """Load FILE as serve would (with the SVC_* environment overrides): exit 0 with a
+    one-line summary, or 1 with the first problem, naming the key at fault."""
+    try:
+        loaded = load_config(file)
+    except ConfigError as exc:
+        fail(str(exc))
+    unset = missing_credentials(loaded, os.environ)
+    summary = {
+        "file": file,
+        "providers": [p.name for p in loaded.providers],
+        "models": [m.id for m in loaded.models],
+        "db": loaded.server.db,
+        "unset_credentials": unset,
+    }
+    if as_json:
+        emit(summary, as_json)
+        return
+    note = f"; not set here (serve refuses to start without): {'; '.join(unset)}" if unset else ""
+    click.echo(
+        f"{file}: valid: {len(loaded.providers)} providers"
+        f" ({', '.join(summary['providers'])}), {len(loaded.models)} models, db"
+        f" {loaded.server.db}{note}"
+    )
 
 
 @main.group()

@@ -1,5 +1,8 @@
 """Configuration: the TOML file of DESIGN.md, environment overrides, validation.
 
+docs/CONFIG.md is the reference of every key (tests/config/test_config_docs.py keeps it
+and ``svc-gateway config example``, :mod:`gateway.config.example`, true to this loader).
+
 Precedence, highest first: command-line flags, environment variables, the file,
 embedded defaults. With no file at all the server runs on the embedded default:
 SQLite in the working directory, the deterministic mock provider and a demo catalog.
@@ -23,6 +26,7 @@ import os
 import re
 import socket
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,16 +48,47 @@ DEFAULT_BASE_URLS = {
     "bedrock": "https://bedrock-runtime.{region}.amazonaws.com",
 }
 #: the keys each kind takes besides the common ones
-_KIND_KEYS: dict[str, frozenset[str]] = {
-    "mock": frozenset(),
-    "openai": frozenset({"api_key_env"}),
-    "anthropic": frozenset({"api_key_env", "anthropic_version"}),
-    "gemini": frozenset({"api_key_env"}),
-    "bedrock": frozenset(
-        {"region", "access_key_id_env", "secret_access_key_env", "session_token_env"}
-    ),
-    "azure": frozenset({"api_key_env", "api_version"}),
+_KIND_KEYS: dict[str, tuple[str, ...]] = {
+    "mock": (),
+    "openai": ("api_key_env",),
+    "anthropic": ("api_key_env", "anthropic_version"),
+    "gemini": ("api_key_env",),
+    "bedrock": ("region", "access_key_id_env", "secret_access_key_env", "session_token_env"),
+    "azure": ("api_key_env", "api_version"),
 }
+#: the keys every provider takes, whatever its kind
+PROVIDER_COMMON_KEYS = (
+    "name",
+    "kind",
+    "base_url",
+    "zero_retention",
+    "residency",
+    "timeout_s",
+    "max_connections",
+)
+#: the keys of a ``[[models]]`` table
+MODEL_KEYS = (
+    "id",
+    "provider",
+    "upstream_id",
+    "kind",
+    "capabilities",
+    "zero_retention_available",
+    "byok_available",
+    *PRICE_KEYS,
+    "dimensions",
+    "enabled",
+    "aliases",
+)
+#: the top-level tables of the file
+TABLES = ("server", "cluster", "observability", "providers", "models")
+
+
+def provider_keys(kind: str) -> tuple[str, ...]:
+    """The keys a ``[[providers]]`` table of this kind takes."""
+    return PROVIDER_COMMON_KEYS + _KIND_KEYS[kind]
+
+
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
 
 
@@ -333,11 +368,14 @@ def _require_table(table: object, where: str) -> None:
         raise ConfigError(f"{where}: must be a table, got {type(table).__name__}")
 
 
-def _check_unknown(table: dict[str, Any], allowed: set[str], where: str) -> None:
+def _check_unknown(table: dict[str, Any], allowed: Iterable[str], where: str) -> None:
+    """Refuse a key the table does not take, naming every key it does take (in the order
+    of docs/CONFIG.md), so that one try shows what the table holds."""
     _require_table(table, where)
+    names = tuple(allowed)
     for key in table:
-        if key not in allowed:
-            raise ConfigError(f"{where}.{key}: unknown key")
+        if key not in names:
+            raise ConfigError(f"{where}.{key}: unknown key; allowed: {', '.join(names)}")
 
 
 def _http_url(url: str) -> bool:
@@ -385,7 +423,7 @@ def _parse_server(table: dict[str, Any]) -> ServerConfig:
     if "graceful_timeout_s" in table:
         # the name before DESIGN.md's contract was followed: say what it is called now
         raise ConfigError("server.graceful_timeout_s: renamed server.shutdown_grace_s")
-    _check_unknown(table, set(types), "server")
+    _check_unknown(table, types, "server")
     values = {key: _take(table, key, "server", kind) for key, kind in types.items() if key in table}
     server = replace(defaults, **values)
     _validate_server(server)
@@ -439,12 +477,10 @@ def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
     kind = _take(table, "kind", where, str)
     if kind not in PROVIDER_KINDS:
         raise ConfigError(f"{where}.kind: must be one of {', '.join(PROVIDER_KINDS)}")
-    allowed = {"name", "kind", "base_url", "zero_retention", "residency"}
-    allowed |= {"timeout_s", "max_connections"} | _KIND_KEYS[kind]
-    _check_unknown(table, allowed, where)
+    _check_unknown(table, provider_keys(kind), where)
     strings = {
         key: _not_empty(_take(table, key, where, str), f"{where}.{key}")
-        for key in sorted(_KIND_KEYS[kind] | {"base_url"})
+        for key in sorted({*_KIND_KEYS[kind], "base_url"})
         if key in table
     }
     region = strings.get("region")
@@ -494,10 +530,7 @@ def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
 
 def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> ModelConfig:
     where = f"models[{index}]"
-    allowed = {"id", "provider", "upstream_id", "kind", "capabilities", "dimensions", "enabled"}
-    allowed |= {"zero_retention_available", "byok_available", "aliases"}
-    allowed |= set(PRICE_KEYS)
-    _check_unknown(table, allowed, where)
+    _check_unknown(table, MODEL_KEYS, where)
     for key in ("id", "provider"):
         if key not in table:
             raise ConfigError(f"{where}.{key}: required")
@@ -557,7 +590,7 @@ def _parse_cluster(table: object) -> ClusterConfig:
     if not isinstance(table, dict):
         raise ConfigError("cluster: must be a table")
     types: dict[str, type | tuple[type, ...]] = {"node_id": str, "lease_s": (int, float)}
-    _check_unknown(table, set(types), "cluster")
+    _check_unknown(table, types, "cluster")
     values = {k: _take(table, k, "cluster", kind) for k, kind in types.items() if k in table}
     cluster = replace(ClusterConfig(), **values)
     _validate_cluster(cluster)
@@ -573,7 +606,7 @@ def _validate_cluster(cluster: ClusterConfig) -> None:
 
 def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     """Validate a parsed TOML document into a :class:`Config`."""
-    _check_unknown(data, {"server", "cluster", "observability", "providers", "models"}, "config")
+    _check_unknown(data, TABLES, "config")
     server_table = data.get("server", {})
     if not isinstance(server_table, dict):
         raise ConfigError("server: must be a table")

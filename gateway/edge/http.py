@@ -15,6 +15,7 @@ from quart import Response, current_app, g, request
 from werkzeug.datastructures import MultiDict
 
 from gateway.accounts.key_record import new_id
+from gateway.accounts.usd_json import plain_amounts
 from gateway.edge.bodies import gate_of
 from gateway.errors import GatewayError
 
@@ -41,7 +42,7 @@ def request_id() -> str:
 
 def json_response(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(
-        orjson.dumps(data),
+        orjson.dumps(plain_amounts(data)),
         status=status,
         headers=headers or {},
         content_type="application/json",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
+from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
@@ -559,8 +560,43 @@ def _error_responses(path: str, codes: tuple[str, ...]) -> dict[str, Any]:
     }
 
 
-def _operation(row: tuple[Any, ...]) -> dict[str, Any]:
+#: the prompt of the example calls
+EXAMPLE_PROMPT = "Say hello."
+
+
+def _examples(chat_model: str | None, embedding_model: str | None) -> dict[tuple[str, str], Any]:
+    """A working body per operation that takes one, by path and method: a generic client
+    (Swagger UI's "try it out", a fuzzer given the document alone) reaches a served model.
+    The output budgets are small, so that the worst case fits small caps."""
+    examples: dict[tuple[str, str], Any] = {
+        ("post", "/v1/keys"): {
+            "name": "ci",
+            "scopes": ["inference"],
+            "caps": {"usd_day": 1, "rpm": 30},
+            "default_tags": {"team": "ci"},
+        },
+        ("patch", "/v1/keys/{key_id}"): {"disabled": True},
+    }
+    if chat_model is not None:
+        examples[("post", "/v1/chat/completions")] = {
+            "model": chat_model,
+            "messages": [{"role": "user", "content": EXAMPLE_PROMPT}],
+            "max_tokens": 16,
+        }
+        examples[("post", "/v1/responses")] = {
+            "model": chat_model,
+            "input": EXAMPLE_PROMPT,
+            "max_output_tokens": 16,
+        }
+        examples[("get", "/v1/models/{model_id}")] = {"model_id": chat_model}
+    if embedding_model is not None:
+        examples[("post", "/v1/embeddings")] = {"model": embedding_model, "input": EXAMPLE_PROMPT}
+    return examples
+
+
+def _operation(row: tuple[Any, ...], examples: dict[tuple[str, str], Any]) -> dict[str, Any]:
     method, path, scope, summary, body, status, answer, codes, params = row
+    example = examples.get((method, path))
     content: dict[str, Any] = {JSON: {"schema": _ref(answer)}}
     if path in ("/v1/chat/completions", "/v1/responses"):
         content["text/event-stream"] = {"schema": SSE_EVENT}
@@ -568,14 +604,22 @@ def _operation(row: tuple[Any, ...]) -> dict[str, Any]:
         "operationId": method + "_" + re.sub(r"[^a-z0-9]+", "_", path[len("/v1/") :]).strip("_"),
         "summary": summary,
         "description": f"Scope: {scope}.",
-        "parameters": list(params),
+        "parameters": [
+            {**param, "example": example[param["name"]]}
+            if body is None and example is not None and param["name"] in example
+            else param
+            for param in params
+        ],
         "responses": {
             str(status): {"description": "OK", "headers": _ANSWER_HEADERS, "content": content},
             **_error_responses(path, codes),
         },
     }
     if body is not None:
-        op["requestBody"] = {"required": True, "content": {JSON: {"schema": _ref(body)}}}
+        media: dict[str, Any] = {"schema": _ref(body)}
+        if example is not None:
+            media["example"] = example
+        op["requestBody"] = {"required": True, "content": {JSON: media}}
     if path.startswith("/v1/models"):
         op["security"] = [{}, {"bearer": []}]
         for status in ("200", "404", "429"):
@@ -587,10 +631,13 @@ def _operation(row: tuple[Any, ...]) -> dict[str, Any]:
 
 
 @cache
-def document() -> dict[str, Any]:
+def document(chat_model: str | None = None, embedding_model: str | None = None) -> dict[str, Any]:
+    """The document; a server gives the ids of a chat model and of the embedding model it
+    serves, which the example bodies name (:func:`served_document`)."""
+    examples = _examples(chat_model, embedding_model)
     paths: dict[str, dict[str, Any]] = defaultdict(dict)
     for row in OPERATIONS:
-        paths[row[1]][row[0]] = _operation(row)
+        paths[row[1]][row[0]] = _operation(row, examples)
     return {
         "openapi": "3.1.0",
         "info": {
@@ -606,3 +653,12 @@ def document() -> dict[str, Any]:
             "schemas": SCHEMAS,
         },
     }
+
+
+def served_document(models: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """The document of a server whose enabled models are ``(id, kind)`` pairs: its
+    examples name the first chat model and the embedding model."""
+    chosen = dict[str, str]()
+    for model_id, kind in models:
+        chosen.setdefault(kind, model_id)
+    return document(chosen.get("chat"), chosen.get("embedding"))

@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.accounts.key_fields import ALWAYS_LIMITED, MAX_COUNT, MAX_NAME, MAX_USD, USD_CAPS
+from gateway.accounts.key_fields import (
+    ALWAYS_LIMITED,
+    MAX_COUNT,
+    MAX_NAME,
+    MAX_USD,
+    MODEL_LIST,
+    MODEL_LIST_ALIAS,
+    USD_CAPS,
+)
 from gateway.accounts.key_record import CAP_FIELDS, DATA_MODES, ENVIRONMENTS, id_pattern
 from gateway.accounts.subkey_rules import FIELDS as SUB_KEY_FIELDS
 from gateway.accounts.subkey_rules import SUB_KEY_SCOPES
@@ -308,14 +316,20 @@ def _cap(field: str) -> dict[str, Any]:
 
 
 CAPS_REQUEST = obj({field: _cap(field) for field in CAP_FIELDS}, closed=True)
+MODEL_LIST_SCHEMA = nullable({"type": "array", "minItems": 1, "items": MODEL})
 SUB_KEY_REQUEST = closed_body(
-    SUB_KEY_FIELDS,
+    frozenset({*SUB_KEY_FIELDS, MODEL_LIST_ALIAS}),
     {
         # surrounding spaces are dropped; what is left is 1 to MAX_NAME characters
         "name": {"type": "string", "minLength": 1, "maxLength": MAX_NAME, "pattern": NOT_BLANK},
         "scopes": nullable({"type": "array", "items": {"enum": list(SUB_KEY_SCOPES)}}),
         "caps": nullable(CAPS_REQUEST),
-        "allowed_models": nullable({"type": "array", "minItems": 1, "items": MODEL}),
+        MODEL_LIST: MODEL_LIST_SCHEMA,
+        MODEL_LIST_ALIAS: {
+            **MODEL_LIST_SCHEMA,
+            "deprecated": True,
+            "description": f"The older name of {MODEL_LIST}; send one of the two.",
+        },
         "required_tags": nullable(TAG_MAP),
         "default_tags": nullable(TAG_MAP),
         "data_mode": {"enum": list(DATA_MODES)},
@@ -327,6 +341,7 @@ SUB_KEY_REQUEST = closed_body(
     ("name",),
     nulls=False,
 )
+SUB_KEY_REQUEST["not"] = {"required": [MODEL_LIST, MODEL_LIST_ALIAS]}
 SUB_KEY_PATCH = obj({"disabled": {"type": "boolean"}}, ("disabled",), closed=True)
 
 # -- path and query parameters -----------------------------------------------------------

@@ -35,3 +35,15 @@ def build_providers(
         else:
             providers[provider.name] = HTTP_KINDS[provider.kind](provider, secrets)
     return providers
+
+
+def live_on_mock_message(model_id: str) -> str:
+    """The refusal of a live key's call to a model only the mock serves: the mock serves
+    sandbox keys, never live ones (they are billed), so the operator must configure a
+    real provider for the model, or the caller use a sandbox key."""
+    return (
+        f"{model_id} is served only by the mock provider, which serves sandbox keys"
+        " (svc_test_...), never live ones. Use a sandbox key, or have the operator configure"
+        f" a real provider for {model_id}: a [[providers]] table (kind openai, anthropic,"
+        " gemini, bedrock or azure) named by the model's provider key (docs/CONFIG.md)."
+    )

@@ -34,10 +34,10 @@ from gateway.observe.logs import event
 from gateway.observe.metrics import Metrics
 from gateway.providers.base import Provider
 from gateway.providers.mock import MockProvider
-from gateway.providers.registry import build_providers
+from gateway.providers.registry import build_providers, live_on_mock_message
 from gateway.serving.node import Node
 from gateway.serving.readiness import Readiness
-from gateway.store import Store, StoreError, is_postgres, records
+from gateway.store import Store, StoreError, is_postgres, node_leases, records
 from gateway.store import claims as idempotency_ops
 from shards import ShardPool, SystemClock
 from shards.clock import Clock
@@ -167,6 +167,9 @@ class Runtime:
             self.cluster.recover()
         else:
             self.recover()
+            # the operator's model switches outlive a restart (a cluster's node reads them)
+            for model_id, enabled in self.store.call(node_leases.model_switches).items():
+                self.catalog.set_enabled(model_id, enabled)
         self.load_orgs(
             self.store.call(records.list_orgs),
             self.store.call(records.org_balances),
@@ -274,9 +277,15 @@ class Runtime:
     # -- providers ---------------------------------------------------------------------------
 
     def provider_for(self, record: KeyRecord, model: Model) -> Provider:
-        """Sandbox keys are served by the mock; live keys by the model's provider."""
+        """Sandbox keys are served by the mock; live keys by the model's provider, never
+        by the mock (the spec: live keys are served by real providers and billed)."""
         if record.mode == "sandbox":
             return self.mock
+        if self.config.provider(model.config.provider).kind == "mock":
+            # a setup to change, not a passing failure: retrying cannot succeed
+            raise GatewayError(
+                "model_unavailable", live_on_mock_message(model.id), "model", retryable=False
+            )
         provider = self.providers.get(model.config.provider)
         if provider is None:
             raise GatewayError(

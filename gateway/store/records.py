@@ -143,8 +143,12 @@ def usage_view(stored: dict[str, Any] | None) -> dict[str, int] | None:
     }
 
 
-def get_request(conn: Conn, request_id: str, key_id: str) -> dict[str, Any] | None:
-    return sq.select_one(conn, "requests", "WHERE id = ? AND key_id = ?", (request_id, key_id))
+def get_request(conn: Conn, request_id: str, key_id: str, *others: str) -> dict[str, Any] | None:
+    """The record of a request made with ``key_id`` or one of ``others`` (a parent reads
+    its sub-keys' records, as its usage counts their calls)."""
+    marks = ", ".join("?" for _ in (key_id, *others))
+    where = f"WHERE id = ? AND key_id IN ({marks})"
+    return sq.select_one(conn, "requests", where, (request_id, key_id, *others))
 
 
 def settled_spend(conn: Conn, day: str, month: str) -> list[dict[str, Any]]:

@@ -98,6 +98,7 @@ REFUSALS: list[tuple[str, Any, str, str | None]] = [
     ("environment changed", {"name": "c", "environment": "production"},
      "invalid_request", "environment"),
     ("byok changed", {"name": "c", "byok": True}, "invalid_request", "byok"),
+    ("byok as a number", {"name": "c", "byok": 0}, "invalid_request", "byok"),
     ("scopes not a list", {"name": "c", "scopes": "inference"}, "invalid_request", "scopes"),
     ("scope keys:manage", {"name": "c", "scopes": ["inference", "keys:manage"]},
      "invalid_request", "scopes"),

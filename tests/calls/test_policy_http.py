@@ -277,6 +277,7 @@ CASES = [
         "budget_exceeded",
         policy={"budget_usd_month": 0.00001},
         key={"mode": "live"},
+        body=chat("u-chat"),  # a live key needs a real provider (refused before it is asked)
         reached_reservation=True,
     ),
     Case(
@@ -285,6 +286,7 @@ CASES = [
         "spend_refused",
         policy={"spend_paused": True},
         key={"mode": "live"},
+        body=chat("u-chat"),
     ),
     Case(
         "model_not_zdr",

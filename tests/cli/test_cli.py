@@ -46,6 +46,11 @@ VERBS: list[tuple[tuple[str, ...], str]] = [
     (("key", "disable"), r"disable"),
     (("key", "enable"), r"enable"),
     (("key", "list"), r"list"),
+    (("org", "list"), r"list"),
+    (("config",), r"config"),
+    (("config", "example"), r"example"),
+    (("config", "check"), r"check|load"),
+    (("model",), r"stored"),
 ]
 
 
@@ -673,7 +678,6 @@ LIVE_CONFIG = """
 name = "acme-upstream"
 kind = "openai"
 base_url = "http://127.0.0.1:9/v1"
-api_key_env = "ACME_UPSTREAM_KEY"
 
 [[models]]
 id = "live-model"

@@ -67,7 +67,7 @@ async def test_head_is_another_method(gateway: Gateway, path: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["/v1/nothing", "/v2/models", "/", "/v1/keys/a/b", "/v1//models", "//v1/key"]
+    "path", ["/v1/nothing", "/v2/models", "/v1/keys/a/b", "/v1//models", "//v1/key"]
 )
 async def test_unknown_paths_are_404(gateway: Gateway, path: str) -> None:
     async with gateway.client(gateway.token) as client:
@@ -75,6 +75,18 @@ async def test_unknown_paths_are_404(gateway: Gateway, path: str) -> None:
     assert response.status_code == 404
     error = response.json()["error"]
     assert (error["code"], error["type"]) == ("not_found", "not_found_error")
+
+
+async def test_the_root_points_to_the_catalog_the_dashboard_and_the_document(
+    gateway: Gateway,
+) -> None:
+    async with gateway.client() as client:  # no key needed
+        index = await client.get("/")
+        assert index.status_code == 200
+        links = index.json()["links"]
+        assert links["dashboard"] == "/dashboard/" and links["models"] == "/v1/models"
+        for link in links.values():  # each one is served
+            assert (await client.get(link)).status_code in (200, 302, 303), link
 
 
 def _scope_cases() -> list[tuple[str, str, str]]:

@@ -243,6 +243,7 @@ async def test_pools_that_leave_too_few_client_connections_refuse_the_start(
             "0",
             "--db",
             str(tmp_path / "g.db"),
+            env=base_env(FAKE_UPSTREAM_KEY="sk-upstream"),
             cwd=tmp_path,
             timeout=START_TIMEOUT_S,
             preexec_fn=descriptor_limit(TOO_LOW),

@@ -38,9 +38,12 @@ def parse_embeddings(body: Any, served_model_id: str | None) -> EmbeddingCall:
     if not isinstance(model, str):
         raise invalid("model", "model is required and must be a string.")
     if model != served_model_id:
-        raise EmbeddingModelNotAllowed(
-            "model_not_allowed", "Only the served embedding model is accepted.", param="model"
+        message = (
+            f"Only the served embedding model, {served_model_id}, is accepted."
+            if served_model_id is not None
+            else "No embedding model is served here."
         )
+        raise EmbeddingModelNotAllowed("model_not_allowed", message, param="model")
     inputs = _inputs(body.get("input"))
     encoding = body.get("encoding_format")
     if encoding not in (None, "float", "base64"):

@@ -80,7 +80,11 @@ def refuse_unknown(body: dict[str, Any], known: frozenset[str]) -> None:
     real OpenAI fields, such as presence_penalty: the message says not supported here)."""
     for name in body:
         if name not in known:
-            raise unsupported(name)
+            raise unsupported(
+                name,
+                f"The parameter {name} is not supported by this gateway; the fields it knows:"
+                f" {', '.join(sorted(known))} (some only with certain values).",
+            )
 
 
 def require_model(body: dict[str, Any], missing: str = "validation_failed") -> str:

@@ -19,14 +19,14 @@ from quart import Quart, Response, request
 
 from gateway.accounts.catalog import nanos_to_usd, usd_to_nanos
 from gateway.accounts.key_actions import create_root_key, key_action, set_caps
-from gateway.accounts.key_fields import number
+from gateway.accounts.key_fields import number, refuse_unknown_fields
 from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.orgs import Org, validate_policy
 from gateway.edge.auth import bearer_token
 from gateway.edge.http import json_response, read_json_object, runtime
 from gateway.errors import GatewayError
 from gateway.observe.alerts import check_webhook_url
-from gateway.store import records
+from gateway.store import node_leases, records
 
 
 def authorize_admin() -> None:
@@ -94,6 +94,7 @@ def _org_view(org: Org) -> dict[str, Any]:
 async def create_org() -> Response:
     authorize_admin()
     body = await read_json_object()
+    refuse_unknown_fields(body, ("name", "credits_usd", "residency"), "an organisation body")
     name = body.get("name")
     if not isinstance(name, str) or not name.strip():
         raise GatewayError("invalid_request", "name is required.", param="name")
@@ -126,6 +127,7 @@ async def add_credits(org_id: str) -> Response:
     authorize_admin()
     org = org_or_404(org_id)
     body = await read_json_object()
+    refuse_unknown_fields(body, ("add_usd",), "a credits body")
     amount = number(body, "add_usd")
     if not amount:
         raise GatewayError("invalid_request", "add_usd must be a positive number.", param="add_usd")
@@ -149,6 +151,7 @@ async def set_byok(org_id: str) -> Response:
     authorize_admin()
     org = org_or_404(org_id)
     body = await read_json_object()
+    refuse_unknown_fields(body, ("provider", "api_key_env"), "a BYOK body")
     provider, env = body.get("provider"), body.get("api_key_env")
     if not isinstance(provider, str) or not provider:
         raise GatewayError("invalid_request", "provider is required.", param="provider")
@@ -176,7 +179,9 @@ async def set_webhook(org_id: str) -> Response:
     """Spend alerts of the organisation go to ``url``; the signing secret is shown once."""
     authorize_admin()
     org = org_or_404(org_id)
-    url = check_webhook_url((await read_json_object()).get("url"))
+    body = await read_json_object()
+    refuse_unknown_fields(body, ("url",), "a webhook body")
+    url = check_webhook_url(body.get("url"))
     secret = await runtime().alerts.set_webhook(org.id, url)
     return json_response({"org_id": org.id, "url": url, "secret": secret})
 
@@ -234,8 +239,8 @@ async def list_models() -> Response:
 
 
 async def model_action(model_id: str, action: str) -> Response:
-    """Switch a model off (calls answer 503 model_unavailable) or on, until a restart
-    (with several nodes: on every node, stored until switched back)."""
+    """Switch a model off (calls answer 503 model_unavailable) or on; the switch is
+    stored, so it outlives a restart (with several nodes: on every node)."""
     authorize_admin()
     rt = runtime()
     enabled = action == "enable"
@@ -244,6 +249,8 @@ async def model_action(model_id: str, action: str) -> Response:
         raise GatewayError("not_found", f"No model {model_id}.")
     if rt.cluster is not None:
         await rt.cluster.switch_model(model_id, enabled)
+    else:
+        await rt.store.write(node_leases.switch_model, model_id, enabled, rt.clock.now())
     return json_response({**model.public(), "enabled": enabled})
 
 

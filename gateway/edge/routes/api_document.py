@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from quart import Quart, Response
 
-from gateway.edge.http import json_response
-from gateway.edge.openapi import document
+from gateway.edge.http import json_response, runtime
+from gateway.edge.openapi import served_document
 
 
 async def openapi_json() -> Response:
-    return json_response(document())
+    """The document, its examples naming models this server serves (enabled now)."""
+    models = runtime().catalog.models.values()
+    return json_response(served_document((model.id, model.kind) for model in models))
 
 
 def register(app: Quart) -> None:

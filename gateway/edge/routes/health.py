@@ -1,4 +1,5 @@
-"""GET /healthz and GET /readyz: liveness and readiness for load balancers (no key).
+"""GET /healthz and GET /readyz: liveness and readiness for load balancers (no key); and
+GET /, which points to the catalog, the dashboard and the API document.
 
 /healthz answers 200 ``{"status":"ok"}`` while the process serves at all. /readyz
 answers 200 ``{"status":"ready"}`` only when the server is past start-up, not stopping,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from quart import Quart, Response
 
+from gateway import __version__
 from gateway.edge.http import json_response, runtime
 from gateway.serving.readiness import STORE_TIMEOUT_S, Phase, unready_reason
 
@@ -40,6 +42,26 @@ async def readyz() -> Response:
     return json_response({"status": "unready", "reason": reason}, 503, headers=NO_STORE)
 
 
+async def index() -> Response:
+    """``GET /``: where things are, for someone who opened the server's address (no key)."""
+    return json_response(
+        {
+            "object": "svc-gateway",
+            "version": __version__,
+            "message": "A key-authenticated gateway for language-model calls: the API is"
+            " under /v1 (Authorization: Bearer <key>), organisations' users sign in at"
+            " /dashboard/.",
+            "links": {
+                "models": "/v1/models",
+                "dashboard": "/dashboard/",
+                "openapi": "/openapi.json",
+                "health": "/healthz",
+            },
+        }
+    )
+
+
 def register(app: Quart) -> None:
+    app.add_url_rule("/", "index", index, methods=["GET"])
     app.add_url_rule("/healthz", "healthz", healthz, methods=["GET"])
     app.add_url_rule("/readyz", "readyz", readyz, methods=["GET"])

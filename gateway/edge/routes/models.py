@@ -16,6 +16,7 @@ import orjson
 from quart import Quart, Response, request
 
 from gateway.accounts.catalog import Model
+from gateway.accounts.usd_json import plain_amounts
 from gateway.calls.policy import callable_models, model_not_found
 from gateway.edge.auth import admit_reader
 from gateway.edge.http import json_response, runtime
@@ -68,7 +69,9 @@ def _public(answer: Callable[[], dict[str, Any]]) -> Response:
         error.headers.update(headers)
         raise
     headers["Cache-Control"] = f"public, max-age={PUBLIC_CACHE_SECONDS}"
-    return Response(orjson.dumps(body), 200, headers, content_type="application/json")
+    return Response(
+        orjson.dumps(plain_amounts(body)), 200, headers, content_type="application/json"
+    )
 
 
 def register(app: Quart) -> None:

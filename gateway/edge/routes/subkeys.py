@@ -14,6 +14,7 @@ from typing import Any
 
 from quart import Quart, Response, request
 
+from gateway.accounts.key_fields import refuse_unknown_fields
 from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.subkey_rules import child_settings
 from gateway.calls.policy import callable_models
@@ -81,11 +82,7 @@ async def create_sub_key() -> Response:
 
 
 def _disabled(body: dict[str, Any]) -> bool:
-    unknown = sorted(set(body) - {"disabled"})
-    if unknown:
-        raise GatewayError(
-            "invalid_request", f"Only disabled can be changed, not {unknown[0]!r}.", unknown[0]
-        )
+    refuse_unknown_fields(body, ("disabled",), "a sub-key change")
     disabled = body.get("disabled")
     if not isinstance(disabled, bool):
         raise GatewayError("invalid_request", "disabled must be true or false.", "disabled")

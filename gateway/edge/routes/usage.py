@@ -68,9 +68,14 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
 
 async def get_request(request_id: str) -> Response:
     record = await _reader()
-    row = await runtime().store.read(records.get_request, request_id, record.id)
+    rt = runtime()
+    # the key's own calls and its sub-keys' (GET /v1/usage counts those too)
+    children = (child.id for child in rt.keyring.children(record.id))
+    row = await rt.store.read(records.get_request, request_id, record.id, *children)
     if row is None:
-        raise GatewayError("not_found", f"No request {request_id} for this key.", "request_id")
+        raise GatewayError(
+            "not_found", f"No request {request_id} for this key or its sub-keys.", "request_id"
+        )
     return json_response(request_view(row))
 
 
