@@ -354,12 +354,12 @@ def completion(message: dict[str, Any], model: str, structured: bool) -> dict[st
     if tool_calls:
         reply["tool_calls"] = tool_calls
     return chat_completion(
+        reply,
+        _finish(message.get("stop_reason"), len(tool_calls)),
+        usage_of(message.get("usage")),
         completion_id=message.get("id") or "msg",
         created=int(time.time()),
         model=message.get("model") or model,
-        message=reply,
-        finish_reason=_finish(message.get("stop_reason"), len(tool_calls)),
-        usage=usage_of(message.get("usage")),
     )
 
 

@@ -23,15 +23,16 @@ def call_arguments(function: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def chat_completion(
+    message: dict[str, Any],
+    finish_reason: str,
+    usage: Usage | None,
     *,
     completion_id: str,
     created: int,
     model: str,
-    message: dict[str, Any],
-    finish_reason: str,
-    usage: Usage | None,
 ) -> dict[str, Any]:
-    """A ``chat.completion`` of one choice (``message``); its ``usage`` when there is one."""
+    """The ``chat.completion`` whose one choice is the assistant's ``message``; its
+    ``usage`` when there is one."""
     completion: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion",

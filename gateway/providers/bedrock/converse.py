@@ -286,11 +286,6 @@ def completion(
     usage = usage_of(answer.get("usage"))
     reason = finish_reason(answer.get("stopReason"), answer_tool, names)
     result = chat_completion(
-        completion_id=completion_id,
-        created=created,
-        model=model,
-        message=message,
-        finish_reason=reason,
-        usage=usage,
+        message, reason, usage, completion_id=completion_id, created=created, model=model
     )
     return result, usage

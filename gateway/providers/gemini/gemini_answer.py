@@ -121,12 +121,12 @@ def completion(answer: Any, request_id: str, model: str) -> tuple[dict[str, Any]
     reason = (candidate or {}).get("finishReason")
     usage = usage_of(answer)
     result = chat_completion(
+        message,
+        _finish(reason, bool(calls), _blocked(answer)),
+        usage,
         completion_id=_completion_id(answer, request_id),
         created=int(time.time()),
         model=answer.get("modelVersion") or model,
-        message=message,
-        finish_reason=_finish(reason, bool(calls), _blocked(answer)),
-        usage=usage,
     )
     return result, usage
 
