@@ -43,7 +43,7 @@ from gateway.calls.policy import PolicySource
 from gateway.calls.settlement import Ending, Settlement, ending_for, settle_amounts
 from gateway.errors import GatewayError
 from gateway.observe.logs import event
-from gateway.observe.tracing import AttemptSpan, Spans, TraceContext
+from gateway.observe.tracing import AttemptLabels, AttemptSpan, Spans, TraceContext
 from gateway.providers.base import Provider, Usage
 from gateway.store import StoreError, records
 from gateway.store.claims import ClaimHeld
@@ -250,8 +250,7 @@ class Call:
         self.called_at = time.perf_counter()
         spans, trace = self.parts.spans, self.trace
         if spans is not None and trace is not None:
-            self.attempt = spans.attempt(
-                trace,
+            labels = AttemptLabels(
                 provider=self._provider_of(hold.model),
                 endpoint=self.endpoint,
                 model=hold.model.id,
@@ -260,6 +259,7 @@ class Call:
                 key_prefix=self.record.prefix,
                 org_id=self.record.org_id,
             )
+            self.attempt = spans.attempt(trace, labels)
 
     def hand_off(self) -> None:
         """CALLED → HANDED_OFF: a stream pump owns the call from now on."""

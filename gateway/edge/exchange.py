@@ -29,7 +29,13 @@ from gateway.accounts.catalog import nanos_to_usd
 from gateway.edge.asgi import App, Message, Receive, Scope, Send
 from gateway.observe.logs import event
 from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS, Metrics, endpoint_of
-from gateway.observe.tracing import ServerSpan, Spans, TraceContext, from_headers
+from gateway.observe.tracing import (
+    RequestOutcome,
+    ServerSpan,
+    Spans,
+    TraceContext,
+    from_headers,
+)
 
 if TYPE_CHECKING:
     from gateway.accounts.key_record import KeyRecord
@@ -220,11 +226,9 @@ class ExchangeRecorder:
         )
         if exchange.span is not None:
             exchange.span.end(
-                status=status,
-                code=code,
-                request_id=exchange.request_id,
-                key_prefix=exchange.key_prefix,
-                org_id=exchange.org_id,
+                RequestOutcome(
+                    status, code, exchange.request_id, exchange.key_prefix, exchange.org_id
+                )
             )
         if not log.isEnabledFor(logging.INFO):
             return

@@ -39,7 +39,7 @@ from opentelemetry.util.types import AttributeValue
 
 from gateway import __version__
 from gateway.config.settings import ObservabilityConfig
-from gateway.observe.tracing import TraceContext
+from gateway.observe.tracing import AttemptLabels, RequestOutcome, TraceContext
 
 #: our provider kinds as ``gen_ai.provider.name``'s well-known values (the mock: "mock")
 PROVIDER_NAMES = {
@@ -189,24 +189,17 @@ class _Server:
         self.span = span
         self.context = context
 
-    def end(
-        self,
-        *,
-        status: int,
-        code: str,
-        request_id: str | None,
-        key_prefix: str | None,
-        org_id: str | None,
-    ) -> None:
+    def end(self, outcome: RequestOutcome) -> None:
+        status, code = outcome.status, outcome.code
         span = self.span
         if span.is_recording():
             attributes: dict[str, AttributeValue] = {"http.response.status_code": status}
-            if request_id is not None:
-                attributes["svc.request_id"] = request_id
-            if key_prefix is not None:
-                attributes["svc.key_prefix"] = key_prefix
-            if org_id is not None:
-                attributes["svc.org_id"] = org_id
+            if outcome.request_id is not None:
+                attributes["svc.request_id"] = outcome.request_id
+            if outcome.key_prefix is not None:
+                attributes["svc.key_prefix"] = outcome.key_prefix
+            if outcome.org_id is not None:
+                attributes["svc.org_id"] = outcome.org_id
             if code != "ok":
                 attributes["svc.error_code"] = code
             if status >= 500:
@@ -313,25 +306,14 @@ class OtlpSpans:
             self.ids.next = None
         return _Server(span, _forwarded(trace, span))
 
-    def attempt(
-        self,
-        parent: TraceContext,
-        *,
-        provider: str,
-        endpoint: str,
-        model: str,
-        upstream_model: str,
-        request_id: str,
-        key_prefix: str,
-        org_id: str,
-    ) -> _Attempt:
-        kind = self.kinds.get(provider, provider)
-        operation = OPERATIONS.get(endpoint, endpoint)
+    def attempt(self, parent: TraceContext, labels: AttemptLabels) -> _Attempt:
+        kind = self.kinds.get(labels.provider, labels.provider)
+        operation = OPERATIONS.get(labels.endpoint, labels.endpoint)
         context = _parent(
             parent.trace_id, parent.span_id, parent.flags, parent.tracestate, remote=False
         )
         span = self.tracer.start_span(
-            f"{operation} {upstream_model}",
+            f"{operation} {labels.upstream_model}",
             context=context,
             kind=SpanKind.CLIENT,
             attributes={
@@ -340,12 +322,12 @@ class OtlpSpans:
                 # the attribute gen_ai.provider.name replaced (semantic conventions 1.37),
                 # which peers and dashboards built on the earlier conventions still read
                 "gen_ai.system": kind,
-                "gen_ai.request.model": upstream_model,
-                "svc.model": model,
-                "svc.provider": provider,
-                "svc.request_id": request_id,
-                "svc.key_prefix": key_prefix,
-                "svc.org_id": org_id,
+                "gen_ai.request.model": labels.upstream_model,
+                "svc.model": labels.model,
+                "svc.provider": labels.provider,
+                "svc.request_id": labels.request_id,
+                "svc.key_prefix": labels.key_prefix,
+                "svc.org_id": labels.org_id,
             },
         )
         return _Attempt(span, _forwarded(parent, span))

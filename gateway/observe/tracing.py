@@ -73,6 +73,18 @@ def from_headers(traceparent: str | None, tracestate: str | None = None) -> Trac
     return TraceContext(f"{_ids.getrandbits(128):032x}", span)
 
 
+@dataclass(frozen=True, slots=True)
+class RequestOutcome:
+    """How an HTTP request ended, as its span says: the status, the error code (``ok``
+    when it succeeded), and the call's labels known by then (None before they are)."""
+
+    status: int
+    code: str
+    request_id: str | None
+    key_prefix: str | None
+    org_id: str | None
+
+
 class ServerSpan(Protocol):
     """The span of one HTTP request, as the edge opens and ends it."""
 
@@ -81,15 +93,7 @@ class ServerSpan(Protocol):
         """The request's trace as forwarded: this span's id, its sampled flag."""
         ...
 
-    def end(
-        self,
-        *,
-        status: int,
-        code: str,
-        request_id: str | None,
-        key_prefix: str | None,
-        org_id: str | None,
-    ) -> None: ...
+    def end(self, outcome: RequestOutcome) -> None: ...
 
 
 class AttemptSpan(Protocol):
@@ -110,20 +114,22 @@ class AttemptSpan(Protocol):
         """``error``: the call's error code, None when it succeeded."""
 
 
+@dataclass(frozen=True, slots=True)
+class AttemptLabels:
+    """What a provider attempt's span says of the call (never its prompt or answer)."""
+
+    provider: str
+    endpoint: str
+    model: str
+    upstream_model: str
+    request_id: str
+    key_prefix: str
+    org_id: str
+
+
 class Spans(Protocol):
     """Where spans go (:class:`gateway.observe.otel.OtlpSpans`)."""
 
     def server(self, trace: TraceContext, method: str, endpoint: str) -> ServerSpan: ...
 
-    def attempt(
-        self,
-        parent: TraceContext,
-        *,
-        provider: str,
-        endpoint: str,
-        model: str,
-        upstream_model: str,
-        request_id: str,
-        key_prefix: str,
-        org_id: str,
-    ) -> AttemptSpan: ...
+    def attempt(self, parent: TraceContext, labels: AttemptLabels) -> AttemptSpan: ...

@@ -46,6 +46,7 @@ from typing import Any
 import orjson
 
 from gateway.providers.base import Usage
+from gateway.providers.chat_shapes import call_arguments, chat_completion
 
 #: the output ceiling sent when the body has none (the gateway always sends one)
 DEFAULT_MAX_TOKENS = 4096
@@ -225,11 +226,8 @@ def _assistant_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        try:
-            arguments = orjson.loads(function.get("arguments") or "{}")
-        except orjson.JSONDecodeError:
-            arguments = None
-        if not isinstance(arguments, dict):
+        arguments = call_arguments(function)
+        if arguments is None:
             raise Untranslatable("A tool call's arguments must be a JSON object.")
         blocks.append(
             {
@@ -355,24 +353,14 @@ def completion(message: dict[str, Any], model: str, structured: bool) -> dict[st
     }
     if tool_calls:
         reply["tool_calls"] = tool_calls
-    answer: dict[str, Any] = {
-        "id": message.get("id") or "msg",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": message.get("model") or model,
-        "choices": [
-            {
-                "index": 0,
-                "message": reply,
-                "finish_reason": _finish(message.get("stop_reason"), len(tool_calls)),
-                "logprobs": None,
-            }
-        ],
-    }
-    usage = usage_of(message.get("usage"))
-    if usage is not None:
-        answer["usage"] = usage.as_dict()
-    return answer
+    return chat_completion(
+        reply,
+        _finish(message.get("stop_reason"), len(tool_calls)),
+        usage_of(message.get("usage")),
+        completion_id=message.get("id") or "msg",
+        created=int(time.time()),
+        model=message.get("model") or model,
+    )
 
 
 class StreamFailed(Exception):

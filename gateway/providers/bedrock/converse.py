@@ -41,6 +41,7 @@ from typing import Any
 import orjson
 
 from gateway.providers.base import ProviderMalformed, ProviderRefused, Usage
+from gateway.providers.chat_shapes import call_arguments, chat_completion
 
 #: Converse ``stopReason`` → OpenAI ``finish_reason``
 FINISH_REASONS = {
@@ -175,11 +176,8 @@ def _assistant_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
         blocks.append({"text": message["refusal"]})
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
-        try:
-            arguments = orjson.loads(function.get("arguments") or "{}")
-        except orjson.JSONDecodeError:
-            arguments = None
-        if not isinstance(arguments, dict):
+        arguments = call_arguments(function)
+        if arguments is None:
             raise ProviderRefused(400, "a tool call's arguments must be a JSON object")
         tool_use = {"toolUseId": str(call.get("id") or ""), "name": str(function.get("name"))}
         blocks.append({"toolUse": {**tool_use, "input": arguments}})
@@ -287,13 +285,7 @@ def completion(
         names.add(answer_tool)
     usage = usage_of(answer.get("usage"))
     reason = finish_reason(answer.get("stopReason"), answer_tool, names)
-    result: dict[str, Any] = {
-        "id": completion_id,
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": None}],
-    }
-    if usage is not None:
-        result["usage"] = usage.as_dict()
+    result = chat_completion(
+        message, reason, usage, completion_id=completion_id, created=created, model=model
+    )
     return result, usage

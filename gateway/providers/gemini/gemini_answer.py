@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 
 from gateway.providers.base import Usage
+from gateway.providers.chat_shapes import chat_completion
 from gateway.providers.gemini.gemini_request import tool_call_id
 
 FILTERED = frozenset(
@@ -119,22 +120,14 @@ def completion(answer: Any, request_id: str, model: str) -> tuple[dict[str, Any]
     message["refusal"] = None
     reason = (candidate or {}).get("finishReason")
     usage = usage_of(answer)
-    result: dict[str, Any] = {
-        "id": _completion_id(answer, request_id),
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": answer.get("modelVersion") or model,
-        "choices": [
-            {
-                "index": 0,
-                "message": message,
-                "finish_reason": _finish(reason, bool(calls), _blocked(answer)),
-                "logprobs": None,
-            }
-        ],
-    }
-    if usage is not None:
-        result["usage"] = usage.as_dict()
+    result = chat_completion(
+        message,
+        _finish(reason, bool(calls), _blocked(answer)),
+        usage,
+        completion_id=_completion_id(answer, request_id),
+        created=int(time.time()),
+        model=answer.get("modelVersion") or model,
+    )
     return result, usage
 
 

@@ -38,6 +38,7 @@ from typing import Any
 
 import orjson
 
+from gateway.providers.chat_shapes import call_arguments
 from gateway.providers.gemini.gemini_schema import SchemaRefused, gemini_schema
 
 #: forwarded chat parameters Gemini has no form for
@@ -169,12 +170,8 @@ def _image(url: Any, index: int) -> dict[str, Any]:
 
 
 def _function_call(function: dict[str, Any], index: int) -> dict[str, Any]:
-    arguments = function.get("arguments") or "{}"
-    try:
-        args = orjson.loads(arguments)
-    except orjson.JSONDecodeError:
-        args = None
-    if not isinstance(args, dict):
+    args = call_arguments(function)
+    if args is None:
         raise TranslationRefused(
             f"messages[{index}].tool_calls: the arguments of {function.get('name')!r} must be "
             "a JSON object for Gemini"
