@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 from urllib.parse import quote
@@ -20,7 +21,7 @@ import orjson
 import trio
 
 from gateway.accounts.key_fields import MAX_COUNT, MAX_USD
-from gateway.config.settings import Config, ConfigError, load_config
+from gateway.config.settings import Config, ConfigError, load_config, parse_workers
 from gateway.observe.logs import configure as configure_logging
 from gateway.serving.db_lock import DatabaseLock, DatabaseLockError
 from gateway.store import StoreError
@@ -137,6 +138,11 @@ def main() -> None:
     help="On an empty database, create the demo organisation and sandbox key even with a "
     "config file (without one they are always created).",
 )
+@click.option(
+    "--workers",
+    help='Serving processes on the port (default 1; "auto": one per core). More than one'
+    " run as nodes of one deployment: PostgreSQL only for now.",
+)
 def serve(
     config_path: str | None,
     host: str | None,
@@ -144,6 +150,7 @@ def serve(
     db: str | None,
     as_json: bool,
     demo: bool,
+    workers: str | None,
 ) -> None:
     """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog,
     and on a new database a demo organisation with a sandbox key.
@@ -151,10 +158,18 @@ def serve(
     One server per SQLite database (a second one is refused); on PostgreSQL every
     server is a node of one deployment (``[cluster]``)."""
     try:
-        config = load_config(config_path, host=host, port=port, db=db)
+        count = None if workers is None else parse_workers(workers, "--workers")
+        config = load_config(config_path, host=host, port=port, db=db, workers=count)
     except ConfigError as exc:
         fail(str(exc), 2)
     configure_logging(config.server.log_format, config.server.log_level)
+    if config.server.workers > 1:
+        from gateway.serving.workers import WorkersError, check_workers
+
+        try:
+            check_workers(config)
+        except WorkersError as exc:
+            fail(str(exc), 2)
     lock = DatabaseLock(config.server.db)
     try:
         lock.acquire()
@@ -186,6 +201,11 @@ def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
         sockets = bind_sockets(hypercorn_config(config))
     except OSError as exc:
         fail(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}")
+    announce = partial(_announce, as_json=as_json, demo=demo)
+    if config.server.workers > 1:
+        from gateway.serving.workers import run_workers
+
+        sys.exit(run_workers(config, sockets, demo=demo, announce=announce))
     try:
         runtime = Runtime.open(config)
     except StoreError as exc:
@@ -198,37 +218,38 @@ def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(run_server, runtime, sockets)
             settle_heap()  # start-up has loaded everything
-            token = runtime.demo_token
-            url = binds[0]
-            database = runtime.store.name
-            if as_json:
-                info = {"url": url, "database": database, "sandbox_key": token}
-                click.echo(orjson.dumps(info).decode())
-                sys.stdout.flush()
-                return
-            click.echo(f"svc-gateway listening on {url}")
-            click.echo(f"database: {database}")
-            if token and sys.stdout.isatty():
-                click.echo(f"sandbox key (shown once): {token}")
-                click.echo(f"try: curl -H 'Authorization: Bearer {token}' {url}/v1/key")
-            elif token:
-                # stdout is a file or a pipe, a log someone else may read: no token there
-                click.echo(
-                    "demo organisation created; its sandbox key is not printed because stdout"
-                    " is not a terminal (`serve --json` prints it): create keys with"
-                    " `svc-gateway key create`"
-                )
-            elif demo:
-                click.echo("existing database: create keys with `svc-gateway key create`")
-            else:
-                click.echo(
-                    "create organisations and keys with `svc-gateway org create`,"
-                    " `svc-gateway key create`"
-                )
-            sys.stdout.flush()
+            announce(binds[0], runtime.store.name, runtime.demo_token)
 
     trio.run(run)
     runtime.store.close()
+
+
+def _announce(url: str, database: str, token: str | None, *, as_json: bool, demo: bool) -> None:
+    """The server is ready: say where, and the sandbox key where it may be shown."""
+    if as_json:
+        info = {"url": url, "database": database, "sandbox_key": token}
+        click.echo(orjson.dumps(info).decode())
+        sys.stdout.flush()
+        return
+    click.echo(f"svc-gateway listening on {url}")
+    click.echo(f"database: {database}")
+    if token and sys.stdout.isatty():
+        click.echo(f"sandbox key (shown once): {token}")
+        click.echo(f"try: curl -H 'Authorization: Bearer {token}' {url}/v1/key")
+    elif token:
+        # stdout is a file or a pipe, a log someone else may read: no token there
+        click.echo(
+            "demo organisation created; its sandbox key is not printed because stdout"
+            " is not a terminal (`serve --json` prints it): create keys with"
+            " `svc-gateway key create`"
+        )
+    elif demo:
+        click.echo("existing database: create keys with `svc-gateway key create`")
+    else:
+        click.echo(
+            "create organisations and keys with `svc-gateway org create`, `svc-gateway key create`"
+        )
+    sys.stdout.flush()
 
 
 # -- admin client --------------------------------------------------------------------------

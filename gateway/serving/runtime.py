@@ -115,8 +115,11 @@ class Runtime:
         )
 
     @classmethod
-    def open(cls, config: Config, clock: Clock | None = None) -> Runtime:
-        """The runtime over its store; the state is loaded by the start-up work."""
+    def open(
+        cls, config: Config, clock: Clock | None = None, *, take_over: bool = False
+    ) -> Runtime:
+        """The runtime over its store; the state is loaded by the start-up work.
+        ``take_over``: see :meth:`Node.register`."""
         store = Store(config.server.db)
         runtime = cls(
             config=config,
@@ -126,7 +129,7 @@ class Runtime:
         )
         if runtime.cluster is not None:
             try:
-                runtime.cluster.register()
+                runtime.cluster.register(take_over=take_over)
             except StoreError:
                 store.close()
                 raise

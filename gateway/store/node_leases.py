@@ -70,6 +70,19 @@ def register(conn: Conn, node_id: str, lease_s: float) -> Registration:
     return Registration(epoch)
 
 
+def take_over(conn: Conn, node_id: str) -> dict[str, int]:
+    """A supervisor restarting a worker it saw end (gateway/serving/workers.py): the
+    predecessor's registration is swept now, expired or not (its pending rows settled by
+    recovery, its leases dropped), so that the new worker registers under the same id at
+    once. Only for a process known to be gone: a live holder would lose its leases."""
+    rows = sq.query(
+        conn, "SELECT node_id FROM cluster_nodes WHERE node_id = ? FOR UPDATE", (node_id,)
+    )
+    if not rows:
+        return {"calls": 0, "nanos": 0}
+    return _sweep_nodes(conn, [node_id])
+
+
 def renew(conn: Conn, node_id: str, epoch: int, lease_s: float) -> bool:
     """Extend the registration (and so every lease of the node); False when it is gone.
 
