@@ -140,8 +140,8 @@ def main() -> None:
 )
 @click.option(
     "--workers",
-    help='Serving processes on the port (default 1; "auto": one per core). More than one'
-    " run as nodes of one deployment: PostgreSQL only for now.",
+    help='Serving processes on the port (default 1; "auto": one per core), each a node of'
+    " one deployment on the database.",
 )
 def serve(
     config_path: str | None,

@@ -95,8 +95,10 @@ class Runtime:
         self.demo = self.config.source is None
         #: the sandbox key made by the start-up work on an empty database (shown once)
         self.demo_token: str | None = None
-        #: this process as one of several nodes (a PostgreSQL store), else None
-        self.cluster: Node | None = Node(self) if is_postgres(self.config.server.db) else None
+        #: this process as one of several nodes (a PostgreSQL store, or a worker of
+        #: ``serve --workers``), else None
+        several = is_postgres(self.config.server.db) or self.config.server.workers > 1
+        self.cluster: Node | None = Node(self) if several else None
         #: what a model call uses of this server (the calls/ layer sees nothing else)
         self.call_parts = CallParts(
             store=self.store,

@@ -25,8 +25,11 @@ The parent runs no event loop and opens no database: it waits for signals
 Workers run in their own process group (a terminal's Ctrl-C reaches the parent only,
 which forwards one SIGTERM) and, on Linux, end with the parent if it is killed.
 
-PostgreSQL only for now: on SQLite one server uses the database (its leases are not
-kept there; :mod:`gateway.serving.db_lock`).
+On PostgreSQL the workers are nodes like any other. On SQLite they are nodes of one
+file: the lease protocol runs there too (a refill is one ``BEGIN IMMEDIATE``
+transaction; :mod:`gateway.store.node_leases`), and the one-server lock
+(:mod:`gateway.serving.db_lock`) is the group's: ``svc-gateway serve`` took it in the
+parent before the workers were forked, and they inherit it.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from gateway.observe.logs import event
 from gateway.serving.heap import settle_heap
 from gateway.serving.runtime import Runtime
 from gateway.serving.server import CUT_MARGIN_S, SETTLE_WAIT_S, serve
-from gateway.store import StoreError, is_postgres
+from gateway.store import StoreError
 
 log = logging.getLogger("gateway.serving.workers")
 #: a worker that ran this long before it ended is restarted after the first backoff
@@ -76,11 +79,10 @@ class WorkersError(Exception):
 
 def check_workers(config: Config) -> None:
     """Raise :class:`WorkersError` when ``config`` asks for workers it cannot have."""
-    if config.server.workers > 1 and not is_postgres(config.server.db):
+    if config.server.workers > 1 and config.server.db == ":memory:":
         raise WorkersError(
-            f"--workers {config.server.workers}: several workers need a PostgreSQL database"
-            ' ([server] db = "postgresql://..."), where they run as nodes of one'
-            " deployment; on SQLite one process serves the database (workers = 1)"
+            f"--workers {config.server.workers}: several workers share a database file or a"
+            " PostgreSQL database, not :memory: (use --db FILE, or workers = 1)"
         )
 
 

@@ -1,7 +1,8 @@
 """``svc-gateway serve --workers 2``: two serving processes on one port (issue 34).
 
-One ``python -m gateway serve --workers 2`` process (tests/support/procs.py) on a fresh
-database of the session's throwaway PostgreSQL; its workers are nodes of one deployment.
+One ``python -m gateway serve --workers 2`` process (tests/support/procs.py) on a new
+SQLite file, and on a fresh database of the session's throwaway PostgreSQL; its workers
+are nodes of one deployment.
 Live keys call the fake upstream (tests/support/fake_upstream.py), as in
 tests/cluster/test_cluster.py, whose race and books this file reuses: the kernel spreads
 the race's connections over the two workers, and the records say which worker served
@@ -10,10 +11,12 @@ each call (``requests.node_id``).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import re
 import signal
+import sqlite3
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -25,7 +28,8 @@ import pytest
 import trio
 
 from gateway.config.settings import ConfigError, load_config
-from tests.cluster.test_cluster import ADMIN, CALLS, ROOMY, body, books, fresh_db, race, rows
+from tests.cluster.test_cluster import ADMIN, CALLS, ROOMY, body, fresh_db, race
+from tests.cluster.test_cluster import rows as pg_rows
 from tests.money.test_durable_money import CONFIG, OUT_PRICE, WORST_CASE
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster
@@ -42,7 +46,8 @@ pytestmark = pytest.mark.timeout(150)
 
 #: admitted by the caps of the races: enough calls that both workers take leases
 K = 20
-LEASE_S = 3
+#: the default lease: the kill test needs no lease to expire (the parent takes over)
+LEASE_S = 10
 NODE = "box"
 STARTED = re.compile(r"worker (\S+) started \(pid (\d+)\)")
 
@@ -58,11 +63,16 @@ def start_workers(tmp_path: Path, db: str, upstream: FakeUpstream, *args: str) -
     return start_server(tmp_path, "--config", str(config), "--workers", "2", *args, db=db, env=env)
 
 
-@pytest.fixture
+@pytest.fixture(params=["sqlite", "postgres"])
 async def workers(
-    tmp_path: Path, pg_cluster: Cluster, upstream: FakeUpstream
+    request: pytest.FixtureRequest, tmp_path: Path, upstream: FakeUpstream
 ) -> AsyncIterator[Server]:
-    server = await trio.to_thread.run_sync(start_workers, tmp_path, fresh_db(pg_cluster), upstream)
+    if request.param == "postgres":
+        pg_cluster: Cluster = request.getfixturevalue("pg_cluster")
+        db = fresh_db(pg_cluster)
+    else:
+        db = str(tmp_path / "g.db")
+    server = await trio.to_thread.run_sync(start_workers, tmp_path, db, upstream)
     try:
         yield server
     finally:
@@ -74,6 +84,31 @@ async def workers(
 def db_of(server: Server) -> str:
     args = list(server.proc.args)  # type: ignore[arg-type]  # Popen's args: a list here
     return str(args[args.index("--db") + 1])
+
+
+def rows(db: str, sql: str) -> list[dict[str, Any]]:
+    if db.startswith("postgresql://"):
+        return pg_rows(db, sql)
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(row) for row in conn.execute(sql).fetchall()]
+
+
+def books(db: str) -> dict[str, Any]:
+    """What the database holds once nothing is in flight (tests/cluster/test_cluster.py's
+    books, on either store)."""
+    (totals,) = rows(
+        db,
+        "SELECT COUNT(*) FILTER (WHERE status = 'pending') AS pending,"
+        " COALESCE(SUM(settled_usd_nanos), 0) AS settled,"
+        " COALESCE(SUM(billed_usd_nanos), 0) AS billed FROM requests",
+    )
+    (ledger,) = rows(
+        db,
+        "SELECT -COALESCE(SUM(amount_nanos), 0) AS debited FROM credit_ledger"
+        " WHERE amount_nanos < 0",
+    )
+    return {**totals, **ledger}
 
 
 def started(server: Server) -> list[tuple[str, int]]:
@@ -289,11 +324,23 @@ async def test_sigterm_to_the_parent_stops_every_worker_gracefully(
             os.kill(pid, 0)
 
 
-def test_several_workers_on_sqlite_are_refused_saying_to_use_postgresql(tmp_path: Path) -> None:
-    result = run_cli("serve", "--workers", "2", "--port", "0", "--db", str(tmp_path / "g.db"))
+def test_several_workers_on_an_in_memory_database_are_refused(tmp_path: Path) -> None:
+    result = run_cli("serve", "--workers", "2", "--port", "0", "--db", ":memory:", cwd=tmp_path)
     assert result.returncode == 2
-    assert_one_line_error(result, "--workers 2", "PostgreSQL")
-    assert not (tmp_path / "g.db").exists()
+    assert_one_line_error(result, "--workers 2", ":memory:")
+
+
+async def test_a_second_server_on_the_workers_sqlite_file_is_refused(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    """The one-server lock is the group's: the parent holds it, naming its pid."""
+    db = tmp_path / "g.db"
+    server = await trio.to_thread.run_sync(start_workers, tmp_path, str(db), upstream)
+    try:
+        second = run_cli("serve", "--port", "0", "--db", str(db), cwd=tmp_path)
+        assert_one_line_error(second, f"pid {server.proc.pid}", "one server per database")
+    finally:
+        assert await trio.to_thread.run_sync(server.stop) == 0, server.stderr()
 
 
 def test_the_workers_key_and_flag(tmp_path: Path) -> None:
