@@ -203,9 +203,13 @@ def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
         fail(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}")
     announce = partial(_announce, as_json=as_json, demo=demo)
     if config.server.workers > 1:
-        from gateway.serving.workers import run_workers
+        from gateway.serving.workers import WorkersError, run_workers
 
-        sys.exit(run_workers(config, sockets, demo=demo, announce=announce))
+        try:
+            run_workers(config, sockets, demo=demo, announce=announce)
+        except WorkersError as exc:
+            fail(str(exc))
+        return
     try:
         runtime = Runtime.open(config)
     except StoreError as exc:

@@ -20,7 +20,8 @@ The parent runs no event loop and opens no database: it waits for signals
 - SIGTERM or SIGINT to the parent: SIGTERM to every worker (each stops gracefully:
   :mod:`gateway.serving.server`), then the parent waits for them, up to the drain,
   the grace and a margin; a worker still running then is killed.
-- A worker that cannot start during the group's start-up stops the group: exit 1.
+- A worker that cannot start during the group's start-up stops the group
+  (:class:`WorkersError`: ``serve`` exits 1).
 
 Workers run in their own process group (a terminal's Ctrl-C reaches the parent only,
 which forwards one SIGTERM) and, on Linux, end with the parent if it is killed.
@@ -102,15 +103,15 @@ class _Worker:
     restart_at: float | None = None
 
 
-def run_workers(config: Config, sockets: Sockets, *, demo: bool, announce: Announce) -> int:
-    """Run ``[server] workers`` workers on ``sockets`` until SIGTERM or SIGINT; the exit
-    status of the parent (0 after a graceful stop, 1 when the group could not start)."""
+def run_workers(config: Config, sockets: Sockets, *, demo: bool, announce: Announce) -> None:
+    """Run ``[server] workers`` workers on ``sockets`` until SIGTERM or SIGINT, then stop
+    them; :class:`WorkersError` when the group could not start."""
     group = _Group(config, sockets)
     # blocked for good: taken by sigtimedwait, and the process ends after the group (a
     # signal sent during or after the stop must not end it before its workers)
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     try:
-        return group.run(demo=demo, announce=announce)
+        group.run(demo=demo, announce=announce)
     finally:
         group.stop()
 
@@ -124,15 +125,15 @@ class _Group:
 
     # -- the group's life ----------------------------------------------------------------
 
-    def run(self, *, demo: bool, announce: Announce) -> int:
+    def run(self, *, demo: bool, announce: Announce) -> None:
         first, *rest = self.workers
         self._start(first, demo=demo, take_over=False)
         if not self._wait_ready([first]):
-            return 1
+            return
         for worker in rest:
             self._start(worker, demo=False, take_over=False)
         if not self._wait_ready(rest):
-            return 1
+            return
         info = first.ready or {}
         announce(str(info["url"]), str(info["database"]), info.get("token"))
         log.info(
@@ -146,19 +147,19 @@ class _Group:
             for worker in self.workers:
                 if worker.restart_at is not None and now >= worker.restart_at:
                     self._start(worker, demo=False, take_over=True)
-        return 0
 
     def _wait_ready(self, workers: list[_Worker]) -> bool:
-        """Until every one of ``workers`` reported ready: False when one ended first or a
-        stop signal came (the caller stops the group)."""
+        """Until every one of ``workers`` reported ready; False when a stop signal came
+        first (the caller stops the group), :class:`WorkersError` when one ended first."""
         while any(worker.ready is None for worker in workers):
             if self._signalled(0):
                 return False
             self._read_ready(TICK_S)
             for worker in self._reap():
                 if worker in workers and worker.ready is None:
-                    log.error("worker %s could not start: the group stops", worker.node_id)
-                    return False
+                    raise WorkersError(
+                        f"worker {worker.node_id} could not start (its error is logged above)"
+                    )
                 self._ended(worker)
         return True
 

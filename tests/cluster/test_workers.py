@@ -330,6 +330,15 @@ def test_several_workers_on_an_in_memory_database_are_refused(tmp_path: Path) ->
     assert_one_line_error(result, "--workers 2", ":memory:")
 
 
+def test_a_worker_that_cannot_start_stops_the_group_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "g.db").write_bytes(b"not a database, but a file the parent can lock")
+    result = run_cli("serve", "--workers", "2", "--port", "0", "--db", "g.db", cwd=tmp_path)
+    assert result.returncode == 1
+    assert_one_line_error(result, "-w0 could not start")
+    assert "not an SQLite database" in result.stderr
+    assert not (tmp_path / "g.db.lock").exists()
+
+
 async def test_a_second_server_on_the_workers_sqlite_file_is_refused(
     tmp_path: Path, upstream: FakeUpstream
 ) -> None:
