@@ -11,25 +11,32 @@ each call (``requests.node_id``).
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import re
 import signal
-import sqlite3
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import trio
 
 from gateway.config.settings import ConfigError, load_config
-from tests.cluster.test_cluster import ADMIN, CALLS, ROOMY, body, fresh_db, race
-from tests.cluster.test_cluster import rows as pg_rows
+from tests.cluster.test_cluster import (
+    CALLS,
+    ROOMY,
+    admin,
+    body,
+    books,
+    fresh_db,
+    live_key,
+    org_id,
+    race,
+    rows,
+)
 from tests.money.test_durable_money import CONFIG, OUT_PRICE, WORST_CASE
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster
@@ -86,31 +93,6 @@ def db_of(server: Server) -> str:
     return str(args[args.index("--db") + 1])
 
 
-def rows(db: str, sql: str) -> list[dict[str, Any]]:
-    if db.startswith("postgresql://"):
-        return pg_rows(db, sql)
-    with contextlib.closing(sqlite3.connect(db)) as conn:
-        conn.row_factory = sqlite3.Row
-        return [dict(row) for row in conn.execute(sql).fetchall()]
-
-
-def books(db: str) -> dict[str, Any]:
-    """What the database holds once nothing is in flight (tests/cluster/test_cluster.py's
-    books, on either store)."""
-    (totals,) = rows(
-        db,
-        "SELECT COUNT(*) FILTER (WHERE status = 'pending') AS pending,"
-        " COALESCE(SUM(settled_usd_nanos), 0) AS settled,"
-        " COALESCE(SUM(billed_usd_nanos), 0) AS billed FROM requests",
-    )
-    (ledger,) = rows(
-        db,
-        "SELECT -COALESCE(SUM(amount_nanos), 0) AS debited FROM credit_ledger"
-        " WHERE amount_nanos < 0",
-    )
-    return {**totals, **ledger}
-
-
 def started(server: Server) -> list[tuple[str, int]]:
     """The workers the parent started so far, in order: (node id, pid)."""
     return [(node, int(pid)) for node, pid in STARTED.findall(server.stderr())]
@@ -122,42 +104,6 @@ def served_by(db: str, status: str = "succeeded") -> Counter[str]:
     return Counter(row["node_id"] for row in found)
 
 
-async def admin(server: Server, method: str, path: str, **body: Any) -> dict[str, Any]:
-    """An admin call on whichever worker the connection reaches: one that does not know
-    the organisation made through the other yet (its poll, within a second) answers 404,
-    and the call is made again."""
-
-    async def once() -> httpx.Response | None:
-        async with httpx.AsyncClient(base_url=server.url, headers=ADMIN) as client:
-            response = await client.request(method, path, json=body or None)
-        return None if response.status_code == 404 else response
-
-    response = await until(once, within=5)
-    assert response.status_code in (200, 201), response.text
-    return dict(response.json())
-
-
-async def org_id(server: Server, credits_usd: float = 1000.0) -> str:
-    org = str((await admin(server, "POST", "/admin/orgs", name="acme"))["id"])
-    await admin(server, "POST", f"/admin/orgs/{org}/credits", add_usd=credits_usd)
-    return org
-
-
-async def live_key(server: Server, org: str, **caps: Any) -> str:
-    """A live key of ``org`` (each worker finds it by its prefix on first use)."""
-    made = await admin(
-        server,
-        "POST",
-        "/admin/keys",
-        org_id=org,
-        name="live",
-        mode="live",
-        scopes=["inference", "usage:read", "keys:manage"],
-        caps={**ROOMY, **caps},
-    )
-    return str(made["token"])
-
-
 #: the node ids of the two workers
 BOTH = {f"{NODE}-w0", f"{NODE}-w1"}
 
@@ -166,7 +112,7 @@ async def test_a_daily_cap_and_an_orgs_credits_admit_exactly_k_over_two_workers(
     workers: Server, upstream: FakeUpstream
 ) -> None:
     db = db_of(workers)
-    token = await live_key(workers, await org_id(workers), usd_day=(K + 0.5) * WORST_CASE / 1e9)
+    token = await live_key([workers], await org_id(workers), usd_day=(K + 0.5) * WORST_CASE / 1e9)
     answers = await race([workers.url], [token], upstream)
     assert answers == {(200, "ok"): K, (402, "key_cap_exceeded"): CALLS - K}
     got = books(db)
@@ -175,7 +121,7 @@ async def test_a_daily_cap_and_an_orgs_credits_admit_exactly_k_over_two_workers(
     assert set(served_by(db)) == BOTH
 
     org = await org_id(workers, credits_usd=(K + 0.5) * WORST_CASE / 1e9)
-    token = await live_key(workers, org)
+    token = await live_key([workers], org)
     answers = await race([workers.url], [token], upstream)
     assert answers == {(200, "ok"): K, (402, "insufficient_credits"): CALLS - K}
     got = books(db)
@@ -223,7 +169,7 @@ async def test_kill_9_of_a_worker_under_load_is_restarted_and_keeps_the_books(
     has its settled record, every call the upstream received has a record."""
     db = db_of(workers)
     cap = 60 * WORST_CASE
-    token = await live_key(workers, await org_id(workers), usd_day=cap / 1e9)
+    token = await live_key([workers], await org_id(workers), usd_day=cap / 1e9)
     upstream.release.set()
     (victim, pid) = started(workers)[1]
     answered: set[str] = set()
@@ -296,7 +242,7 @@ async def test_sigterm_to_the_parent_stops_every_worker_gracefully(
     """SIGTERM to the parent while calls are in flight on both workers: every call is
     answered, every worker stops, the parent exits 0, no row is left pending."""
     db = db_of(workers)
-    token = await live_key(workers, await org_id(workers), usd_day=1000)
+    token = await live_key([workers], await org_id(workers), usd_day=1000)
     pids = [pid for _node, pid in started(workers)]
     statuses: list[int] = []
     upstream.release = trio.Event()
