@@ -198,10 +198,13 @@ class _Group:
         read_fd, write_fd = os.pipe()
         parent = os.getpid()
         pid = os.fork()
-        if pid == 0:
-            os.close(read_fd)
-            _end_with_parent(parent)
-            _worker_main(self.config, self.sockets, worker.node_id, write_fd, demo, take_over)
+        if pid == 0:  # the worker: never back into the parent's code
+            try:
+                os.close(read_fd)
+                _end_with_parent(parent)
+                _worker_main(self.config, self.sockets, worker.node_id, write_fd, demo, take_over)
+            finally:
+                os._exit(1)
         os.close(write_fd)
         worker.pid, worker.ready_fd, worker.buffer, worker.ready = pid, read_fd, b"", None
         worker.started_at, worker.restart_at = time.monotonic(), None
