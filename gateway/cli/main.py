@@ -156,7 +156,8 @@ def serve(
     and on a new database a demo organisation with a sandbox key.
 
     One server per SQLite database (a second one is refused); on PostgreSQL every
-    server is a node of one deployment (``[cluster]``)."""
+    server is a node of one deployment (``[cluster]``). ``--workers N``: N processes on
+    the port, each a node (on SQLite too: the server and its workers hold the one lock)."""
     try:
         count = None if workers is None else parse_workers(workers, "--workers")
         config = load_config(config_path, host=host, port=port, db=db, workers=count)
