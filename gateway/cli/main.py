@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn
@@ -25,7 +26,7 @@ from gateway import __version__
 from gateway.accounts.key_fields import MAX_COUNT, MAX_USD
 from gateway.config.credentials import missing_credentials
 from gateway.config.example import EXAMPLE
-from gateway.config.settings import Config, ConfigError, load_config
+from gateway.config.settings import Config, ConfigError, load_config, parse_workers
 from gateway.observe.logs import configure as configure_logging
 from gateway.observe.logs import event
 from gateway.serving.db_lock import DatabaseLock, DatabaseLockError
@@ -150,6 +151,11 @@ def main() -> None:
     help="On an empty database, create the demo organisation and sandbox key even with a "
     "config file (without one they are always created).",
 )
+@click.option(
+    "--workers",
+    help='Serving processes on the port (default 1; "auto": one per core), each a node of'
+    " one deployment on the database.",
+)
 def serve(
     config_path: str | None,
     host: str | None,
@@ -157,14 +163,17 @@ def serve(
     db: str | None,
     as_json: bool,
     demo: bool,
+    workers: str | None,
 ) -> None:
     """Run the gateway. With no config: SQLite here, the mock provider, a demo catalog,
     and on a new database a demo organisation with a sandbox key.
 
     One server per SQLite database (a second one is refused); on PostgreSQL every
-    server is a node of one deployment (``[cluster]``)."""
+    server is a node of one deployment (``[cluster]``). ``--workers N``: N processes on
+    the port, each a node (on SQLite too: the server and its workers hold the one lock)."""
     try:
-        config = load_config(config_path, host=host, port=port, db=db)
+        count = None if workers is None else parse_workers(workers, "--workers")
+        config = load_config(config_path, host=host, port=port, db=db, workers=count)
     except ConfigError as exc:
         fail(str(exc), 2)
     configure_logging(config.server.log_format, config.server.log_level)
@@ -179,6 +188,13 @@ def serve(
             " a provider that needs no key or serves BYOK keys only: docs/CONFIG.md)",
             2,
         )
+    if config.server.workers > 1:
+        from gateway.serving.workers import WorkersError, check_workers
+
+        try:
+            check_workers(config)
+        except WorkersError as exc:
+            fail(str(exc), 2)
     lock = DatabaseLock(config.server.db)
     try:
         lock.acquire()
@@ -215,6 +231,16 @@ def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
         sockets = bind_sockets(hypercorn_config(config))
     except OSError as exc:
         fail(f"cannot listen on {config.server.host}:{config.server.port}: {exc.strerror or exc}")
+    json_logs = config.server.log_format == "json"
+    announce = partial(_announce, as_json=as_json, json_logs=json_logs, demo=demo)
+    if config.server.workers > 1:
+        from gateway.serving.workers import WorkersError, run_workers
+
+        try:
+            run_workers(config, sockets, demo=demo, announce=announce)
+        except WorkersError as exc:
+            fail(str(exc))
+        return
     try:
         runtime = Runtime.open(config)
     except StoreError as exc:
@@ -227,32 +253,7 @@ def _serve(config: Config, as_json: bool, *, demo: bool) -> None:
         async with trio.open_nursery() as nursery:
             binds = await nursery.start(run_server, runtime, sockets)
             settle_heap()  # start-up has loaded everything
-            token = runtime.demo_token
-            url = binds[0]
-            database = runtime.store.name
-            note = _start_note(token, demo)
-            if as_json:
-                info: dict[str, Any] = {"url": url, "database": database, "sandbox_key": token}
-                if token is None and note:
-                    info["message"] = note
-                click.echo(orjson.dumps(info).decode())
-            elif config.server.log_format == "json":
-                # a log shipper reads one object per line: the token only to a terminal
-                line: dict[str, Any] = {"event": "listening", "url": url, "database": database}
-                if token and sys.stdout.isatty():
-                    line["sandbox_key"] = token
-                elif note:
-                    line["message"] = note
-                click.echo(orjson.dumps(line).decode())
-            else:
-                click.echo(f"svc-gateway listening on {url}")
-                click.echo(f"database: {database}")
-                if token and sys.stdout.isatty():
-                    click.echo(f"sandbox key (shown once): {token}")
-                    click.echo(f"try: curl -H 'Authorization: Bearer {token}' {url}/v1/key")
-                else:
-                    click.echo(note)
-            sys.stdout.flush()
+            announce(binds[0], runtime.store.name, runtime.demo_token)
 
     trio.run(run)
     runtime.store.close()
@@ -278,6 +279,35 @@ def _start_note(token: str | None, demo: bool) -> str:
     if demo:
         return f"existing database: the demo key was shown once. {NEW_KEY_HINT}"
     return "create organisations and keys with `svc-gateway org create`, `svc-gateway key create`"
+
+
+def _announce(
+    url: str, database: str, token: str | None, *, as_json: bool, json_logs: bool, demo: bool
+) -> None:
+    """The server is ready: say where, and the sandbox key where it may be shown."""
+    note = _start_note(token, demo)
+    if as_json:
+        info: dict[str, Any] = {"url": url, "database": database, "sandbox_key": token}
+        if token is None and note:
+            info["message"] = note
+        click.echo(orjson.dumps(info).decode())
+    elif json_logs:
+        # a log shipper reads one object per line: the token only to a terminal
+        line: dict[str, Any] = {"event": "listening", "url": url, "database": database}
+        if token and sys.stdout.isatty():
+            line["sandbox_key"] = token
+        elif note:
+            line["message"] = note
+        click.echo(orjson.dumps(line).decode())
+    else:
+        click.echo(f"svc-gateway listening on {url}")
+        click.echo(f"database: {database}")
+        if token and sys.stdout.isatty():
+            click.echo(f"sandbox key (shown once): {token}")
+            click.echo(f"try: curl -H 'Authorization: Bearer {token}' {url}/v1/key")
+        else:
+            click.echo(note)
+    sys.stdout.flush()
 
 
 # -- admin client --------------------------------------------------------------------------

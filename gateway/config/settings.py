@@ -138,6 +138,9 @@ class ServerConfig:
     #: after a stop signal, /readyz answers 503 for this long while everything is still
     #: served, so that a load balancer stops routing here before the listener closes
     drain_s: float = 0.0
+    #: serving processes on the one port (``"auto"`` in the file: one per core); more
+    #: than one run as nodes of one deployment (gateway/serving/workers.py)
+    workers: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,15 +422,32 @@ def _parse_server(table: dict[str, Any]) -> ServerConfig:
         "metrics": bool,
         "metrics_token": str,
         "drain_s": (int, float),
+        "workers": (int, str),
     }
     if "graceful_timeout_s" in table:
         # the name before DESIGN.md's contract was followed: say what it is called now
         raise ConfigError("server.graceful_timeout_s: renamed server.shutdown_grace_s")
     _check_unknown(table, types, "server")
     values = {key: _take(table, key, "server", kind) for key, kind in types.items() if key in table}
+    if "workers" in values:
+        values["workers"] = parse_workers(values["workers"], "server.workers")
     server = replace(defaults, **values)
     _validate_server(server)
     return server
+
+
+def parse_workers(value: object, where: str) -> int:
+    """``[server] workers``: a count of at least 1, or ``"auto"`` (one per core)."""
+    if value == "auto":
+        return os.cpu_count() or 1
+    if isinstance(value, str):
+        try:
+            value = int(value)
+        except ValueError:
+            raise ConfigError(f'{where}: must be a number or "auto"') from None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f'{where}: must be at least 1 (or "auto": one per core)')
+    return value
 
 
 def _validate_server(server: ServerConfig) -> None:
@@ -445,6 +465,7 @@ def _validate_server(server: ServerConfig) -> None:
         "connection_idle_s",
         "webhook_retry_s",
         "webhook_max_attempts",
+        "workers",
     ):
         _positive(getattr(server, key), f"server.{key}")
     if server.max_buffered_body_bytes < server.max_body_bytes:

@@ -107,9 +107,22 @@ class Node:
 
     # -- start-up (synchronous, before the store writer runs) ---------------------------
 
-    def register(self) -> None:
+    def register(self, *, take_over: bool = False) -> None:
         """Register the node id, waiting out a registration of it that has not expired
-        (a restart of the same node); StoreError when it is held by a live node."""
+        (a restart of the same node); StoreError when it is held by a live node.
+
+        ``take_over``: the previous holder of the id is known to be gone (a worker the
+        supervisor saw end): its registration is swept at once instead."""
+        if take_over:
+            found = self.rt.store.call(ops.take_over, self.node_id)
+            if found["calls"]:
+                log.warning(
+                    "node %s: %d interrupted calls of its predecessor settled, %s USD counted",
+                    self.node_id,
+                    found["calls"],
+                    nanos_to_usd(found["nanos"]),
+                    extra=event("recovery", calls=found["calls"]),
+                )
         deadline = time.monotonic() + self.lease_s + REGISTER_MARGIN_S
         while True:
             sent = time.monotonic()

@@ -99,8 +99,10 @@ class Runtime:
         self.demo = self.config.source is None
         #: the sandbox key made by the start-up work on an empty database (shown once)
         self.demo_token: str | None = None
-        #: this process as one of several nodes (a PostgreSQL store), else None
-        self.cluster: Node | None = Node(self) if is_postgres(self.config.server.db) else None
+        #: this process as one of several nodes (a PostgreSQL store, or a worker of
+        #: ``serve --workers``), else None
+        several = is_postgres(self.config.server.db) or self.config.server.workers > 1
+        self.cluster: Node | None = Node(self) if several else None
         #: what a model call uses of this server (the calls/ layer sees nothing else)
         self.call_parts = CallParts(
             store=self.store,
@@ -129,8 +131,11 @@ class Runtime:
         return OtlpSpans(self.config.observability, kinds)
 
     @classmethod
-    def open(cls, config: Config, clock: Clock | None = None) -> Runtime:
-        """The runtime over its store; the state is loaded by the start-up work."""
+    def open(
+        cls, config: Config, clock: Clock | None = None, *, take_over: bool = False
+    ) -> Runtime:
+        """The runtime over its store; the state is loaded by the start-up work.
+        ``take_over``: see :meth:`Node.register`."""
         store = Store(config.server.db)
         runtime = cls(
             config=config,
@@ -140,7 +145,7 @@ class Runtime:
         )
         if runtime.cluster is not None:
             try:
-                runtime.cluster.register()
+                runtime.cluster.register(take_over=take_over)
             except StoreError:
                 store.close()
                 raise

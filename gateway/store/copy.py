@@ -19,7 +19,9 @@ from gateway.store.sql import Conn
 #: tables whose rows others refer to come first (foreign keys: keys and dashboard users
 #: name their organisation, dashboard sessions their user)
 FIRST = ("orgs", "keys", "dashboard_users")
-NOT_COPIED = frozenset({"schema_migrations"})
+#: each database's own: its migrations, and the change counter its triggers bump (on a
+#: new target the copied rows have bumped it already)
+NOT_COPIED = frozenset({"schema_migrations", "cluster_version"})
 
 
 def _read_all(conn: Conn, tables: list[str]) -> dict[str, list[dict[str, Any]]]:

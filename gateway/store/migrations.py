@@ -257,6 +257,36 @@ _REQUEST_PAGES = (
     "CREATE INDEX requests_status_pages ON requests (org_id, status, created, id)",
 )
 
+
+#: the columns of a key whose change other nodes must see (as PostgreSQL's keys_changed)
+_KEY_CHANGES = (
+    "status, caps, scopes, allowed_models, required_tags, default_tags, data_mode, byok,"
+    " expires_at, rotated_to, parent_id, fingerprint"
+)
+
+
+def _m009_sqlite_change_counter(db: Database) -> None:
+    """The change counter on SQLite too, for ``serve --workers`` (several nodes on one
+    file): PostgreSQL's triggers of migration 7, row by row (SQLite has no statement
+    triggers), bumping a row made here."""
+    db.execute("INSERT OR IGNORE INTO cluster_version (id, version) VALUES (1, 0)")
+    bump = "BEGIN UPDATE cluster_version SET version = version + 1 WHERE id = 1; END"
+    events = {
+        "keys": ("INSERT", "DELETE", f"UPDATE OF {_KEY_CHANGES}"),
+        "orgs": ("INSERT", "UPDATE", "DELETE"),
+        "provider_credentials": ("INSERT", "UPDATE", "DELETE"),
+        "model_switches": ("INSERT", "UPDATE", "DELETE"),
+    }
+    for table, kinds in events.items():
+        for kind in kinds:
+            name = f"{table}_{kind.split()[0].lower()}_bumps"
+            db.execute(f"CREATE TRIGGER {name} AFTER {kind} ON {table} FOR EACH ROW {bump}")
+    db.execute(
+        "CREATE TRIGGER credits_added_bumps AFTER INSERT ON credit_ledger"
+        f" FOR EACH ROW WHEN NEW.amount_nanos > 0 {bump}"
+    )
+
+
 _PG_001 = (
     """CREATE TABLE orgs (
         id TEXT COLLATE "C" PRIMARY KEY, name TEXT, residency TEXT, policy TEXT,
@@ -397,6 +427,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m006_pending_requests, _PG_006),
     Migration(_m007_cluster, _PG_007),
     Migration(_m008_dashboard_people, _PG_008),
+    Migration(_m009_sqlite_change_counter, ()),  # PostgreSQL's came with migration 7
 )
 
 

@@ -1,18 +1,21 @@
-"""Store operations of several nodes on one PostgreSQL database (DESIGN "Past one machine").
+"""Store operations of several nodes on one database (DESIGN "Past one machine"): nodes on
+PostgreSQL, or the workers of ``serve --workers`` on one SQLite file.
 
 - ``cluster_nodes``: one row per live node, its epoch and when its registration expires
   (the database's clock decides; a node renews every few seconds).
 - ``leases``: per limit id (``shards.leases``) and node, the amount of the limit's
   headroom the node holds: unused or reserved by its calls in flight. For every limit,
   at every commit: posted spend + the sum of its leases ≤ the limit.
-- ``cluster_version``: a counter bumped by triggers on every change to keys,
+- ``cluster_version``: a counter bumped by triggers (migrations 7 and 8) on every change to keys,
   organisations, credits added, provider credentials and model switches
   (``model_switches``: ``/admin/models`` for every node); nodes poll it.
 
 A refill is one short transaction: a transaction-level advisory lock on the limit id
 serialises the refills of one limit; the headroom is read in ONE statement (one
 snapshot: a settlement moving an amount from a lease to posted spend in between cannot
-be counted twice or not at all); the grant is :func:`shards.lease_size` of it. A
+be counted twice or not at all); the grant is :func:`shards.lease_size` of it. On
+SQLite the transaction's write lock (``BEGIN IMMEDIATE``) serialises every refill and
+settlement of every worker, and the row locks are left out. A
 settlement moves what it posts out of its node's leases in its own transaction
 (:func:`gateway.store.records.settle_call`). A dead node's pending rows are settled by
 recovery and its leases dropped in one transaction (:func:`sweep`): until then its
@@ -31,8 +34,12 @@ from gateway.store.sql import Conn
 from shards import LeaseNeed, lease_size
 from shards.windows import DAY_S, MINUTE_S
 
-#: the database's clock, in epoch seconds (every node reads the same one)
-NOW = "EXTRACT(EPOCH FROM clock_timestamp())::float8"
+#: the database's clock, in epoch seconds (every node reads the same one); on SQLite
+#: (``serve --workers``: the nodes share one machine) the machine's, to the millisecond
+_NOW = {
+    "postgresql": "EXTRACT(EPOCH FROM clock_timestamp())::float8",
+    "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
+}
 _EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
 #: a transaction-level advisory lock class for refills ("SVGL")
 _LEASE_LOCK = 0x5356474C
@@ -40,6 +47,12 @@ _LEASE_LOCK = 0x5356474C
 
 class Fenced(Exception):
     """This node's registration is gone or expired: it holds no lease any more."""
+
+
+def _pg(conn: Conn, clause: str) -> str:
+    """``clause`` (a row lock, an advisory lock) on PostgreSQL; nothing on SQLite, where
+    every write transaction holds the database's one write lock (``BEGIN IMMEDIATE``)."""
+    return clause if conn.dialect.name == "postgresql" else ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,9 +65,10 @@ class Registration:
 def register(conn: Conn, node_id: str, lease_s: float) -> Registration:
     """Register ``node_id`` for ``lease_s``; a registration of the same id that expired
     is swept first. Refuses (``held_s``) while another holder's has not expired."""
+    now = _NOW[conn.dialect.name]
     rows = sq.query(
         conn,
-        f"SELECT expires_at - {NOW} AS left_s FROM cluster_nodes WHERE node_id = ?",
+        f"SELECT expires_at - {now} AS left_s FROM cluster_nodes WHERE node_id = ?",
         (node_id,),
     )
     if rows and rows[0]["left_s"] > 0:
@@ -64,10 +78,25 @@ def register(conn: Conn, node_id: str, lease_s: float) -> Registration:
     epoch = time.time_ns()
     conn.execute(
         "INSERT INTO cluster_nodes (node_id, epoch, started_at, expires_at)"
-        f" VALUES (?, ?, {NOW}, {NOW} + ?)",
+        f" VALUES (?, ?, {now}, {now} + ?)",
         (node_id, epoch, lease_s),
     )
     return Registration(epoch)
+
+
+def take_over(conn: Conn, node_id: str) -> dict[str, int]:
+    """A supervisor restarting a worker it saw end (gateway/serving/workers.py): the
+    predecessor's registration is swept now, expired or not (its pending rows settled by
+    recovery, its leases dropped), so that the new worker registers under the same id at
+    once. Only for a process known to be gone: a live holder would lose its leases."""
+    rows = sq.query(
+        conn,
+        "SELECT node_id FROM cluster_nodes WHERE node_id = ?" + _pg(conn, " FOR UPDATE"),
+        (node_id,),
+    )
+    if not rows:
+        return {"calls": 0, "nanos": 0}
+    return _sweep_nodes(conn, [node_id])
 
 
 def renew(conn: Conn, node_id: str, epoch: int, lease_s: float) -> bool:
@@ -76,8 +105,9 @@ def renew(conn: Conn, node_id: str, epoch: int, lease_s: float) -> bool:
     A registration that expired but was not swept is extended too: its leases were never
     given to anyone (a sweep drops them with the registration, in one transaction, and
     holds the row meanwhile), and the node admitted nothing while it was fenced."""
+    now = _NOW[conn.dialect.name]
     cursor = conn.execute(
-        f"UPDATE cluster_nodes SET expires_at = {NOW} + ? WHERE node_id = ? AND epoch = ?",
+        f"UPDATE cluster_nodes SET expires_at = {now} + ? WHERE node_id = ? AND epoch = ?",
         (lease_s, node_id, epoch),
     )
     return cursor.rowcount == 1
@@ -86,7 +116,8 @@ def renew(conn: Conn, node_id: str, epoch: int, lease_s: float) -> bool:
 def leave(conn: Conn, node_id: str, epoch: int) -> None:
     """A node stopping: its registration expires now; what it leaves is swept."""
     conn.execute(
-        f"UPDATE cluster_nodes SET expires_at = {NOW} WHERE node_id = ? AND epoch = ?",
+        f"UPDATE cluster_nodes SET expires_at = {_NOW[conn.dialect.name]}"
+        " WHERE node_id = ? AND epoch = ?",
         (node_id, epoch),
     )
 
@@ -95,7 +126,8 @@ def _check_live(conn: Conn, node_id: str, epoch: int) -> None:
     rows = sq.query(
         conn,
         "SELECT 1 AS ok FROM cluster_nodes"
-        f" WHERE node_id = ? AND epoch = ? AND expires_at > {NOW} FOR SHARE",
+        f" WHERE node_id = ? AND epoch = ? AND expires_at > {_NOW[conn.dialect.name]}"
+        + _pg(conn, " FOR SHARE"),
         (node_id, epoch),
     )
     if not rows:
@@ -159,13 +191,15 @@ def refill(conn: Conn, node_id: str, epoch: int, need: LeaseNeed) -> int:
     nothing when the headroom cannot cover it); returns the grant. One transaction."""
     _check_live(conn, node_id, epoch)
     limit_id = need.limit_id
-    conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (_LEASE_LOCK, limit_id))
+    if conn.dialect.name == "postgresql":
+        conn.execute("SELECT pg_advisory_xact_lock(?, hashtext(?))", (_LEASE_LOCK, limit_id))
     used_sql, used_params = _used(need)
     row = sq.query(
         conn,
         f"SELECT ({used_sql}) AS used,"
         " (SELECT COALESCE(SUM(amount), 0) FROM leases WHERE limit_id = ?) AS leased,"
-        f" (SELECT COUNT(*) FROM cluster_nodes WHERE expires_at > {NOW}) AS nodes",
+        f" (SELECT COUNT(*) FROM cluster_nodes WHERE expires_at > {_NOW[conn.dialect.name]})"
+        " AS nodes",
         (*used_params, limit_id),
     )[0]
     limit = need.limit if need.limit is not None else 0
@@ -201,8 +235,8 @@ def sweep(conn: Conn, now: float) -> dict[str, int]:
         row["node_id"]
         for row in sq.query(
             conn,
-            f"SELECT node_id FROM cluster_nodes WHERE expires_at <= {NOW}"
-            " ORDER BY node_id FOR UPDATE SKIP LOCKED",
+            f"SELECT node_id FROM cluster_nodes WHERE expires_at <= {_NOW[conn.dialect.name]}"
+            " ORDER BY node_id" + _pg(conn, " FOR UPDATE SKIP LOCKED"),
         )
     ]
     conn.execute("DELETE FROM leases WHERE window_end < ?", (now - MINUTE_S,))

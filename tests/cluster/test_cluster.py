@@ -12,11 +12,13 @@ injected clock (``clocked_nodes``): a ``serve`` process reads the machine's cloc
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import re
 import secrets
 import shutil
 import signal
+import sqlite3
 import subprocess
 import time
 from collections import Counter
@@ -50,6 +52,12 @@ HAPROXY_CFG = Path(__file__).resolve().parents[2] / "deploy" / "haproxy.cfg"
 
 
 def rows(url: str, sql: str) -> list[dict[str, Any]]:
+    """The rows ``sql`` selects on the database ``url`` (a SQLite file path too: the
+    workers of tests/cluster/test_workers.py)."""
+    if not url.startswith("postgresql://"):
+        with contextlib.closing(sqlite3.connect(url)) as lite:
+            lite.row_factory = sqlite3.Row
+            return [dict(row) for row in lite.execute(sql).fetchall()]
     with psycopg.connect(url, row_factory=psycopg.rows.dict_row) as conn:
         return conn.execute(sql).fetchall()
 
@@ -135,8 +143,16 @@ def db_of(nodes: list[Server]) -> str:
 
 
 async def admin(server: Reachable, method: str, path: str, **body: Any) -> dict[str, Any]:
-    async with httpx.AsyncClient(base_url=server.url, headers=ADMIN) as client:
-        response = await client.request(method, path, json=body or None)
+    """An admin call; a 404 is asked again (bounded): behind one port of ``serve
+    --workers``, the worker reached may not know an organisation made through the other
+    one until its poll (tests/cluster/test_workers.py)."""
+
+    async def once() -> httpx.Response | None:
+        async with httpx.AsyncClient(base_url=server.url, headers=ADMIN) as client:
+            response = await client.request(method, path, json=body or None)
+        return None if response.status_code == 404 else response
+
+    response = await until(once, within=5)
     assert response.status_code in (200, 201), response.text
     return dict(response.json())
 

@@ -1,0 +1,314 @@
+"""``svc-gateway serve --workers 2``: two serving processes on one port (issue 34).
+
+One ``python -m gateway serve --workers 2`` process (tests/support/procs.py) on a new
+SQLite file, and on a fresh database of the session's throwaway PostgreSQL; its workers
+are nodes of one deployment.
+Live keys call the fake upstream (tests/support/fake_upstream.py), as in
+tests/cluster/test_cluster.py, whose race and books this file reuses: the kernel spreads
+the race's connections over the two workers, and the records say which worker served
+each call (``requests.node_id``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from gateway.config.settings import ConfigError, load_config
+from tests.cluster.test_cluster import (
+    CALLS,
+    ROOMY,
+    admin,
+    body,
+    books,
+    fresh_db,
+    live_key,
+    org_id,
+    race,
+    rows,
+)
+from tests.money.test_durable_money import CONFIG, OUT_PRICE, WORST_CASE
+from tests.support.fake_upstream import FakeUpstream
+from tests.support.pg_cluster import Cluster
+from tests.support.procs import (
+    Server,
+    assert_one_line_error,
+    base_env,
+    run_cli,
+    start_server,
+)
+from tests.support.waiting import until
+
+pytestmark = pytest.mark.timeout(150)
+
+#: admitted by the caps of the races: enough calls that both workers take leases
+K = 20
+#: the default lease: the kill test needs no lease to expire (the parent takes over)
+LEASE_S = 10
+NODE = "box"
+STARTED = re.compile(r"worker (\S+) started \(pid (\d+)\)")
+
+
+def start_workers(tmp_path: Path, db: str, upstream: FakeUpstream, *args: str) -> Server:
+    config = tmp_path / "gateway.toml"
+    config.write_text(CONFIG.format(url=upstream.url, price=OUT_PRICE))
+    env = base_env(
+        FAKE_UPSTREAM_KEY="sk-upstream",
+        SVC_CLUSTER_NODE_ID=NODE,
+        SVC_CLUSTER_LEASE_S=str(LEASE_S),
+    )
+    return start_server(tmp_path, "--config", str(config), "--workers", "2", *args, db=db, env=env)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def workers(
+    request: pytest.FixtureRequest, tmp_path: Path, upstream: FakeUpstream
+) -> AsyncIterator[Server]:
+    if request.param == "postgres":
+        pg_cluster: Cluster = request.getfixturevalue("pg_cluster")
+        db = fresh_db(pg_cluster)
+    else:
+        db = str(tmp_path / "g.db")
+    server = await trio.to_thread.run_sync(start_workers, tmp_path, db, upstream)
+    try:
+        yield server
+    finally:
+        upstream.release.set()
+        if server.proc.poll() is None:
+            assert await trio.to_thread.run_sync(server.stop) == 0, server.stderr()
+
+
+def db_of(server: Server) -> str:
+    args = list(server.proc.args)  # type: ignore[arg-type]  # Popen's args: a list here
+    return str(args[args.index("--db") + 1])
+
+
+def started(server: Server) -> list[tuple[str, int]]:
+    """The workers the parent started so far, in order: (node id, pid)."""
+    return [(node, int(pid)) for node, pid in STARTED.findall(server.stderr())]
+
+
+def served_by(db: str, status: str = "succeeded") -> Counter[str]:
+    """How many calls of ``status`` each worker (node id) recorded."""
+    found = rows(db, f"SELECT node_id FROM requests WHERE status = '{status}'")
+    return Counter(row["node_id"] for row in found)
+
+
+#: the node ids of the two workers
+BOTH = {f"{NODE}-w0", f"{NODE}-w1"}
+
+
+async def test_a_daily_cap_and_an_orgs_credits_admit_exactly_k_over_two_workers(
+    workers: Server, upstream: FakeUpstream
+) -> None:
+    db = db_of(workers)
+    token = await live_key([workers], await org_id(workers), usd_day=(K + 0.5) * WORST_CASE / 1e9)
+    answers = await race([workers.url], [token], upstream)
+    assert answers == {(200, "ok"): K, (402, "key_cap_exceeded"): CALLS - K}
+    got = books(db)
+    assert got["pending"] == 0 and got["settled"] <= (K + 0.5) * WORST_CASE
+    assert got["billed"] == got["debited"]
+    assert set(served_by(db)) == BOTH
+
+    org = await org_id(workers, credits_usd=(K + 0.5) * WORST_CASE / 1e9)
+    token = await live_key([workers], org)
+    answers = await race([workers.url], [token], upstream)
+    assert answers == {(200, "ok"): K, (402, "insufficient_credits"): CALLS - K}
+    got = books(db)
+    assert got["pending"] == 0 and got["billed"] == got["debited"]
+    (spent,) = rows(
+        db,
+        f"SELECT -COALESCE(SUM(amount_nanos), 0) AS debited FROM credit_ledger"
+        f" WHERE amount_nanos < 0 AND org_id = '{org}'",
+    )
+    assert spent["debited"] <= (K + 0.5) * WORST_CASE
+
+
+async def test_a_keys_rpm_admits_exactly_rpm_over_two_workers(
+    workers: Server, upstream: FakeUpstream
+) -> None:
+    """Within one clock minute (the machine's: a race started in a minute's first half
+    ends in it), exactly rpm calls are admitted over the two workers. The key is found
+    by each worker through its prefix: nothing but the race counts against its rpm."""
+    rpm = 40
+    org = await org_id(workers)
+    made = await admin(
+        workers,
+        "POST",
+        "/admin/keys",
+        org_id=org,
+        name="rpm",
+        mode="live",
+        scopes=["inference"],
+        caps={**ROOMY, "rpm": rpm},
+    )
+    await until(lambda: time.time() % 60 < 30, within=35, every=0.2)
+    minute = int(time.time() // 60)
+    answers = await race([workers.url], [made["token"]], upstream, faults="delay=0")
+    assert int(time.time() // 60) == minute, "the race crossed a minute"
+    assert answers == {(200, "ok"): rpm, (429, "rate_limited"): CALLS - rpm}
+    assert set(served_by(db_of(workers))) == BOTH
+
+
+async def test_kill_9_of_a_worker_under_load_is_restarted_and_keeps_the_books(
+    workers: Server, upstream: FakeUpstream
+) -> None:
+    """Clients call the port steadily; one worker is killed (SIGKILL) mid-way. The parent
+    starts it again under its node id (its predecessor's pending rows settled at once),
+    and it serves again: nothing pending, the cap never passed, every call answered 200
+    has its settled record, every call the upstream received has a record."""
+    db = db_of(workers)
+    cap = 60 * WORST_CASE
+    token = await live_key([workers], await org_id(workers), usd_day=cap / 1e9)
+    upstream.release.set()
+    (victim, pid) = started(workers)[1]
+    answered: set[str] = set()
+    restarted = trio.Event()
+
+    async def client(n: int) -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        after = 0
+        for i in itertools.count():
+            tag = f"k{n}x{i}"
+            # a connection each: every call is spread anew over the workers
+            async with httpx.AsyncClient(base_url=workers.url, headers=headers, timeout=20) as http:
+                try:
+                    response = await http.post(
+                        "/v1/chat/completions",
+                        json=body(tag, "delay=0.1"),
+                        headers={"X-Svc-Tags": f"call={tag}"},
+                    )
+                except httpx.TransportError:
+                    continue  # its worker was killed: not answered
+            if response.status_code == 402:
+                return  # the cap is reached
+            assert response.status_code in (200, 503), response.text
+            if response.status_code == 200:
+                answered.add(tag)
+                after += restarted.is_set()
+            if after >= 5:
+                return
+
+    with trio.fail_after(90):
+        async with trio.open_nursery() as load:
+            for n in range(6):
+                load.start_soon(client, n)
+            await upstream.wait_until(lambda: upstream.calls >= 12)
+            os.kill(pid, signal.SIGKILL)
+            await until(lambda: len(started(workers)) > 2, within=30, every=0.1)
+            assert started(workers)[2][0] == victim
+            restarted.set()
+    new_pid = started(workers)[2][1]
+    assert workers.proc.poll() is None
+    got = books(db)
+    assert got["pending"] == 0
+    assert got["settled"] <= cap
+    assert got["billed"] == got["debited"]
+    recorded = {
+        r["tag"]: r["status"] for r in rows(db, "SELECT tags->>'call' AS tag, status FROM requests")
+    }
+    assert all(recorded.get(tag) == "succeeded" for tag in answered), answered - set(recorded)
+    received = {
+        str(m["content"]).split()[1]
+        for b in upstream.bodies
+        for m in b.get("messages") or []
+        if str(m.get("content", "")).startswith("call k")
+    }
+    assert received <= set(recorded), sorted(received - set(recorded))
+    assert set(served_by(db)) == BOTH
+    # the restarted worker (registered anew under the same node id) served calls
+    assert new_pid != pid
+    (row,) = rows(
+        db,
+        f"SELECT COUNT(*) AS n FROM requests WHERE node_id = '{victim}' AND status = 'succeeded'"
+        f" AND created > (SELECT started_at FROM cluster_nodes WHERE node_id = '{victim}')",
+    )
+    assert row["n"] > 0
+
+
+async def test_sigterm_to_the_parent_stops_every_worker_gracefully(
+    workers: Server, upstream: FakeUpstream
+) -> None:
+    """SIGTERM to the parent while calls are in flight on both workers: every call is
+    answered, every worker stops, the parent exits 0, no row is left pending."""
+    db = db_of(workers)
+    token = await live_key([workers], await org_id(workers), usd_day=1000)
+    pids = [pid for _node, pid in started(workers)]
+    statuses: list[int] = []
+    upstream.release = trio.Event()
+
+    async def call(i: int) -> None:
+        headers = {"Authorization": f"Bearer {token}"}
+        async with httpx.AsyncClient(base_url=workers.url, headers=headers, timeout=30) as http:
+            response = await http.post("/v1/chat/completions", json=body(f"g{i}"))
+        statuses.append(response.status_code)
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for i in range(20):
+                nursery.start_soon(call, i)
+            await upstream.wait_until(lambda: upstream.calls >= 20)
+            assert set(served_by(db, "pending")) == BOTH
+            workers.proc.send_signal(signal.SIGTERM)
+            await until(lambda: "stopping" in workers.stderr(), within=10)
+            upstream.release.set()
+        assert await trio.to_thread.run_sync(workers.stop) == 0, workers.stderr()
+    assert statuses == [200] * 20
+    assert books(db)["pending"] == 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_several_workers_on_an_in_memory_database_are_refused(tmp_path: Path) -> None:
+    result = run_cli("serve", "--workers", "2", "--port", "0", "--db", ":memory:", cwd=tmp_path)
+    assert result.returncode == 2
+    assert_one_line_error(result, "--workers 2", ":memory:")
+
+
+def test_a_worker_that_cannot_start_stops_the_group_with_one_line(tmp_path: Path) -> None:
+    (tmp_path / "g.db").write_bytes(b"not a database, but a file the parent can lock")
+    result = run_cli("serve", "--workers", "2", "--port", "0", "--db", "g.db", cwd=tmp_path)
+    assert result.returncode == 1
+    assert_one_line_error(result, "-w0 could not start")
+    assert "not an SQLite database" in result.stderr
+    assert not (tmp_path / "g.db.lock").exists()
+
+
+async def test_a_second_server_on_the_workers_sqlite_file_is_refused(
+    tmp_path: Path, upstream: FakeUpstream
+) -> None:
+    """The one-server lock is the group's: the parent holds it, naming its pid."""
+    db = tmp_path / "g.db"
+    server = await trio.to_thread.run_sync(start_workers, tmp_path, str(db), upstream)
+    try:
+        second = run_cli("serve", "--port", "0", "--db", str(db), cwd=tmp_path)
+        assert_one_line_error(second, f"pid {server.proc.pid}", "one server per database")
+    finally:
+        assert await trio.to_thread.run_sync(server.stop) == 0, server.stderr()
+
+
+def test_the_workers_key_and_flag(tmp_path: Path) -> None:
+    config = tmp_path / "gateway.toml"
+    config.write_text('[server]\nworkers = "auto"\n')
+    assert load_config(config, environ={}).server.workers == (os.cpu_count() or 1)
+    config.write_text("[server]\nworkers = 3\n")
+    assert load_config(config, environ={}).server.workers == 3
+    assert load_config(environ={}).server.workers == 1
+    for bad in ("0", '"many"', "true"):
+        config.write_text(f"[server]\nworkers = {bad}\n")
+        with pytest.raises(ConfigError, match=r"server\.workers"):
+            load_config(config, environ={})
+    result = run_cli("serve", "--workers", "none", "--port", "0", cwd=tmp_path)
+    assert result.returncode == 2
+    assert_one_line_error(result, "--workers")
