@@ -19,6 +19,7 @@ EXAMPLE = """\
 host = "127.0.0.1"                  # address to listen on (SVC_SERVER_HOST)
 port = 8080                         # 0 picks a free port (SVC_SERVER_PORT)
 db = "svc-gateway.db"               # SQLite file, or "postgresql://user@host:5432/dbname"
+workers = 1                         # serving processes on the port; "auto": one per core
 request_timeout_s = 300             # a model call's time limit (spec: about 300 s)
 keepalive_s = 15                    # keep-alive comment on streams (spec: every 15 s)
 shards = 16                         # key-state actors
