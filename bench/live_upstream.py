@@ -7,7 +7,8 @@ Run it from a clone, no install needed::
     python bench/live_upstream.py --against REV   # this tree against REV, alternating
     python bench/live_upstream.py --metrics-cost  # CPU per call, metrics on vs off
     python bench/live_upstream.py --kinds         # CPU per call, anthropic vs openai kind
-                                                  # (prints only; --pairs N, default 8)
+                                                  # (prints only; --pairs N, default 8;
+                                                  # --profile DIR: py-spy of each kind)
     python bench/live_upstream.py --profile DIR   # py-spy of the gateway under load
                                                   # (pip install -e '.[bench]')
 
@@ -768,10 +769,17 @@ async def timed_call(conn: RawConnection, payload: bytes) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-async def kind_round(target: Target, payload: bytes, each: int, latencies: list[float]) -> float:
+async def kind_round(
+    target: Target,
+    payload: bytes,
+    each: int,
+    latencies: list[float],
+    profile: Path | None = None,
+) -> float:
     """The gateway's CPU seconds per call over one round of 16 callers sending ``payload``
-    ``each`` times; every call's milliseconds go to ``latencies``."""
-    _, cpu, times = await at_once(target, partial(timed_call, payload=payload), each)
+    ``each`` times; every call's milliseconds go to ``latencies``; ``profile``: py-spy's
+    samples of the gateway over the round."""
+    _, cpu, times = await at_once(target, partial(timed_call, payload=payload), each, profile)
     latencies.extend(times)
     return cpu / (CONCURRENCY * each)
 
@@ -787,7 +795,11 @@ class KindRounds:
     chunks: dict[str, int]
 
 
-async def kinds_rounds(target: Target, pairs: int, started: float) -> KindRounds:
+async def kinds_rounds(
+    target: Target, pairs: int, started: float, profile: Path | None = None
+) -> KindRounds:
+    """The pairs of rounds; ``profile``: then one longer round of non-streamed calls per
+    kind, sampled by py-spy into ``<kind>.txt`` there."""
     modes = {"calls": (BODY, KINDS_CALLS_EACH), "streams": (SHORT_STREAM, KINDS_STREAMS_EACH)}
     payloads = {
         (kind, mode): orjson.dumps({**body, "model": f"live-{kind}"})
@@ -817,10 +829,14 @@ async def kinds_rounds(target: Target, pairs: int, started: float) -> KindRounds
                 )
                 cpu[mode].append(await in_turn(first, second, swap=index % 2 == 1))
         print(f"pair {index + 1} done at {trio.current_time() - started:.1f} s", file=sys.stderr)
+    for kind in KINDS if profile is not None else ():
+        assert profile is not None
+        each = PROFILED.calls_each
+        await kind_round(target, payloads[kind, "calls"], each, [], profile / f"{kind}.txt")
     return KindRounds(cpu, latencies, chunks)
 
 
-async def measure_kinds(pairs: int) -> KindRounds:
+async def measure_kinds(pairs: int, profile: Path | None = None) -> KindRounds:
     """``--kinds``: one gateway pinned to one core, with an ``anthropic`` and an ``openai``
     provider, each on its fake (a process of its own, on the other cores)."""
     started = trio.current_time()
@@ -845,7 +861,7 @@ async def measure_kinds(pairs: int) -> KindRounds:
             )
             try:
                 target = Target("kinds", server, await live_key(server.url))
-                return await kinds_rounds(target, pairs, started)
+                return await kinds_rounds(target, pairs, started, profile)
             finally:
                 await trio.to_thread.run_sync(server.stop)
     finally:
@@ -1017,10 +1033,13 @@ def main() -> None:
         load = (load_before, os.getloadavg()[0])
         section = cost_report(pairs, time.monotonic() - started, load)
     elif args.kinds:
-        kinds = trio.run(measure_kinds, args.pairs or KINDS_PAIRS)
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        kinds = trio.run(measure_kinds, args.pairs or KINDS_PAIRS, args.profile)
         load = (load_before, os.getloadavg()[0])
-        section = kinds_report(kinds, time.monotonic() - started, load, command.strip())
-        print(section)
+        print(kinds_report(kinds, time.monotonic() - started, load, command.strip()))
+        for kind in KINDS if args.profile else ():
+            print(profile_summary(args.profile / f"{kind}.txt"), end="\n\n")
         return
     elif args.against:
         count = args.pairs or PAIRS
