@@ -327,14 +327,15 @@ async def live_key(url: str) -> str:
 async def start_target(
     name: str,
     workdir: Path,
-    upstream_url: str,
+    config_text: str,
     cpus: set[int] | None,
     tree: Path = ROOT,
     python: str = sys.executable,
 ) -> Target:
+    """A gateway in ``workdir`` with that config, and a live key on it."""
     workdir.mkdir()
     config = workdir / "gateway.toml"
-    config.write_text(config_toml(upstream_url))
+    config.write_text(config_text)
     server = await trio.to_thread.run_sync(
         lambda: start_server(
             workdir,
@@ -565,7 +566,7 @@ async def measure(
     upstream, upstream_url = await trio.to_thread.run_sync(start_upstream)
     try:
         with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
-            target = await start_target("this", Path(tmp) / "this", upstream_url, cpus)
+            target = await start_target("this", Path(tmp) / "this", config_toml(upstream_url), cpus)
             try:
                 rounds = []
                 for _ in range(sizes.rounds):
@@ -598,9 +599,10 @@ async def measure_against(rev: str, sizes: Sizes, pairs: int, open_streams: int)
     targets: list[Target] = []
     try:
         with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
-            base = await start_target("base", Path(tmp) / "base", upstream_url, cpus, tree, python)
+            config = config_toml(upstream_url)
+            base = await start_target("base", Path(tmp) / "base", config, cpus, tree, python)
             targets.append(base)
-            this = await start_target("this", Path(tmp) / "this", upstream_url, cpus)
+            this = await start_target("this", Path(tmp) / "this", config, cpus)
             targets.append(this)
             results = []
             for index in range(pairs):
@@ -848,22 +850,11 @@ async def measure_kinds(pairs: int, profile: Path | None = None) -> KindRounds:
         for kind in KINDS:
             fakes[kind], urls[kind] = await trio.to_thread.run_sync(start_upstream, scripts[kind])
         with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
-            workdir = Path(tmp)
-            config = workdir / "gateway.toml"
-            config.write_text(kinds_config(urls))
-            server = await trio.to_thread.run_sync(
-                lambda: start_server(
-                    workdir,
-                    ("--config", str(config)),
-                    {"BENCH_UPSTREAM_KEY": UPSTREAM_KEY},
-                    cpus=cpus,
-                )
-            )
+            target = await start_target("kinds", Path(tmp) / "kinds", kinds_config(urls), cpus)
             try:
-                target = Target("kinds", server, await live_key(server.url))
                 return await kinds_rounds(target, pairs, started, profile)
             finally:
-                await trio.to_thread.run_sync(server.stop)
+                await trio.to_thread.run_sync(target.server.stop)
     finally:
         for proc in fakes.values():
             proc.kill()
