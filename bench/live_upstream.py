@@ -6,6 +6,9 @@ Run it from a clone, no install needed::
     python bench/live_upstream.py --no-write      # prints only
     python bench/live_upstream.py --against REV   # this tree against REV, alternating
     python bench/live_upstream.py --metrics-cost  # CPU per call, metrics on vs off
+    python bench/live_upstream.py --kinds         # CPU per call, anthropic vs openai kind
+                                                  # (prints only; --pairs N, default 8;
+                                                  # --profile DIR: py-spy of each kind)
     python bench/live_upstream.py --profile DIR   # py-spy of the gateway under load
                                                   # (pip install -e '.[bench]')
 
@@ -42,6 +45,16 @@ REV) are the medians of the per-pair ratios. Bounded: about 60 s.
 false``, and sends them the same short rounds in turn (non-streamed calls and streams),
 reading each server process's CPU time around each round: the CPU per call with the
 counting on and off, and their ratio per pair of adjacent rounds.
+
+``--kinds`` (issue 31) runs one gateway with two providers, an ``anthropic`` one on the
+Anthropic fake of the tests (``tests/support/fake_anthropic.py``, which checks every
+request as the real API would) and an ``openai`` one on the OpenAI fake, and a model on
+each at the same prices. Pair after pair, 16 callers send the same prompt to one model,
+then to the other (which goes first alternates), non-streamed calls then short streams,
+and the gateway's CPU time is read around each round: CPU per call for each kind and the
+ratio anthropic ÷ openai (the median of the per-pair ratios, and their range). The fakes
+differ, but they run in processes of their own: only the gateway's CPU is counted.
+Bounded: no pair starts after 70 s.
 """
 
 from __future__ import annotations
@@ -85,6 +98,15 @@ SECTION = "## Live calls (HTTP upstream)"
 CHAT_PATH = "/v1/chat/completions"
 AGAINST_SECTION = "## Hot path against the base revision (alternating)"
 METRICS_SECTION = "## Metrics cost (CPU per call, on vs off)"
+KINDS_SECTION = "## Native kinds: CPU per call, anthropic against openai (issue 31)"
+#: ``--kinds``: the provider kinds compared, the first ÷ the second
+KINDS = ("anthropic", "openai")
+KINDS_PAIRS = 8
+#: ``--kinds``: calls per caller in a round of non-streamed calls, streams in a streamed one
+KINDS_CALLS_EACH = 15
+KINDS_STREAMS_EACH = 8
+#: ``--kinds``: no pair of rounds starts after this many seconds (bounded on a busy machine)
+KINDS_BUDGET_S = 70.0
 COST_PAIRS = 10
 COST_CALLS = 300
 COST_STREAMS = 60
@@ -109,17 +131,28 @@ PAIRS = 4
 HARD_LIMIT_S = 90.0
 #: ``--against``: the most one pair of rounds, or one side's RSS phase, may take
 PHASE_LIMIT_S = 40.0
-UPSTREAM_SCRIPT = f"""
-import sys, trio
-from tests.support.fake_upstream import FakeUpstream
+#: a fake provider of the tests as a process of its own: it prints its URL, then serves
+FAKE_SCRIPT = """
+import trio
+from tests.support.{module} import {cls}
 
 async def main():
     async with trio.open_nursery() as nursery:
-        upstream = await nursery.start(FakeUpstream(max_words={CHUNKS}).serve)
-        print(upstream.url, flush=True)
+        fake = await nursery.start({cls}({args}).serve)
+        print(fake.url, flush=True)
 
 trio.run(main)
 """
+UPSTREAM_SCRIPT = FAKE_SCRIPT.format(
+    module="fake_upstream", cls="FakeUpstream", args=f"max_words={CHUNKS}"
+)
+#: ``--kinds``: the Anthropic fake (it checks every request as the real API would), with
+#: answers as long as the OpenAI fake's
+ANTHROPIC_SCRIPT = FAKE_SCRIPT.format(
+    module="fake_anthropic",
+    cls="FakeAnthropic",
+    args=f"keys={{{UPSTREAM_KEY!r}}}, max_words={CHUNKS}",
+)
 
 
 @dataclass(frozen=True)
@@ -228,9 +261,10 @@ def pin_cores() -> set[int] | None:
     return {cores[0]}
 
 
-def start_upstream() -> tuple[subprocess.Popen[str], str]:
+def start_upstream(script: str = UPSTREAM_SCRIPT) -> tuple[subprocess.Popen[str], str]:
+    """A fake provider (``script``, the OpenAI fake by default) and its URL."""
     proc = subprocess.Popen(
-        [sys.executable, "-c", UPSTREAM_SCRIPT],
+        [sys.executable, "-c", script],
         cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
         stdin=subprocess.DEVNULL,
@@ -293,14 +327,15 @@ async def live_key(url: str) -> str:
 async def start_target(
     name: str,
     workdir: Path,
-    upstream_url: str,
+    config_text: str,
     cpus: set[int] | None,
     tree: Path = ROOT,
     python: str = sys.executable,
 ) -> Target:
+    """A gateway in ``workdir`` with that config, and a live key on it."""
     workdir.mkdir()
     config = workdir / "gateway.toml"
-    config.write_text(config_toml(upstream_url))
+    config.write_text(config_text)
     server = await trio.to_thread.run_sync(
         lambda: start_server(
             workdir,
@@ -531,7 +566,7 @@ async def measure(
     upstream, upstream_url = await trio.to_thread.run_sync(start_upstream)
     try:
         with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
-            target = await start_target("this", Path(tmp) / "this", upstream_url, cpus)
+            target = await start_target("this", Path(tmp) / "this", config_toml(upstream_url), cpus)
             try:
                 rounds = []
                 for _ in range(sizes.rounds):
@@ -564,9 +599,10 @@ async def measure_against(rev: str, sizes: Sizes, pairs: int, open_streams: int)
     targets: list[Target] = []
     try:
         with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
-            base = await start_target("base", Path(tmp) / "base", upstream_url, cpus, tree, python)
+            config = config_toml(upstream_url)
+            base = await start_target("base", Path(tmp) / "base", config, cpus, tree, python)
             targets.append(base)
-            this = await start_target("this", Path(tmp) / "this", upstream_url, cpus)
+            this = await start_target("this", Path(tmp) / "this", config, cpus)
             targets.append(this)
             results = []
             for index in range(pairs):
@@ -639,14 +675,11 @@ async def measure_cost() -> list[tuple[float, float]]:
                 )
                 servers.append(server)
                 targets.append((f"{server.url}/v1", await live_key(server.url), server.proc.pid))
+            on, off = (partial(cost_round, url, token, pid) for url, token, pid in targets)
             pairs = []
             for index in range(COST_PAIRS):
                 with trio.fail_at(deadline):
-                    order = targets if index % 2 == 0 else targets[::-1]
-                    figures: dict[int, float] = {}
-                    for url, token, pid in order:
-                        figures[pid] = await cost_round(url, token, pid)
-                pairs.append((figures[targets[0][2]], figures[targets[1][2]]))
+                    pairs.append(await in_turn(on, off, swap=index % 2 == 1))
             return pairs
     finally:
         for server in servers:
@@ -655,21 +688,41 @@ async def measure_cost() -> list[tuple[float, float]]:
         upstream.wait(timeout=5)
 
 
+async def in_turn(
+    first: Callable[[], Awaitable[T]], second: Callable[[], Awaitable[T]], swap: bool
+) -> tuple[T, T]:
+    """One round of each side, ``first``'s figure first: ``second`` goes first if ``swap``.
+    Callers alternate ``swap`` from pair to pair, so that a burst of the machine's other
+    load meets both sides of a pair, and neither side always runs on the other's heels."""
+    if swap:
+        b = await second()
+        return await first(), b
+    a = await first()
+    return a, await second()
+
+
+def paired_row(label: str, pairs: list[tuple[float, float]], scale: float = 1000) -> str:
+    """A table row of figures taken in pairs: each side's median (× ``scale``), and the
+    median of the per-pair ratios first ÷ second with their range."""
+    first = statistics.median(p[0] for p in pairs) * scale
+    second = statistics.median(p[1] for p in pairs) * scale
+    ratios = sorted(p[0] / p[1] for p in pairs)
+    return (
+        f"| {label} | {first:.3f} | {second:.3f} | {statistics.median(ratios):.3f} "
+        f"(pairs from {ratios[0]:.3f} to {ratios[-1]:.3f}) |"
+    )
+
+
 def cost_report(
     pairs: list[tuple[float, float]], runtime_s: float, load: tuple[float, float]
 ) -> str:
-    on = statistics.median(p[0] for p in pairs) * 1000
-    off = statistics.median(p[1] for p in pairs) * 1000
-    ratios = sorted(p[0] / p[1] for p in pairs)
-    ratio = statistics.median(ratios)
     return "\n".join(
         [
             METRICS_SECTION,
             "",
             "| measure | metrics on | metrics off | on ÷ off |",
             "|---|---|---|---|",
-            f"| server CPU per call, median of {len(pairs)} rounds (ms) | {on:.3f} | {off:.3f} "
-            f"| {ratio:.3f} (pairs from {ratios[0]:.3f} to {ratios[-1]:.3f}) |",
+            paired_row(f"server CPU per call, median of {len(pairs)} rounds (ms)", pairs),
             "",
             run_line("python bench/live_upstream.py --metrics-cost", runtime_s, load),
             "",
@@ -681,6 +734,172 @@ def cost_report(
             "the kernel's CPU clock of the process) over the round, per call; the ratio "
             "column is the median of the per-pair ratios. Both servers log every request "
             "(text format): only the counting differs. Target: on ÷ off within 1.05.",
+            "",
+        ]
+    )
+
+
+def kinds_config(urls: dict[str, str]) -> str:
+    """``--kinds``: one gateway, a provider of each kind (on its fake, by URL) and a model
+    on each (``live-<kind>``), at the same prices."""
+    parts = ["[server]\nmetrics = true\n"]
+    for kind in KINDS:
+        parts.append(
+            f"""
+[[providers]]
+name = "{kind}"
+kind = "{kind}"
+base_url = "{urls[kind]}"
+api_key_env = "BENCH_UPSTREAM_KEY"
+
+[[models]]
+id = "live-{kind}"
+provider = "{kind}"
+upstream_id = "up-{kind}"
+kind = "chat"
+input_usd_per_mtok = 0.15
+output_usd_per_mtok = 0.60
+"""
+        )
+    return "".join(parts)
+
+
+async def timed_call(conn: RawConnection, payload: bytes) -> float:
+    """One call to its end (a stream's last byte): milliseconds."""
+    start = time.perf_counter()
+    await raw_call(conn, payload)
+    return (time.perf_counter() - start) * 1000
+
+
+async def kind_round(
+    target: Target,
+    payload: bytes,
+    each: int,
+    latencies: list[float],
+    profile: Path | None = None,
+) -> float:
+    """The gateway's CPU seconds per call over one round of 16 callers sending ``payload``
+    ``each`` times; every call's milliseconds go to ``latencies``; ``profile``: py-spy's
+    samples of the gateway over the round."""
+    _, cpu, times = await at_once(target, partial(timed_call, payload=payload), each, profile)
+    latencies.extend(times)
+    return cpu / (CONCURRENCY * each)
+
+
+@dataclass
+class KindRounds:
+    """``--kinds``: per mode (``calls``, ``streams``) the pairs of adjacent rounds' CPU
+    seconds per call (anthropic, openai); per (kind, mode) every call's milliseconds;
+    per kind the ``data:`` chunks of one stream."""
+
+    cpu: dict[str, list[tuple[float, float]]]
+    latencies: dict[tuple[str, str], list[float]]
+    chunks: dict[str, int]
+
+
+async def kinds_rounds(
+    target: Target, pairs: int, started: float, profile: Path | None = None
+) -> KindRounds:
+    """The pairs of rounds; ``profile``: then one longer round of non-streamed calls per
+    kind, sampled by py-spy into ``<kind>.txt`` there."""
+    modes = {"calls": (BODY, KINDS_CALLS_EACH), "streams": (SHORT_STREAM, KINDS_STREAMS_EACH)}
+    payloads = {
+        (kind, mode): orjson.dumps({**body, "model": f"live-{kind}"})
+        for kind in KINDS
+        for mode, (body, _) in modes.items()
+    }
+    latencies: dict[tuple[str, str], list[float]] = {key: [] for key in payloads}
+    chunks = {}
+    conn = target.connection()
+    try:
+        for kind in KINDS:  # warm both paths (connections to each fake, first-call work)
+            for mode in modes:
+                await kind_round(target, payloads[kind, mode], 2, [])
+            chunks[kind] = await raw_chunks(conn, payloads[kind, "streams"])
+    finally:
+        await conn.aclose()
+    cpu: dict[str, list[tuple[float, float]]] = {mode: [] for mode in modes}
+    for index in range(pairs):
+        if trio.current_time() - started > KINDS_BUDGET_S:
+            print(f"out of time after {index} pairs", file=sys.stderr)
+            break
+        with trio.fail_after(PHASE_LIMIT_S):
+            for mode, (_, each) in modes.items():
+                first, second = (
+                    partial(kind_round, target, payloads[kind, mode], each, latencies[kind, mode])
+                    for kind in KINDS
+                )
+                cpu[mode].append(await in_turn(first, second, swap=index % 2 == 1))
+        print(f"pair {index + 1} done at {trio.current_time() - started:.1f} s", file=sys.stderr)
+    for kind in KINDS if profile is not None else ():
+        assert profile is not None
+        each = PROFILED.calls_each
+        await kind_round(target, payloads[kind, "calls"], each, [], profile / f"{kind}.txt")
+    return KindRounds(cpu, latencies, chunks)
+
+
+async def measure_kinds(pairs: int, profile: Path | None = None) -> KindRounds:
+    """``--kinds``: one gateway pinned to one core, with an ``anthropic`` and an ``openai``
+    provider, each on its fake (a process of its own, on the other cores)."""
+    started = trio.current_time()
+    cpus = pin_cores()
+    fakes: dict[str, subprocess.Popen[str]] = {}
+    urls: dict[str, str] = {}
+    scripts = {"anthropic": ANTHROPIC_SCRIPT, "openai": UPSTREAM_SCRIPT}
+    try:
+        for kind in KINDS:
+            fakes[kind], urls[kind] = await trio.to_thread.run_sync(start_upstream, scripts[kind])
+        with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
+            target = await start_target("kinds", Path(tmp) / "kinds", kinds_config(urls), cpus)
+            try:
+                return await kinds_rounds(target, pairs, started, profile)
+            finally:
+                await trio.to_thread.run_sync(target.server.stop)
+    finally:
+        for proc in fakes.values():
+            proc.kill()
+            proc.wait(timeout=5)
+
+
+def kinds_report(
+    result: KindRounds, runtime_s: float, load: tuple[float, float], command: str
+) -> str:
+    count = len(result.cpu["calls"])
+    chunks = result.chunks
+    table = [
+        "| measure | anthropic | openai | anthropic ÷ openai |",
+        "|---|---|---|---|",
+        paired_row(
+            f"gateway CPU per non-streamed call, median of {count} rounds (ms)",
+            result.cpu["calls"],
+        ),
+        paired_row(
+            f"gateway CPU per short stream, median of {count} rounds (ms)", result.cpu["streams"]
+        ),
+    ]
+    for mode, what in (("calls", "non-streamed call"), ("streams", "short stream to its end")):
+        for q, name in ((0.5, "p50"), (0.99, "p99")):
+            anthropic, openai = (percentile(result.latencies[k, mode], q) for k in KINDS)
+            table.append(
+                f"| {what}, {name} over all rounds (ms) | {anthropic:.3f} | {openai:.3f} "
+                f"| {anthropic / openai:.3f} |"
+            )
+    return "\n".join(
+        [
+            *table,
+            "",
+            run_line(command, runtime_s, load),
+            "",
+            f"One gateway pinned to one core with an `anthropic` and an `openai` provider, each "
+            "on its fake (the tests' fakes, each a process of its own on the other core with "
+            "this client), and a model on each at the same prices; a live key. Each pair is a "
+            f"round of {CONCURRENCY} × {KINDS_CALLS_EACH} non-streamed calls (the same prompt, "
+            f"16 words back) to each model in turn, then a round of {CONCURRENCY} × "
+            f"{KINDS_STREAMS_EACH} short streams to each (anthropic {chunks['anthropic']}, "
+            f"openai {chunks['openai']} `data:` chunks to the client); which kind goes first "
+            "alternates. The CPU figure is the gateway process's CPU time over the round, per "
+            "call; the ratio column is the median of the per-pair ratios and their range; "
+            "latencies are each call's, whole, 16 callers at once.",
             "",
         ]
     )
@@ -781,7 +1000,12 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--short", action="store_true", help="one short round")
     parser.add_argument("--against", metavar="REV", help="alternate with REV, print ratios")
-    parser.add_argument("--pairs", type=int, default=PAIRS, help="pairs of rounds (--against)")
+    parser.add_argument(
+        "--pairs", type=int, help=f"pairs of rounds (--against: {PAIRS}, --kinds: {KINDS_PAIRS})"
+    )
+    parser.add_argument(
+        "--kinds", action="store_true", help="CPU per call, anthropic against openai provider"
+    )
     parser.add_argument(
         "--open-streams", type=int, default=OPEN_STREAMS, help="streams open for the RSS figure"
     )
@@ -799,8 +1023,18 @@ def main() -> None:
         pairs = trio.run(measure_cost)
         load = (load_before, os.getloadavg()[0])
         section = cost_report(pairs, time.monotonic() - started, load)
+    elif args.kinds:
+        if args.profile:
+            args.profile.mkdir(parents=True, exist_ok=True)
+        kinds = trio.run(measure_kinds, args.pairs or KINDS_PAIRS, args.profile)
+        load = (load_before, os.getloadavg()[0])
+        print(kinds_report(kinds, time.monotonic() - started, load, command.strip()))
+        for kind in KINDS if args.profile else ():
+            print(profile_summary(args.profile / f"{kind}.txt"), end="\n\n")
+        return
     elif args.against:
-        result = trio.run(measure_against, args.against, PAIRED, args.pairs, args.open_streams)
+        count = args.pairs or PAIRS
+        result = trio.run(measure_against, args.against, PAIRED, count, args.open_streams)
         load = (load_before, os.getloadavg()[0])
         section = against_report(
             result, args.open_streams, time.monotonic() - started, load, command.strip()
