@@ -342,6 +342,43 @@ SUB_KEY_REQUEST = closed_body(
     nulls=False,
 )
 SUB_KEY_REQUEST["not"] = {"required": [MODEL_LIST, MODEL_LIST_ALIAS]}
+# -- the Messages endpoint (Anthropic's shapes) -------------------------------------------
+#: open bodies: fields this gateway does not read are dropped and named in
+#: svc.ignored_parameters (Claude Code adds fields with its betas)
+ANTHROPIC_BLOCKS = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": obj({"type": {"type": "string"}}, ("type",))},
+    ]
+}
+ANTHROPIC_MESSAGE = obj(
+    {"role": {"enum": ["user", "assistant", "system"]}, "content": ANTHROPIC_BLOCKS},
+    ("role", "content"),
+)
+ANTHROPIC_PROMPT = {
+    "model": MODEL,
+    "messages": {"type": "array", "minItems": 1, "items": ANTHROPIC_MESSAGE},
+    "system": ANTHROPIC_BLOCKS,
+    "tools": {"type": "array", "items": {"type": "object"}},
+    "tool_choice": obj({"type": {"enum": ["auto", "none"]}}, ("type",)),
+}
+MESSAGES_REQUEST = obj(
+    {
+        **ANTHROPIC_PROMPT,
+        "max_tokens": POSITIVE,
+        "stop_sequences": {"type": "array", "items": {"type": "string"}},
+        "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+        "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+        "stream": {"type": "boolean"},
+        "metadata": obj({"user_id": {"type": "string"}}),
+        "svc_tags": TAG_MAP,
+        "container": REFUSED,
+        "mcp_servers": REFUSED,
+    },
+    ("model", "max_tokens", "messages"),
+)
+COUNT_TOKENS_REQUEST = obj(ANTHROPIC_PROMPT, ("model", "messages"))
+
 SUB_KEY_PATCH = obj({"disabled": {"type": "boolean"}}, ("disabled",), closed=True)
 
 # -- path and query parameters -----------------------------------------------------------
