@@ -142,8 +142,9 @@ def free_port() -> int:
 @pytest.mark.timeout(180)
 def test_the_readme_operator_blocks_work_as_typed(tmp_path: Path) -> None:
     """The operator block, the Claude Code block, then the configuration block, typed into
-    a fresh bash in a checkout whose ``.venv`` holds this test's interpreter and the command's entry point;
-    the fake key stands for a real one (the provider is never called)."""
+    a fresh bash in a checkout whose ``.venv`` holds this test's interpreter and the
+    command's entry point; the fake key stands for a real one (the provider is never
+    called)."""
     bin_dir = tmp_path / ".venv" / "bin"  # what `pip install .` makes of pyproject.toml
     bin_dir.mkdir(parents=True)
     (bin_dir / "python3").symlink_to(sys.executable)
