@@ -111,6 +111,9 @@ def create_app(runtime: Runtime) -> QuartTrio:
         request_id = getattr(g, "request_id", None)
         if request_id is not None:
             response.headers["X-Request-Id"] = request_id
+            if request.path.startswith(MESSAGES_PATH):
+                # the name the Anthropic SDKs read (a message's _request_id)
+                response.headers["request-id"] = request_id
         exchange.identified(request_id, getattr(g, "key", None))
         for name, value in getattr(g, "rate_headers", {}).items():
             response.headers.setdefault(name, value)
