@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,9 +21,9 @@ import trio
 
 from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.calls.parse.anthropic_messages import parse_messages
-from gateway.config.settings import ModelConfig, ProviderConfig
 from tests.calls.test_admission_http import HeldMock, cap_for
-from tests.conftest import Gateway, make_config, start_gateway
+from tests.calls.test_cache_pricing import start_cache_priced
+from tests.conftest import Gateway
 from tests.support.fake_upstream import FakeUpstream
 
 T = TypeVar("T")
@@ -318,24 +317,10 @@ async def test_a_daily_cap_counts_messages_and_chat_completions_together(
 async def live(
     nursery: trio.Nursery, tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
 ) -> AsyncIterator[Gateway]:
-    monkeypatch.setenv("FAKE_UPSTREAM_KEY", "sk-upstream-messages-0123456789")
-    base = make_config(tmp_path)
-    provider = ProviderConfig(
-        name="upstream", kind="openai", base_url=upstream.url, api_key_env="FAKE_UPSTREAM_KEY"
-    )
-    model = ModelConfig(
-        "cache-chat",
-        "upstream",
-        "up-chat",
-        input_usd_per_mtok=3.0,
-        output_usd_per_mtok=15.0,
-        cache_read_usd_per_mtok=0.3,
-        cache_write_usd_per_mtok=3.75,
-    )
-    gw = await start_gateway(nursery, replace(base, providers=(*base.providers, provider),
-                                              models=(model,)))  # fmt: skip
-    yield gw
-    gw.stop.set()
+    """The cache pricing tests' gateway: live keys on the fake OpenAI upstream."""
+    gateway = await start_cache_priced(nursery, tmp_path, upstream, monkeypatch)
+    yield gateway
+    gateway.stop.set()
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])

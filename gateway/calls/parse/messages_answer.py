@@ -33,6 +33,7 @@ from typing import Any
 import orjson
 
 from gateway.calls.parse import ChatCall
+from gateway.calls.parse.translate import first_choice_deltas
 from gateway.providers.anthropic_translate import FINISH
 
 #: a chat finish_reason → Anthropic's stop_reason: the first Anthropic reason of each
@@ -130,19 +131,14 @@ class MessageStreamTranslator:
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        if chunk.get("usage"):
-            self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
+        self._usage = chunk.get("usage") or self._usage
+        for delta, finish_reason in first_choice_deltas(chunk):
             text = delta.get("content") or delta.get("refusal")
             if text:
                 events += self._text(text)
             for tool_call in delta.get("tool_calls") or ():
                 events += self._tool(tool_call)
-            if choice.get("finish_reason"):
-                self._finish_reason = choice["finish_reason"]
+            self._finish_reason = finish_reason or self._finish_reason
         return events
 
     def finish(self) -> list[dict[str, Any]]:
