@@ -348,3 +348,44 @@ async def test_a_live_call_reports_cache_tokens_as_anthropic_counts_them(
     assert record["usage"]["input_tokens"] == usage.input_tokens + 9 + 4
     assert record["usage"]["output_tokens"] == usage.output_tokens
     assert record["cost"]["billed_usd"] > 0
+
+
+async def test_tags_idempotency_and_required_tags_govern_messages(gateway: Gateway) -> None:
+    key = await gateway.create_key(required_tags={"team": ""})
+    body = {"model": MODEL, "max_tokens": 16, "messages": HELLO, "svc_tags": {"team": "a"},
+            "metadata": {"user_id": "u-1"}}  # fmt: skip
+    async with gateway.client(key["token"]) as client:
+        first = await client.post(
+            "/v1/messages", json=body, headers={"Idempotency-Key": "k-1", "X-Svc-Tags": "app=cc"}
+        )
+        again = await client.post(
+            "/v1/messages", json=body, headers={"Idempotency-Key": "k-1", "X-Svc-Tags": "app=cc"}
+        )
+        untagged = await client.post("/v1/messages", json={**body, "svc_tags": None})
+    assert first.status_code == again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    record = await record_of(gateway, key["token"], first.headers["x-request-id"])
+    assert record["tags"] == {"team": "a", "app": "cc"}
+    assert untagged.status_code == 400
+    assert untagged.json()["type"] == "error"
+    assert untagged.json()["error"]["code"] == "missing_tags"
+
+
+async def test_upstream_failures_answer_in_anthropics_dialect(live: Gateway) -> None:
+    token = (await live.create_key(mode="live", caps={"usd_day": 10}))["token"]
+    before = [{"role": "user", "content": "[[fault status=500]] hello"}]
+    error = await refused(
+        live, token, lambda c: c.messages.create(model="cache-chat", max_tokens=16, messages=before)
+    )
+    assert isinstance(error, anthropic.InternalServerError)
+    assert error.body["type"] == "error" and error.body["error"]["code"]
+
+    cut = [{"role": "user", "content": "[[fault drop_after=2]] " + "say hello " * 5}]
+
+    def streamed(client: anthropic.Anthropic) -> str:
+        with client.messages.stream(model="cache-chat", max_tokens=40, messages=cut) as stream:
+            return "".join(stream.text_stream)
+
+    with pytest.raises(anthropic.APIStatusError) as caught:
+        await run(live, token, streamed)
+    assert caught.value.body["error"]["code"] == "service_unavailable"
