@@ -52,6 +52,8 @@ from gateway.calls.parse.fields import (
 from gateway.errors import GatewayError
 from gateway.providers.anthropic_translate import IMAGE_TYPES
 
+__all__ = ["IMAGE_TYPES", "KNOWN", "parse_messages"]
+
 #: fields read (and translated) here; ``svc_tags`` is read by the tag step
 KNOWN = frozenset(
     {
@@ -194,8 +196,10 @@ class _Translation:
             if isinstance(content, str):
                 messages.append({"role": role, "content": content})
                 continue
-            if not isinstance(content, list):
-                raise _bad(f"messages[{index}].content must be a string or an array of blocks.")
+            if not isinstance(content, list) or not content:
+                raise _bad(
+                    f"messages[{index}].content must be a string or a non-empty array of blocks."
+                )
             if role == "assistant":
                 messages.extend(self._assistant(content, index))
             else:
@@ -220,7 +224,7 @@ class _Translation:
             kind = self._kind(block, where)
             if kind == "text":
                 parts.append({"type": "text", "text": self.text(block, where)})
-            elif kind == "image":
+            elif kind == "image" and role == "user":
                 parts.append(self._image(block, where))
             elif kind == "tool_result" and role == "user":
                 result, images = self._tool_result(block, where)
@@ -228,8 +232,6 @@ class _Translation:
                 parts.extend(images)
             else:
                 raise self._unreadable(kind, where)
-        if not (parts or results):
-            raise _bad(f"{where}.content must not be empty.")
         if role == "system" or all(part["type"] == "text" for part in parts):
             text = "\n\n".join(part["text"] for part in parts)
             turn: list[dict[str, Any]] = [{"role": role, "content": text}] if parts else []
@@ -320,7 +322,7 @@ class _Translation:
 
 
 def _tool_call(block: dict[str, Any], where: str) -> dict[str, Any]:
-    call_id, name, arguments = block.get("id"), block.get("name"), block.get("input", {})
+    call_id, name, arguments = block.get("id"), block.get("name"), block.get("input")
     if not isinstance(call_id, str) or not isinstance(name, str) or not isinstance(arguments, dict):
         raise _bad(f"A tool_use block of {where} needs an id, a name and an object input.")
     return {
@@ -365,21 +367,23 @@ def _tools(
 
 
 def _tool_choice(body: dict[str, Any], tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """tool_choice auto or none (any and tool force a tool: refused, as on the other
+    endpoints), checked with or without tools; forwarded with a non-empty tool list."""
     choice = obj(body, "tool_choice")
-    if not tools:
-        return {}
-    params: dict[str, Any] = {"tools": tools}
+    params: dict[str, Any] = {"tools": tools} if tools else {}
     if choice is None:
         return params
     kind = choice.get("type")
     if kind not in ("auto", "none", "any", "tool"):
         raise invalid("tool_choice", "tool_choice.type must be auto, any, tool or none.")
-    params["tool_choice"] = tool_choice({"tool_choice": kind}, NO_FORCING)
+    chosen = tool_choice({"tool_choice": kind}, NO_FORCING)
     parallel = choice.get("disable_parallel_tool_use")
-    if parallel is not None:
-        if not isinstance(parallel, bool):
-            raise invalid("tool_choice", "disable_parallel_tool_use must be a boolean.")
-        params["parallel_tool_calls"] = not parallel
+    if parallel is not None and not isinstance(parallel, bool):
+        raise invalid("tool_choice", "disable_parallel_tool_use must be a boolean.")
+    if tools:
+        params["tool_choice"] = chosen
+        if parallel is not None:
+            params["parallel_tool_calls"] = not parallel
     return params
 
 
