@@ -413,7 +413,10 @@ ANTHROPIC_PROMPT: dict[str, Any] = {
         },
     },
     "tool_choice": obj(
-        {"type": {"enum": ["auto", "none"]}, "disable_parallel_tool_use": {"type": "boolean"}},
+        {
+            "type": {"enum": ["auto", "none"]},
+            "disable_parallel_tool_use": {"type": ["boolean", "null"]},
+        },
         ("type",),
     ),
     "container": REFUSED,
@@ -421,17 +424,20 @@ ANTHROPIC_PROMPT: dict[str, Any] = {
 }
 
 
-def _anthropic_body(required: tuple[str, ...]) -> dict[str, Any]:
-    """A Messages body: a top-level null is a field not sent."""
+def _anthropic_body(required: tuple[str, ...], unread: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A Messages body: a top-level null is a field not sent; ``unread`` fields are not
+    described (any value is accepted and not read)."""
     props = {
         name: schema if name in required or schema is REFUSED else nullable(schema)
         for name, schema in ANTHROPIC_PROMPT.items()
+        if name not in unread
     }
     return obj(props, required)
 
 
 MESSAGES_REQUEST = _anthropic_body(("model", "max_tokens", "messages"))
-COUNT_TOKENS_REQUEST = _anthropic_body(("model", "messages"))
+#: count_tokens reads no tags: it makes no call to tag
+COUNT_TOKENS_REQUEST = _anthropic_body(("model", "messages"), unread=("svc_tags",))
 
 SUB_KEY_PATCH = obj({"disabled": {"type": "boolean"}}, ("disabled",), closed=True)
 
