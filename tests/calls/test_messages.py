@@ -277,6 +277,7 @@ async def test_errors_raise_the_sdks_classes_with_the_specs_codes(gateway: Gatew
     assert error.response.headers["retry-after"]
 
 
+@pytest.mark.both_stores
 async def test_a_daily_cap_counts_messages_and_chat_completions_together(
     gateway: Gateway,
 ) -> None:
