@@ -267,6 +267,16 @@ async def test_errors_raise_the_sdks_classes_with_the_specs_codes(gateway: Gatew
     )
     assert error.body["error"]["type"] == "invalid_request_error"
 
+    async with gateway.client(token) as client:
+        unknown = await client.post("/v1/messages/batches", json={})
+        not_json = await client.post(
+            "/v1/messages", content=b"{", headers={"Content-Type": "application/json"}
+        )
+    assert unknown.status_code == 404 and unknown.json()["error"]["type"] == "not_found_error"
+    assert not_json.status_code == 400
+    assert not_json.json()["error"]["type"] == "invalid_request_error"
+    assert not_json.headers["request-id"] == not_json.headers["x-request-id"]
+
     one_a_minute = (await gateway.create_key(caps={"rpm": 1}))["token"]
     await run(gateway, one_a_minute, create)
     error = await refused(gateway, one_a_minute, create)
