@@ -18,7 +18,7 @@ wire shape with :func:`render`. Nothing else builds error bodies.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import orjson
 
@@ -148,6 +148,24 @@ def error_type(status: int) -> str:
     return ERROR_TYPES.get(status, "api_error")
 
 
+#: Anthropic's error.type by status (the Messages endpoint's dialect); the rest as
+#: :data:`ERROR_TYPES` says, a 503 by whether a retry can succeed (:func:`anthropic_type`)
+ANTHROPIC_TYPES = {
+    402: "billing_error",
+    409: "invalid_request_error",
+    413: "request_too_large",
+    504: "timeout_error",
+}
+
+
+def anthropic_type(status: int, retryable: bool) -> str:
+    """Anthropic's error.type: its SDKs pick the exception class by status, the type says
+    what happened (a retryable 503 is the upstream's overload, Anthropic's 529)."""
+    if status == 503:
+        return "overloaded_error" if retryable else "api_error"
+    return ANTHROPIC_TYPES.get(status) or error_type(status)
+
+
 @dataclass
 class GatewayError(Exception):
     """A refusal with a catalog code; ``svc`` holds the extension block where the spec wants it.
@@ -194,6 +212,14 @@ class GatewayError(Exception):
             payload["svc"] = self.svc
         return payload
 
+    def anthropic_body(self) -> dict[str, Any]:
+        """The body in Anthropic's dialect: ``{"type": "error", "error": {...}}`` with the
+        spec's code and param kept inside ``error``, the svc block where the spec has it."""
+        members = self.body()
+        error = members.pop("error")
+        error["type"] = anthropic_type(self.status, self.should_retry)
+        return {"type": "error", "error": error, **members}
+
     def response_headers(self) -> dict[str, str]:
         headers = dict(self.headers)
         retry_after = self.retry_after if self.retry_after is not None else self.spec.retry_after
@@ -205,11 +231,14 @@ class GatewayError(Exception):
         return headers
 
 
-def render(error: GatewayError) -> tuple[bytes, int, dict[str, str]]:
-    """Body, status and headers of an error answer."""
+def render(
+    error: GatewayError, dialect: Literal["openai", "anthropic"] = "openai"
+) -> tuple[bytes, int, dict[str, str]]:
+    """Body, status and headers of an error answer, in the dialect of the request's path."""
     headers = error.response_headers()
     headers["Content-Type"] = "application/json"
-    return orjson.dumps(error.body()), error.status, headers
+    body = error.anthropic_body() if dialect == "anthropic" else error.body()
+    return orjson.dumps(body), error.status, headers
 
 
 def in_band(error: GatewayError) -> dict[str, Any]:

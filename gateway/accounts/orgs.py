@@ -29,6 +29,7 @@ POLICY_KEYS: dict[str, type | tuple[type, ...]] = {
 ENTITLEMENTS = (
     "chat_completions",
     "responses",
+    "messages",
     "embeddings",
     "streaming",
     "tools",

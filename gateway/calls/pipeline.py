@@ -17,9 +17,9 @@
                                                   10 the pump settles         → SETTLED
         answer
 
-What differs between the three endpoints is one row of the table below (:data:`CHAT`,
-:data:`RESPONSES`, :data:`EMBEDDINGS`): the scope, the entitlement, the model kind, how
-the body is parsed and checked against the model, how the answer is shaped.
+What differs between the four endpoints is one row of the table below (:data:`CHAT`,
+:data:`RESPONSES`, :data:`MESSAGES`, :data:`EMBEDDINGS`): the scope, the entitlement, the
+model kind, how the body is parsed and checked against the model, how the answer is shaped.
 :func:`open_call` settles, whatever happens, a call its handler still owns
 (:meth:`Call.end`): a refusal, a fault of ours, a client that left (the handler
 cancelled: recorded ``cancelled``, 499 ``client_closed``).
@@ -42,8 +42,10 @@ from gateway.calls.estimate import worst_case_tokens
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call, CallParts, CallReport, Hold, finish_reasons
 from gateway.calls.parse import ChatCall, EmbeddingCall
+from gateway.calls.parse.anthropic_messages import parse_messages
 from gateway.calls.parse.chat import capability_param, check_capabilities, parse_chat
 from gateway.calls.parse.embeddings import check_dimensions, parse_embeddings
+from gateway.calls.parse.messages_answer import MessageStreamTranslator, chat_to_message
 from gateway.calls.parse.responses import (
     ResponseStreamTranslator,
     chat_to_response,
@@ -61,6 +63,7 @@ from gateway.calls.provider_errors import map_provider_error
 from gateway.calls.streaming import (
     ChatFormat,
     EventStream,
+    MessagesFormat,
     ResponsesFormat,
     StreamFormat,
     start_stream,
@@ -113,6 +116,8 @@ class Endpoint:
     answer: Callable[[Call, ChatCall, dict[str, Any]], dict[str, Any]] | None = None
     #: how this endpoint writes a stream (chat-shaped endpoints)
     stream_format: Callable[[Call, ChatCall, dict[str, Any]], StreamFormat] | None = None
+    #: the body's ``metadata`` holds tags (Anthropic's holds only ``user_id``)
+    metadata_tags: bool = True
 
 
 def _parse_chat(_: PolicySource, record: KeyRecord, body: dict[str, Any]) -> ChatCall:
@@ -121,6 +126,10 @@ def _parse_chat(_: PolicySource, record: KeyRecord, body: dict[str, Any]) -> Cha
 
 def _parse_responses(_: PolicySource, record: KeyRecord, body: dict[str, Any]) -> ChatCall:
     return parse_responses(body, record.caps.max_output_tokens)
+
+
+def _parse_messages(_: PolicySource, record: KeyRecord, body: dict[str, Any]) -> ChatCall:
+    return parse_messages(body, record.caps.max_output_tokens)
 
 
 def _parse_embeddings(
@@ -149,6 +158,11 @@ def _check_embeddings(_: Org | None, call: EmbeddingCall, model: Model) -> None:
 def response_id(call: Call) -> str:
     """The Responses API id of a call: its request id under the resp_ prefix."""
     return "resp_" + call.request_id.removeprefix("req_")
+
+
+def message_id(call: Call) -> str:
+    """The Messages API id of a call: its request id under the msg_ prefix."""
+    return "msg_" + call.request_id.removeprefix("req_")
 
 
 def _chat_shaped(name: str, feature: str, **row: Any) -> Endpoint:
@@ -182,6 +196,16 @@ RESPONSES = _chat_shaped(
             chat, response_id(call), created_at=int(call.parts.clock.now()), svc=svc
         )
     ),
+)
+MESSAGES = _chat_shaped(
+    "messages",
+    "messages",
+    parse=_parse_messages,
+    answer=lambda call, chat, completion: chat_to_message(completion, chat, message_id(call)),
+    stream_format=lambda call, chat, svc: MessagesFormat(
+        MessageStreamTranslator(chat, message_id(call), svc)
+    ),
+    metadata_tags=False,
 )
 EMBEDDINGS = Endpoint(
     name="embeddings",
@@ -245,7 +269,8 @@ async def prepare(
 ) -> Any:
     """Steps 4 to 8: tags, validate, resolve, estimate, reserve; the parsed call."""
     parts, record = call.parts, call.record
-    call.tags = collect_tags(tags_header, body, record.default_tags, record.required_tags)
+    sent = body if endpoint.metadata_tags else {**body, "metadata": None}
+    call.tags = collect_tags(tags_header, sent, record.default_tags, record.required_tags)
     parsed: Parsed = endpoint.parse(parts.policy, record, body)
     call.stream = parsed.stream
     features = [endpoint.feature] + ["streaming"] * parsed.stream + sorted(parsed.needs)
@@ -302,7 +327,7 @@ def _provider_request(call: Call, chat: ChatCall) -> tuple[ProviderRequest, list
         api_key=call.parts.provider_key(call.record, hold.model),
         request_id=call.request_id,
     )
-    return request, hold.provider.ignored_parameters(body)
+    return request, [*chat.dropped, *hold.provider.ignored_parameters(body)]
 
 
 def svc_block(call: Call, ignored: list[str]) -> dict[str, Any]:

@@ -37,6 +37,7 @@ import trio
 from gateway.accounts.usd_json import plain_amounts
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call, finish_reasons
+from gateway.calls.parse.messages_answer import MessageStreamTranslator
 from gateway.calls.parse.translate import ResponseStreamTranslator
 from gateway.calls.provider_errors import map_provider_error
 from gateway.calls.settlement import Ending
@@ -57,7 +58,11 @@ def sse(data: Any, event: str | None = None) -> bytes:
 
 
 class StreamFormat(Protocol):
-    """How one endpoint writes a stream: chat chunks, or Responses events."""
+    """How one endpoint writes a stream: chat chunks, Responses or Messages events."""
+
+    #: what the body sends while the provider is silent
+    @property
+    def keepalive(self) -> bytes: ...
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]: ...
 
@@ -198,7 +203,7 @@ async def _body(
                     ended = True
                     return
             if frame is None:
-                yield KEEPALIVE
+                yield fmt.keepalive
                 continue
             # every frame already queued goes out in one write
             out = _frame_bytes(frame, fmt)
@@ -265,7 +270,7 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
     if not first:
         # a keep-alive interval passed without a byte: the body opens with a keep-alive,
         # else the first one would come only after a second interval
-        first.append(Frame(KEEPALIVE))
+        first.append(Frame(fmt.keepalive))
     answered.set()
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return EventStream(_body(call, receive, fmt, scope, first), headers)
@@ -277,6 +282,8 @@ class ChatFormat:
     Every chunk carries the svc block, as a non-streamed answer does. Usage travels
     only in the final usage chunk, whatever chunk the upstream put it in.
     """
+
+    keepalive = KEEPALIVE
 
     def __init__(self, model_id: str, include_usage: bool, svc: dict[str, Any]) -> None:
         self.model_id = model_id
@@ -303,6 +310,8 @@ class ChatFormat:
 class ResponsesFormat:
     """Responses API events (``event:`` + ``data:``), translated from chat chunks."""
 
+    keepalive = KEEPALIVE
+
     def __init__(self, translator: ResponseStreamTranslator) -> None:
         self.translator = translator
         self.started = False
@@ -328,3 +337,31 @@ class ResponsesFormat:
     def error(self, error: GatewayError) -> list[bytes]:
         failed = self.translator.failed(error.code, error.message or error.spec.message)
         return self._frames([*self._start(), failed])
+
+
+class MessagesFormat:
+    """Anthropic Messages events (``event:`` + ``data:``), translated from chat chunks;
+    ``ping`` events are the keep-alive, and a failure is an ``error`` event in
+    Anthropic's error dialect, as Anthropic sends them."""
+
+    keepalive = sse({"type": "ping"}, "ping")
+
+    def __init__(self, translator: MessageStreamTranslator) -> None:
+        self.translator = translator
+        self.started = False
+
+    def _frames(self, events: list[dict[str, Any]]) -> list[bytes]:
+        if not self.started:
+            self.started = True
+            events = self.translator.start() + events
+        return [sse(event, event["type"]) for event in events]
+
+    def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
+        return self._frames(self.translator.feed(chunk))
+
+    def finish(self, usage_chunk: dict[str, Any] | None) -> list[bytes]:
+        events = [] if usage_chunk is None else self.translator.feed(usage_chunk)
+        return self._frames(events + self.translator.finish())
+
+    def error(self, error: GatewayError) -> list[bytes]:
+        return [*self._frames([]), sse(error.anthropic_body(), "error")]

@@ -23,12 +23,14 @@ from gateway.edge.routes import (
     embedding_calls,
     health,
     key,
+    message_calls,
     model_calls,
     models,
     prometheus,
     subkeys,
     usage,
 )
+from gateway.edge.routes.message_calls import MESSAGES_PATH
 from gateway.errors import GatewayError, render
 from gateway.serving.readiness import Phase
 from gateway.serving.runtime import Runtime
@@ -109,6 +111,9 @@ def create_app(runtime: Runtime) -> QuartTrio:
         request_id = getattr(g, "request_id", None)
         if request_id is not None:
             response.headers["X-Request-Id"] = request_id
+            if request.path.startswith(MESSAGES_PATH):
+                # the name the Anthropic SDKs read (a message's _request_id)
+                response.headers["request-id"] = request_id
         exchange.identified(request_id, getattr(g, "key", None))
         for name, value in getattr(g, "rate_headers", {}).items():
             response.headers.setdefault(name, value)
@@ -121,7 +126,8 @@ def create_app(runtime: Runtime) -> QuartTrio:
         if error.svc is not None:
             error.svc.setdefault("request_id", getattr(g, "request_id", None))
         exchange.refused(error.code)
-        body, status, headers = render(error)
+        anthropic = request.path.startswith(MESSAGES_PATH)
+        body, status, headers = render(error, "anthropic" if anthropic else "openai")
         return Response(body, status=status, headers=headers)
 
     @app.errorhandler(HTTPException)
@@ -149,6 +155,7 @@ def create_app(runtime: Runtime) -> QuartTrio:
         models,
         key,
         model_calls,
+        message_calls,
         embedding_calls,
         usage,
         subkeys,

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from gateway.serving.runtime import Runtime
 
 INVALID_KEY_MESSAGE = "The API key is invalid, revoked or expired."
+#: a key sent the Anthropic SDKs' default way (their api_key=): this gateway reads Bearer only
+X_API_KEY_MESSAGE = (
+    "Send the key as Authorization: Bearer <key> (Anthropic SDKs: auth_token=; Claude Code: "
+    "ANTHROPIC_AUTH_TOKEN); the x-api-key header is not accepted."
+)
 
 
 def bearer_token() -> str | None:
@@ -44,7 +49,10 @@ async def authenticate(rt: Runtime) -> KeyRecord:
     if record is None and token and rt.cluster is not None:
         record = await rt.cluster.keys.find(token)
     if record is None:
-        raise GatewayError("invalid_api_key", INVALID_KEY_MESSAGE)
+        sent_elsewhere = token is None and "x-api-key" in request.headers
+        raise GatewayError(
+            "invalid_api_key", X_API_KEY_MESSAGE if sent_elsewhere else INVALID_KEY_MESSAGE
+        )
     record = rt.keyring.touch(record)
     g.key = record  # the request's log line names its key
     exchange.identified(g.request_id, record)

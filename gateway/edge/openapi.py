@@ -18,9 +18,11 @@ from gateway import __version__
 from gateway.accounts.key_record import DATA_MODES, ENVIRONMENTS, KEY_STATUSES, SCOPES, id_pattern
 from gateway.edge.request_schemas import (
     CHAT_REQUEST,
+    COUNT_TOKENS_REQUEST,
     EMBEDDINGS_REQUEST,
     IDEMPOTENCY_HEADER,
     KEYS_QUERY,
+    MESSAGES_REQUEST,
     RESPONSES_REQUEST,
     SUB_KEY_PATCH,
     SUB_KEY_REQUEST,
@@ -29,6 +31,7 @@ from gateway.edge.request_schemas import (
     USAGE_QUERY,
     obj,
     path_param,
+    query,
 )
 from gateway.errors import CATALOG, SHOULD_RETRY, error_type, retry_hint
 
@@ -122,6 +125,65 @@ SCHEMAS: dict[str, Any] = {
         }
     ),
     "ChatCompletionRequest": CHAT_REQUEST,
+    "MessagesRequest": MESSAGES_REQUEST,
+    "CountTokensRequest": COUNT_TOKENS_REQUEST,
+    "Message": obj(
+        {
+            "id": {"type": "string", "pattern": "^msg_"},
+            "type": {"const": "message"},
+            "role": {"const": "assistant"},
+            "model": STRING,
+            "content": {
+                "type": "array",
+                "items": {
+                    "anyOf": [
+                        obj({"type": {"const": "text"}, "text": STRING}, ("type", "text")),
+                        obj(
+                            {
+                                "type": {"const": "tool_use"},
+                                "id": STRING,
+                                "name": STRING,
+                                "input": {"type": "object"},
+                            },
+                            ("type", "id", "name", "input"),
+                        ),
+                    ]
+                },
+            },
+            "stop_reason": {
+                "enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use", "refusal"]
+            },
+            "stop_sequence": {"type": ["string", "null"]},
+            "usage": obj(
+                {
+                    "input_tokens": COUNT,
+                    "output_tokens": COUNT,
+                    "cache_read_input_tokens": COUNT,
+                    "cache_creation_input_tokens": COUNT,
+                },
+                ("input_tokens", "output_tokens"),
+            ),
+            "svc": _ref("Svc"),
+        },
+        ("id", "type", "role", "model", "content", "stop_reason", "usage"),
+    ),
+    "MessageTokensCount": obj({"input_tokens": COUNT}, ("input_tokens",)),
+    "AnthropicError": obj(
+        {
+            "type": {"const": "error"},
+            "error": obj(
+                {
+                    "type": STRING,
+                    "message": STRING,
+                    "code": {"type": "string", "enum": sorted(CATALOG)},
+                    "param": {"type": ["string", "null"]},
+                },
+                ("type", "message", "code", "param"),
+            ),
+            "svc": _ref("Svc"),
+        },
+        ("type", "error"),
+    ),
     "ResponsesRequest": RESPONSES_REQUEST,
     "EmbeddingsRequest": EMBEDDINGS_REQUEST,
     "SubKeyCreate": SUB_KEY_REQUEST,
@@ -464,6 +526,10 @@ _MODEL_CALL = (
 _KEYS = (*_SCOPED, *_BODY, "not_found", "child_exceeds_parent", "model_not_in_catalog")
 
 _IDEMPOTENCY, _TAGS = IDEMPOTENCY_HEADER, TAGS_HEADER
+#: Claude Code's ``?beta=true``: accepted, not read
+BETA_QUERY = query("beta", {"type": "string"}, "Accepted and not read (Claude Code sends it).")
+#: paths whose errors are in Anthropic's dialect
+ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 # (method, path, scope, summary, request schema, 2xx status, answer schema, codes, params)
@@ -480,6 +546,14 @@ OPERATIONS: tuple[tuple[Any, ...], ...] = (
     ("post", "/v1/responses", "inference", "A response (served through chat completions)",
      "ResponsesRequest", 200, "Response", (*_MODEL_CALL, "invalid_input"),
      (_IDEMPOTENCY, _TAGS)),
+    ("post", "/v1/messages", "inference",
+     "Anthropic's Messages API (served through chat completions; errors in Anthropic's "
+     "dialect)", "MessagesRequest", 200, "Message", (*_MODEL_CALL, "invalid_messages"),
+     (_IDEMPOTENCY, _TAGS, BETA_QUERY)),
+    ("post", "/v1/messages/count_tokens", "inference",
+     "The gateway's conservative estimate of a Messages prompt's tokens (reserves nothing)",
+     "CountTokensRequest", 200, "MessageTokensCount", (*_SCOPED, *_BODY, *_RESOLVE,
+     "invalid_messages", "unsupported_parameter"), ()),
     ("post", "/v1/embeddings", "embeddings", "Embeddings of the one served embedding model",
      "EmbeddingsRequest", 200, "EmbeddingList", (*_SCOPED, *_BODY, *_RESOLVE, *_RESERVE,
      *_PROVIDER, "invalid_tags", "missing_tags"), (_TAGS,)),
@@ -551,7 +625,7 @@ def _error_responses(path: str, codes: tuple[str, ...]) -> dict[str, Any]:
             "headers": _error_headers(names),
             "content": {
                 JSON: {
-                    "schema": _ref("Error"),
+                    "schema": _ref("AnthropicError" if path in ANTHROPIC_PATHS else "Error"),
                     "x-error-codes": sorted(names),
                 }
             },
@@ -588,6 +662,15 @@ def _examples(chat_model: str | None, embedding_model: str | None) -> dict[tuple
             "input": EXAMPLE_PROMPT,
             "max_output_tokens": 16,
         }
+        examples[("post", "/v1/messages")] = {
+            "model": chat_model,
+            "max_tokens": 16,
+            "messages": [{"role": "user", "content": EXAMPLE_PROMPT}],
+        }
+        examples[("post", "/v1/messages/count_tokens")] = {
+            "model": chat_model,
+            "messages": [{"role": "user", "content": EXAMPLE_PROMPT}],
+        }
         examples[("get", "/v1/models/{model_id}")] = {"model_id": chat_model}
     if embedding_model is not None:
         examples[("post", "/v1/embeddings")] = {"model": embedding_model, "input": EXAMPLE_PROMPT}
@@ -598,7 +681,7 @@ def _operation(row: tuple[Any, ...], examples: dict[tuple[str, str], Any]) -> di
     method, path, scope, summary, body, status, answer, codes, params = row
     example = examples.get((method, path))
     content: dict[str, Any] = {JSON: {"schema": _ref(answer)}}
-    if path in ("/v1/chat/completions", "/v1/responses"):
+    if path in ("/v1/chat/completions", "/v1/responses", "/v1/messages"):
         content["text/event-stream"] = {"schema": SSE_EVENT}
     op: dict[str, Any] = {
         "operationId": method + "_" + re.sub(r"[^a-z0-9]+", "_", path[len("/v1/") :]).strip("_"),

@@ -32,6 +32,7 @@ from gateway.accounts.key_record import CAP_FIELDS, DATA_MODES, ENVIRONMENTS, id
 from gateway.accounts.subkey_rules import FIELDS as SUB_KEY_FIELDS
 from gateway.accounts.subkey_rules import SUB_KEY_SCOPES
 from gateway.accounts.tag_rules import CONTROL, MAX_TAGS, MAX_VALUE, TAG_KEY
+from gateway.calls.parse.anthropic_messages import IMAGE_TYPES
 from gateway.calls.parse.chat import CHAT_FIELDS, MAX_STOP, ROLES, STRUCTURED_FORMATS
 from gateway.calls.parse.fields import SAMPLING, SESSION_FIELDS
 from gateway.calls.parse.responses import INPUT_ROLES, RESPONSES_FIELDS, TEXT_PARTS
@@ -342,6 +343,102 @@ SUB_KEY_REQUEST = closed_body(
     nulls=False,
 )
 SUB_KEY_REQUEST["not"] = {"required": [MODEL_LIST, MODEL_LIST_ALIAS]}
+# -- the Messages endpoint (gateway/calls/parse/anthropic_messages.py) ---------------------
+#: open bodies: fields not listed are accepted and dropped, named in svc.ignored_parameters
+#: (Claude Code adds fields with its betas); blocks may carry members not listed
+#: (cache_control, citations, ...)
+ANTHROPIC_TEXT = _typed("text", text=TEXT)
+ANTHROPIC_IMAGE = _typed(
+    "image",
+    source={
+        "anyOf": [
+            _typed("base64", media_type={"enum": list(IMAGE_TYPES)}, data=TEXT),
+            _typed("url", url=TEXT),
+        ]
+    },
+)
+ANTHROPIC_TOOL_RESULT = obj(
+    {
+        "type": {"const": "tool_result"},
+        "tool_use_id": TEXT,
+        "content": {
+            "anyOf": [TEXT, {"type": "array", "items": {"anyOf": [ANTHROPIC_TEXT,
+                                                                  ANTHROPIC_IMAGE]}}]
+        },
+    },
+    ("type", "tool_use_id"),
+)  # fmt: skip
+ANTHROPIC_TOOL_USE = _typed("tool_use", id=TEXT, name=TEXT, input={"type": "object"})
+ANTHROPIC_THINKING = obj({"type": {"enum": ["thinking", "redacted_thinking"]}}, ("type",))
+
+
+def _turn(role: str, *blocks: dict[str, Any]) -> dict[str, Any]:
+    content = {"type": "array", "minItems": 1, "items": {"anyOf": list(blocks)}}
+    return obj({"role": {"const": role}, "content": {"anyOf": [TEXT, content]}},
+               ("role", "content"))  # fmt: skip
+
+
+ANTHROPIC_PROMPT: dict[str, Any] = {
+    "model": MODEL,
+    "messages": {
+        "type": "array",
+        "minItems": 1,
+        "items": {
+            "anyOf": [
+                _turn("user", ANTHROPIC_TEXT, ANTHROPIC_IMAGE, ANTHROPIC_TOOL_RESULT),
+                _turn("assistant", ANTHROPIC_TEXT, ANTHROPIC_TOOL_USE, ANTHROPIC_THINKING),
+                _turn("system", ANTHROPIC_TEXT),
+            ]
+        },
+    },
+    "system": {"anyOf": [TEXT, {"type": "array", "items": ANTHROPIC_TEXT}]},
+    "max_tokens": POSITIVE,
+    "stop_sequences": {"type": "array", "items": TEXT},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 1},
+    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "stream": {"type": "boolean"},
+    "metadata": obj({"user_id": {"type": ["string", "null"]}}),
+    "service_tier": TEXT,
+    "svc_tags": TAG_MAP,
+    "tools": {
+        "type": "array",
+        "items": {
+            "anyOf": [
+                obj(
+                    {"type": {"const": "custom"}, "name": TEXT, "input_schema": {"type": "object"}},
+                    ("name", "input_schema"),
+                ),
+                obj({"type": {"type": "string", "pattern": "^web_search_"}}, ("type",)),
+            ]
+        },
+    },
+    "tool_choice": obj(
+        {
+            "type": {"enum": ["auto", "none"]},
+            "disable_parallel_tool_use": {"type": ["boolean", "null"]},
+        },
+        ("type",),
+    ),
+    "container": REFUSED,
+    "mcp_servers": REFUSED,
+}
+
+
+def _anthropic_body(required: tuple[str, ...], unread: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A Messages body: a top-level null is a field not sent; ``unread`` fields are not
+    described (any value is accepted and not read)."""
+    props = {
+        name: schema if name in required or schema is REFUSED else nullable(schema)
+        for name, schema in ANTHROPIC_PROMPT.items()
+        if name not in unread
+    }
+    return obj(props, required)
+
+
+MESSAGES_REQUEST = _anthropic_body(("model", "max_tokens", "messages"))
+#: count_tokens reads no tags: it makes no call to tag
+COUNT_TOKENS_REQUEST = _anthropic_body(("model", "messages"), unread=("svc_tags",))
+
 SUB_KEY_PATCH = obj({"disabled": {"type": "boolean"}}, ("disabled",), closed=True)
 
 # -- path and query parameters -----------------------------------------------------------

@@ -54,6 +54,7 @@ CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 ENDPOINTS = (
     "chat",
     "responses",
+    "messages",
     "embeddings",
     "models",
     "key",
@@ -77,6 +78,8 @@ NANOS_PER_USD = 1_000_000_000
 _EXACT = {
     "/v1/chat/completions": "chat",
     "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "messages",
     "/v1/embeddings": "embeddings",
     "/v1/models": "models",
     "/v1/key": "key",

@@ -53,7 +53,8 @@ class HeldMock:
     admitted (it reached the provider) or refused (its answer came back). ``moved`` is
     set at each admission or refusal (a watcher replaces it once it has looked)."""
 
-    def __init__(self, gw: Gateway) -> None:
+    def __init__(self, gw: Gateway, calls: int = CALLS) -> None:
+        self.calls = calls
         self.inner = MockProvider.for_models(gw.runtime.config.models)
         self.admitted = self.refused = 0
         self.everyone_in = trio.Event()
@@ -66,7 +67,7 @@ class HeldMock:
         else:
             self.admitted += 1
         self.moved.set()
-        if self.admitted + self.refused == CALLS:
+        if self.admitted + self.refused == self.calls:
             self.everyone_in.set()
 
     async def complete(self, request: Any) -> Any:

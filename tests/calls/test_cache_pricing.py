@@ -35,10 +35,11 @@ CACHED, WRITTEN = 9, 4
 TEXT = f"[[fault cached={CACHED} cache_write={WRITTEN}]] " + "please say hello " * 6
 
 
-@pytest.fixture
-async def gw(
+async def start_cache_priced(
     nursery: trio.Nursery, tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[Gateway]:
+) -> Gateway:
+    """A gateway serving plain-chat and cache-chat (with cache prices) on the fake
+    upstream, for live keys."""
     monkeypatch.setenv("FAKE_UPSTREAM_KEY", "sk-upstream-cache-0123456789")
     base = make_config(tmp_path)
     provider = ProviderConfig(
@@ -58,7 +59,14 @@ async def gw(
         cache_write_usd_per_mtok=float(WRITE),
     )
     config = replace(base, providers=(*base.providers, provider), models=(plain, cached))
-    gateway = await start_gateway(nursery, config)
+    return await start_gateway(nursery, config)
+
+
+@pytest.fixture
+async def gw(
+    nursery: trio.Nursery, tmp_path: Path, upstream: FakeUpstream, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Gateway]:
+    gateway = await start_cache_priced(nursery, tmp_path, upstream, monkeypatch)
     yield gateway
     gateway.stop.set()
 

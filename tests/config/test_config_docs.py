@@ -141,9 +141,10 @@ def free_port() -> int:
 
 @pytest.mark.timeout(180)
 def test_the_readme_operator_blocks_work_as_typed(tmp_path: Path) -> None:
-    """The operator block, then the configuration block, typed into a fresh bash in a
-    checkout whose ``.venv`` holds this test's interpreter and the command's entry point;
-    the fake key stands for a real one (the provider is never called)."""
+    """The operator block, the Claude Code block, then the configuration block, typed into
+    a fresh bash in a checkout whose ``.venv`` holds this test's interpreter and the
+    command's entry point; the fake key stands for a real one (the provider is never
+    called)."""
     bin_dir = tmp_path / ".venv" / "bin"  # what `pip install .` makes of pyproject.toml
     bin_dir.mkdir(parents=True)
     (bin_dir / "python3").symlink_to(sys.executable)
@@ -155,9 +156,11 @@ def test_the_readme_operator_blocks_work_as_typed(tmp_path: Path) -> None:
     )
     entry.chmod(0o755)
     operator = readme_block("## Operating it from the command line")
+    claude_code = readme_block("## Claude Code and the Anthropic SDKs")
     configured = readme_block("## Configuration: a real provider")
     configured = configured.replace("export OPENAI_API_KEY=sk-...", "export OPENAI_API_KEY=sk-x")
-    script = "set -euo pipefail\nset -m\n" + operator + configured + "kill %1; wait\n"
+    blocks = operator + claude_code + configured
+    script = "set -euo pipefail\nset -m\n" + blocks + "kill %1; wait\n"
     # the README's port is 8080; this run takes a free one (another test may hold 8080)
     port = free_port()
     script = script.replace("127.0.0.1:8080", f"127.0.0.1:{port}")
@@ -183,3 +186,4 @@ def test_the_readme_operator_blocks_work_as_typed(tmp_path: Path) -> None:
     assert proc.returncode == 0, f"{out[-3000:]}\n--- stderr ---\n{err[-3000:]}"
     assert '"object":"key"' in out or '"prefix"' in out, out
     assert "svc_live_" in out  # the live key of the configuration block
+    assert '"type":"message"' in out  # the Claude Code block's call of /v1/messages

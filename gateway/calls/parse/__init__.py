@@ -12,6 +12,8 @@ Modules:
 - :mod:`gateway.calls.parse.responses` — ``parse_responses``; the translation back
   (``chat_to_response``, ``ResponseStreamTranslator``) lives in
   :mod:`gateway.calls.parse.translate` and is re-exported there
+- :mod:`gateway.calls.parse.anthropic_messages` — ``parse_messages`` (Anthropic's Messages API); the
+  translation back lives in :mod:`gateway.calls.parse.messages_answer`
 - :mod:`gateway.calls.parse.embeddings` — ``parse_embeddings``
 - :mod:`gateway.calls.parse.tags` — ``collect_tags`` (step 4)
 - :mod:`gateway.calls.parse.fields` — field checks shared by the two inference endpoints
@@ -44,7 +46,10 @@ class ChatCall:
     include_usage: bool = False
     params: dict[str, Any] = field(default_factory=dict)
     needs: frozenset[str] = frozenset()
-    endpoint: Literal["chat", "responses"] = "chat"
+    endpoint: Literal["chat", "responses", "messages"] = "chat"
+    #: request fields the translation from the endpoint's shape dropped (messages:
+    #: thinking, top_k, ...): named in ``svc.ignored_parameters`` with the provider's own
+    dropped: tuple[str, ...] = ()
 
     @property
     def output_ceiling(self) -> int:

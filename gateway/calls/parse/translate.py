@@ -112,20 +112,15 @@ class ResponseStreamTranslator:
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        if chunk.get("usage"):
-            self._usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if choice.get("index", 0) != 0:
-                continue
-            delta = choice.get("delta") or {}
+        self._usage = chunk.get("usage") or self._usage
+        for delta, finish_reason in first_choice_deltas(chunk):
             if delta.get("content"):
                 events += self._part_delta("output_text", delta["content"])
             if delta.get("refusal"):
                 events += self._part_delta("refusal", delta["refusal"])
             for tool_call in delta.get("tool_calls") or ():
                 events += self._tool_delta(tool_call)
-            if choice.get("finish_reason"):
-                self._finish_reason = choice["finish_reason"]
+            self._finish_reason = finish_reason or self._finish_reason
         return events
 
     def finish(self) -> list[dict[str, Any]]:
@@ -309,6 +304,16 @@ class _OpenTool:
 
     item: dict[str, Any]
     index: int
+
+
+def first_choice_deltas(chunk: dict[str, Any]) -> list[tuple[dict[str, Any], str | None]]:
+    """The delta and finish_reason of a chunk's first choice (index 0): the only one
+    the gateway asks for (n is 1)."""
+    return [
+        (choice.get("delta") or {}, choice.get("finish_reason"))
+        for choice in chunk.get("choices") or ()
+        if choice.get("index", 0) == 0
+    ]
 
 
 def response_shell(

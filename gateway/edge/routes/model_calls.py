@@ -67,7 +67,7 @@ async def _call(
         return await run(call, endpoint, parsed)
 
 
-async def _chat(call: Call, endpoint: Endpoint, chat: Any) -> Response:
+async def run_chat_shaped(call: Call, endpoint: Endpoint, chat: Any) -> Response:
     if chat.stream:
         events = await pipeline.stream(call, endpoint, chat)
         return Response(
@@ -77,11 +77,11 @@ async def _chat(call: Call, endpoint: Endpoint, chat: Any) -> Response:
 
 
 async def chat_completions() -> Response:
-    return await serve_call(CHAT, _chat)
+    return await serve_call(CHAT, run_chat_shaped)
 
 
 async def responses() -> Response:
-    return await serve_call(RESPONSES, _chat)
+    return await serve_call(RESPONSES, run_chat_shaped)
 
 
 def register(app: Quart) -> None:
