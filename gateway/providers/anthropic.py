@@ -18,7 +18,8 @@ Anthropic has no embeddings API: an embedding call is refused, saying so.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import orjson
@@ -26,7 +27,6 @@ import orjson
 from gateway.observe.tracing import TraceContext
 from gateway.providers.anthropic_translate import (
     IGNORED,
-    StreamFailed,
     StreamTranslator,
     Untranslatable,
     answer_schema,
@@ -37,6 +37,8 @@ from gateway.providers.anthropic_translate import (
 from gateway.providers.base import (
     EmbeddingRequest,
     EmbeddingResult,
+    MessagesRequest,
+    MessagesResult,
     ProviderDropped,
     ProviderError,
     ProviderMalformed,
@@ -103,38 +105,74 @@ class AnthropicProvider(HTTPProvider):
     async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
         body, structured = self._translated(request, stream=True)
         translator = StreamTranslator(request.upstream_model, structured)
-        produced = False
+        events = self._events(body, request.api_key, request.trace, {})
+        async with aclosing(events):
+            async for event in events:
+                for chunk in translator.feed(event):
+                    yield chunk
+
+    async def messages(self, request: MessagesRequest) -> MessagesResult:
+        """The Messages body passed through as the caller sent it (see :meth:`_passed`)."""
+        body = {**request.body, "stream": False}
+        content = await self._post(PATH, body, request.api_key, request.trace, _betas(request))
+        try:
+            message = orjson.loads(content)
+        except orjson.JSONDecodeError:
+            raise ProviderMalformed("the upstream answered with invalid JSON") from None
+        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
+            raise ProviderMalformed("the upstream answer is not a message")
+        return MessagesResult(message=message, usage=usage_of(message.get("usage")))
+
+    async def messages_stream(self, request: MessagesRequest) -> AsyncIterator[dict[str, Any]]:
+        body = {**request.body, "stream": True}
+        events = self._events(body, request.api_key, request.trace, _betas(request))
+        async with aclosing(events):
+            async for event in events:
+                yield event
+
+    async def _events(
+        self,
+        body: dict[str, Any],
+        api_key: str | None,
+        trace: TraceContext | None,
+        extra: dict[str, str],
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The events of a streamed call as they arrive, up to ``message_stop``; an
+        ``error`` event, and a stream that ends early, raised as provider errors. Output
+        has started (``produced``) at the first event other than ``ping``."""
+        produced = done = False
         #: an ``error`` event's failure, raised once the stream was read to its end
         failure: ProviderError | None = None
         response: Response | None = None
         try:
-            response = await self._open_stream(PATH, body, request.api_key, request.trace)
+            response = await self._open_stream(PATH, body, api_key, trace, extra)
             rest = b""
             async for piece in response.iter_body():
-                if translator.finished() or failure is not None:
+                if done or failure is not None:
                     continue  # read to its end, so the connection goes back to the pool
                 lines, rest = split_lines(rest, piece)
                 for line in lines:
                     event = sse_data(line)
-                    if event is None:
+                    if not isinstance(event, dict):
                         continue
-                    try:
-                        chunks = translator.feed(event)
-                    except StreamFailed as exc:
-                        failure = self._failure(exc, produced, request.api_key)
+                    kind = event.get("type")
+                    if kind == "error":
+                        failure = self._failure(event.get("error"), produced, api_key)
                         break
-                    for chunk in chunks:
-                        produced = True
-                        yield chunk
-                    if translator.finished():
+                    produced = produced or kind != "ping"
+                    yield event
+                    if kind == "message_stop":
+                        done = True
                         break
             tail = sse_data(rest)  # the last line, without its line break
-            if failure is None and tail is not None and tail.get("type") == "message_stop":
-                translator.stop()
+            if failure is None and not done and isinstance(tail, dict):
+                if tail.get("type") == "message_stop":
+                    done = True
+                    yield tail
         except HTTPFailure as exc:
             if failure is not None:
                 raise failure from None
-            if translator.finished():
+            if done:
                 return
             raise stream_failure(exc, produced) from None
         finally:
@@ -142,19 +180,21 @@ class AnthropicProvider(HTTPProvider):
                 await response.aclose()
         if failure is not None:
             raise failure
-        if translator.finished():
+        if done:
             return
         if produced:
             raise ProviderDropped("the stream ended without message_stop")
         raise ProviderUnreachable("the upstream closed the stream before any output")
 
-    def _failure(self, exc: StreamFailed, produced: bool, api_key: str | None) -> ProviderError:
-        """The provider error of an ``error`` event."""
-        content = orjson.dumps({"error": {"message": exc.message}})
+    def _failure(self, error: Any, produced: bool, api_key: str | None) -> ProviderError:
+        """The provider error of an ``error`` event (``error``: its error object)."""
+        error = error if isinstance(error, dict) else {}
+        content = orjson.dumps({"error": {"message": str(error.get("message") or "")}})
         if produced:
             message = status_error(500, content, self._secrets(api_key)).message
             return ProviderDropped(message)
-        return status_error(ERROR_STATUS.get(exc.kind, 500), content, self._secrets(api_key))
+        status = ERROR_STATUS.get(str(error.get("type") or ""), 500)
+        return status_error(status, content, self._secrets(api_key))
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         raise ProviderRefused(
@@ -165,3 +205,8 @@ class AnthropicProvider(HTTPProvider):
 
     def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
         return [name for name in IGNORED if name in body]
+
+
+def _betas(request: MessagesRequest) -> dict[str, str]:
+    """The ``anthropic-beta`` header of a passed-through call: the caller's values."""
+    return {"anthropic-beta": ",".join(request.betas)} if request.betas else {}

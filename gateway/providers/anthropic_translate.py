@@ -363,32 +363,54 @@ def completion(message: dict[str, Any], model: str, structured: bool) -> dict[st
     )
 
 
-class StreamFailed(Exception):
-    """An ``error`` event: Anthropic's error ``type`` and its message."""
+class StreamUsage:
+    """The usage a Messages stream reports so far: ``message_start``'s counts, completed
+    by each ``message_delta``'s (a later report repeats or completes the earlier ones)."""
 
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.message = message
+    __slots__ = ("_counts",)
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+
+    def read(self, event: dict[str, Any]) -> bool:
+        """Take the counts of ``event``; whether it reported any."""
+        kind = event.get("type")
+        if kind == "message_start":
+            message = event.get("message")
+            report = message.get("usage") if isinstance(message, dict) else None
+        elif kind == "message_delta":
+            report = event.get("usage")
+        else:
+            return False
+        if not isinstance(report, dict):
+            return False
+        try:
+            _counts(report, self._counts)
+        except (TypeError, ValueError):
+            return False
+        return True
+
+    @property
+    def usage(self) -> Usage:
+        return _usage(self._counts)
 
 
 class StreamTranslator:
     """Anthropic's stream events → ``chat.completion.chunk`` dicts, as an OpenAI upstream
     streams them: the role first, then content and tool-call deltas (id and name first,
     then argument fragments), the ``finish_reason`` chunk, and a last chunk with the usage
-    and no choices (at ``message_delta``, whose usage is the final count); the stream is
-    :meth:`finished` at ``message_stop``.
+    and no choices (at ``message_delta``, whose usage is the final count). Where the
+    stream ends (``message_stop``) and its ``error`` events are the provider's to read.
     """
 
     __slots__ = (
         "_blocks",
-        "_counts",
         "_created",
-        "_done",
         "_id",
         "_model",
         "_structured",
         "_tool_calls",
+        "_usage",
     )
 
     def __init__(self, model: str, structured: bool) -> None:
@@ -399,15 +421,7 @@ class StreamTranslator:
         #: per content block index: the tool call's index, -1 for content, None: skipped
         self._blocks: dict[int, int | None] = {}
         self._tool_calls = 0
-        self._counts: dict[str, int] = {}
-        self._done = False
-
-    def finished(self) -> bool:
-        """Whether ``message_stop`` came: the stream's proper end."""
-        return self._done
-
-    def stop(self) -> None:
-        self._done = True
+        self._usage = StreamUsage()
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {
@@ -419,7 +433,7 @@ class StreamTranslator:
         }
 
     def feed(self, event: dict[str, Any]) -> list[dict[str, Any]]:
-        """The chunks of one event (raises :class:`StreamFailed` on an ``error``)."""
+        """The chunks of one event (``error`` events are the provider's to raise)."""
         kind = event.get("type")
         if kind == "content_block_delta":
             return self._delta(event)
@@ -429,20 +443,15 @@ class StreamTranslator:
             message = event.get("message") or {}
             self._id = message.get("id") or self._id
             self._model = message.get("model") or self._model
-            _counts(message.get("usage") or {}, self._counts)
+            self._usage.read(event)
             return [self._chunk({"role": "assistant", "content": ""})]
         if kind == "message_delta":
-            _counts(event.get("usage") or {}, self._counts)
+            self._usage.read(event)
             stop = (event.get("delta") or {}).get("stop_reason")
             final = self._chunk({}, _finish(stop, self._tool_calls))
-            usage = {**self._chunk({}), "choices": [], "usage": _usage(self._counts).as_dict()}
+            usage = {**self._chunk({}), "choices": [], "usage": self._usage.usage.as_dict()}
             return [final, usage]
-        if kind == "message_stop":
-            self._done = True
-        elif kind == "error":
-            error = event.get("error") or {}
-            raise StreamFailed(str(error.get("type") or "error"), str(error.get("message") or ""))
-        return []  # ping, content_block_stop, and events of later API versions
+        return []  # ping, content_block_stop, message_stop, events of later API versions
 
     def _start(self, event: dict[str, Any]) -> list[dict[str, Any]]:
         index = event.get("index")

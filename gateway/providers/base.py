@@ -28,7 +28,7 @@ import base64
 import struct
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from gateway.observe.tracing import TraceContext
 
@@ -159,6 +159,50 @@ class Provider(Protocol):
     def ignored_parameters(self, body: dict[str, Any]) -> list[str]:
         """Chat-completions names of the parameters of ``body`` this provider ignores."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesRequest:
+    """One Anthropic Messages API call passed through in Anthropic's own shape (a
+    ``/v1/messages`` call attempted on a deployment that speaks it): ``body`` is the
+    caller's, with ``model`` already the upstream id; ``betas`` the ``anthropic-beta``
+    values the caller sent, forwarded as they are."""
+
+    body: dict[str, Any]
+    betas: tuple[str, ...] = ()
+    api_key: str | None = None
+    #: the call's W3C trace, sent upstream as ``traceparent`` (and ``tracestate``)
+    trace: TraceContext | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MessagesResult:
+    """A Messages API answer as the upstream sent it, and the usage it reports."""
+
+    message: dict[str, Any]
+    usage: Usage | None
+
+
+@runtime_checkable
+class NativeMessages(Protocol):
+    """A provider that serves Anthropic's Messages API natively (kind ``anthropic``):
+    the gateway's ``/v1/messages`` is passed through to it, per attempt, rather than
+    translated to a chat call. Failures are the same :class:`ProviderError` tree."""
+
+    async def messages(self, request: MessagesRequest) -> MessagesResult:
+        """A non-streamed Messages call: the upstream's ``message``."""
+        ...
+
+    def messages_stream(self, request: MessagesRequest) -> AsyncIterator[dict[str, Any]]:
+        """Yield the upstream's stream events as they come (``ping`` included), up to
+        ``message_stop``; an ``error`` event is raised as its provider error."""
+        ...
+
+
+def native_messages(provider: Provider) -> NativeMessages | None:
+    """``provider`` when it serves the Messages API natively, else None (the call is
+    translated to a chat call)."""
+    return provider if isinstance(provider, NativeMessages) else None
 
 
 class ProviderError(Exception):

@@ -72,23 +72,34 @@ class HTTPProvider:
         return [*self.secrets(), *([api_key] if api_key else [])]
 
     async def _post(
-        self, path: str, body: Any, api_key: str | None, trace: TraceContext | None
+        self,
+        path: str,
+        body: Any,
+        api_key: str | None,
+        trace: TraceContext | None,
+        extra: dict[str, str] | None = None,
     ) -> bytes:
         """One non-streamed upstream call: the body of a 200 answer, or the provider
-        error it maps to."""
-        headers = self._headers(api_key, trace)
+        error it maps to. ``extra``: headers of this call besides the kind's own."""
+        headers = {**self._headers(api_key, trace), **(extra or {})}
         response, content = await exchange(self.pool, path, headers, orjson.dumps(body))
         if response.status != 200:
             raise self._status_error(response.status, content, api_key)
         return content
 
     async def _open_stream(
-        self, path: str, body: Any, api_key: str | None, trace: TraceContext | None
+        self,
+        path: str,
+        body: Any,
+        api_key: str | None,
+        trace: TraceContext | None,
+        extra: dict[str, str] | None = None,
     ) -> Response:
         """A streamed call's answer, its head read (the caller closes it); a status other
         than 200 raised as its provider error. The client's failures are the caller's to
         map (whether output had started decides)."""
-        response = await self.pool.post(path, self._headers(api_key, trace), orjson.dumps(body))
+        headers = {**self._headers(api_key, trace), **(extra or {})}
+        response = await self.pool.post(path, headers, orjson.dumps(body))
         if response.status == 200:
             return response
         try:
