@@ -64,6 +64,7 @@ from gateway.calls.streaming import (
     ChatFormat,
     EventStream,
     MessagesFormat,
+    NativeMessagesFormat,
     ResponsesFormat,
     StreamFormat,
     start_stream,
@@ -73,13 +74,18 @@ from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS
 from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
     EmbeddingRequest,
+    MessagesRequest,
+    NativeMessages,
     ProviderError,
     ProviderRequest,
     embedding_response,
+    native_messages,
 )
 from gateway.store.claims import Claim, ClaimHeld
 
 T = TypeVar("T")
+#: the refusal of a call without a stream that ran out of time
+LATE = "The call ran out of time; retry with stream true."
 
 
 class Parsed(Protocol):
@@ -334,15 +340,34 @@ def svc_block(call: Call, ignored: list[str]) -> dict[str, Any]:
     return {"request_id": call.request_id, "ignored_parameters": ignored}
 
 
+def _native(call: Call, chat: ChatCall) -> tuple[NativeMessages, MessagesRequest] | None:
+    """The passthrough of a ``/v1/messages`` call, when the provider of the attempt
+    (its deployment's kind: ``anthropic``) serves the Messages API natively; None: the
+    call is served by translation. Decided per attempt, on the attempt's provider."""
+    provider = native_messages(call.held.provider) if chat.native is not None else None
+    if provider is None or chat.native is None:
+        return None
+    hold = call.held
+    request = MessagesRequest(
+        body={**chat.native.body, "model": hold.model.config.upstream_id},
+        betas=chat.native.betas,
+        api_key=call.parts.provider_key(call.record, hold.model),
+    )
+    return provider, request
+
+
 async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, Any]:
     """Steps 9-10 of a chat-shaped call without a stream: the answer, settled."""
     assert endpoint.answer is not None
+    native = _native(call, chat)
+    if native is not None:
+        return await _relay(call, *native)
     request, ignored = _provider_request(call, chat)
     provider = call.held.provider
     result = await _ask(
         call,
         lambda trace: provider.complete(replace(request, trace=trace)),
-        "The call ran out of time; retry with stream true.",
+        LATE,
     )
     if call.attempt is not None:
         completion = result.completion
@@ -360,12 +385,41 @@ async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, 
     return answer
 
 
+async def _relay(call: Call, provider: NativeMessages, request: MessagesRequest) -> dict[str, Any]:
+    """Steps 9-10 of a Messages call passed through: the upstream's message as it came
+    (its stop sequence, cache usage and any block kind included), under the gateway's
+    message id and the public model id, with the svc block; settled from its usage."""
+    result = await _ask(call, lambda trace: provider.messages(replace(request, trace=trace)), LATE)
+    message = result.message
+    if call.attempt is not None:
+        reason = message.get("stop_reason")
+        call.attempt.answered(message.get("model"), [reason] if isinstance(reason, str) else [])
+    answer = {
+        **message,
+        "id": message_id(call),
+        "model": call.held.model.id,
+        "svc": svc_block(call, []),
+    }
+    await call.finish(
+        call.ending(answered=True, usage=result.usage), usage=result.usage, answer=answer
+    )
+    return answer
+
+
 async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> EventStream:
     """Step 9 of a streamed call: hand it to a pump (which settles it), answer the stream."""
     assert endpoint.stream_format is not None
+    native = _native(call, chat)
+    if native is not None:
+        provider, passed = native
+        relay = NativeMessagesFormat(message_id(call), call.held.model.id, svc_block(call, []))
+        return await start_stream(
+            call, lambda trace: provider.messages_stream(replace(passed, trace=trace)), relay
+        )
     request, ignored = _provider_request(call, chat)
     fmt = endpoint.stream_format(call, chat, svc_block(call, ignored))
-    return await start_stream(call, request, fmt)
+    chats = call.held.provider
+    return await start_stream(call, lambda trace: chats.stream(replace(request, trace=trace)), fmt)
 
 
 async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:

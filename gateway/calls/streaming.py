@@ -26,9 +26,9 @@ The pump never raises: an exception escaping it would cancel the root nursery.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
@@ -42,7 +42,9 @@ from gateway.calls.parse.translate import ResponseStreamTranslator
 from gateway.calls.provider_errors import map_provider_error
 from gateway.calls.settlement import Ending
 from gateway.errors import GatewayError, in_band
-from gateway.providers.base import ProviderError, ProviderRequest, Usage
+from gateway.observe.tracing import TraceContext
+from gateway.providers.anthropic_translate import StreamUsage
+from gateway.providers.base import ProviderError, Usage
 
 log = logging.getLogger("gateway.calls.streaming")
 
@@ -57,16 +59,36 @@ def sse(data: Any, event: str | None = None) -> bytes:
     return head + b"data: " + orjson.dumps(plain_amounts(data)) + b"\n\n"
 
 
+#: the Messages streams' keep-alive: Anthropic's ``ping`` event
+PING = sse({"type": "ping"}, "ping")
+
+
 class StreamFormat(Protocol):
-    """How one endpoint writes a stream: chat chunks, Responses or Messages events."""
+    """How one endpoint reads its upstream's items (chat chunks, or Anthropic's own
+    events on a passthrough) and writes its stream: chat chunks, Responses or Messages
+    events."""
 
     #: what the body sends while the provider is silent
     @property
     def keepalive(self) -> bytes: ...
 
-    def chunk(self, chunk: dict[str, Any]) -> list[bytes]: ...
+    def usage(self, item: dict[str, Any]) -> Usage | None:
+        """The usage reported so far, when ``item`` reports usage; else None."""
+        ...
 
-    def finish(self, usage_chunk: dict[str, Any] | None) -> list[bytes]: ...
+    def output(self, item: dict[str, Any]) -> bool:
+        """Whether ``item`` is part of the answer (handed to :meth:`chunk`)."""
+        ...
+
+    def answered(self, item: dict[str, Any]) -> tuple[Any, list[str]]:
+        """The model and the finish reasons ``item`` names (for the attempt's span)."""
+        ...
+
+    def chunk(self, item: dict[str, Any]) -> list[bytes]: ...
+
+    def finish(self) -> list[bytes]:
+        """The stream's last frames, once the call is settled."""
+        ...
 
     def error(self, error: GatewayError) -> list[bytes]: ...
 
@@ -78,9 +100,13 @@ class Frame:
     error: GatewayError | None = None
 
 
+#: opens the upstream's stream, given the attempt's trace
+OpenStream = Callable[[TraceContext | None], AsyncIterator[dict[str, Any]]]
+
+
 async def pump(
     call: Call,
-    request: ProviderRequest,
+    open_stream: OpenStream,
     fmt: StreamFormat,
     send: trio.MemorySendChannel[Frame],
     scope: trio.CancelScope,
@@ -89,7 +115,6 @@ async def pump(
     """``answered`` is set once the handler has answered 200: a failure after that is
     in-band whether or not a chunk was sent, and the record says 200."""
     usage: Usage | None = None
-    usage_chunk: dict[str, Any] | None = None
     failure: GatewayError | None = None
     #: the settlement row of the provider's own failure (None: it did not fail)
     failed_as: Ending | None = None
@@ -101,17 +126,15 @@ async def pump(
     async with send:
         try:
             with scope:
-                chunks = call.held.provider.stream(request)
+                chunks = open_stream(call.trace)
                 try:
                     async for chunk in chunks:
                         if attempt is not None:
-                            answered_by = answered_by or chunk.get("model")
-                            reasons += finish_reasons(chunk)
-                        if chunk.get("usage"):
-                            # kept without its choices: those are passed on below, once
-                            usage = Usage.reported(chunk["usage"])
-                            usage_chunk = {**chunk, "choices": []}
-                        if not chunk.get("choices"):
+                            model, named = fmt.answered(chunk)
+                            answered_by = answered_by or model
+                            reasons += named
+                        usage = fmt.usage(chunk) or usage
+                        if not fmt.output(chunk):
                             continue
                         produced = True
                         for data in fmt.chunk(chunk):
@@ -157,7 +180,7 @@ async def pump(
         frames = (
             [Frame(error=failure)]
             if failure and not in_stream
-            else [Frame(f) for f in (fmt.error(failure) if failure else fmt.finish(usage_chunk))]
+            else [Frame(f) for f in (fmt.error(failure) if failure else fmt.finish())]
         )
         with trio.move_on_after(FINAL_SEND_S):
             try:
@@ -239,8 +262,10 @@ class EventStream:
     headers: dict[str, str]
 
 
-async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) -> EventStream:
-    """Hand the call to a pump and return the event stream to answer.
+async def start_stream(call: Call, open_stream: OpenStream, fmt: StreamFormat) -> EventStream:
+    """Hand the call to a pump and return the event stream to answer; ``open_stream``
+    opens the attempt's upstream stream (the provider's chat chunks, or a native
+    passthrough's events, as ``fmt`` reads them).
 
     Waits up to one keep-alive interval for the first frame, so that a refusal that
     comes before anything is produced is answered with its real HTTP status; when none
@@ -250,11 +275,10 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
     assert nursery is not None
     send, receive = trio.open_memory_channel[Frame](BUFFER)
     await call.start_provider_call()
-    request = replace(request, trace=call.trace)  # the attempt's, once the call started
     scope = call.watch(trio.CancelScope(deadline=call.deadline))
     call.hand_off()
     answered = trio.Event()
-    nursery.start_soon(pump, call, request, fmt, send, scope, answered)
+    nursery.start_soon(pump, call, open_stream, fmt, send, scope, answered)
     first: list[Frame] = []
     try:
         with trio.move_on_after(call.parts.keepalive_s), suppress(trio.EndOfChannel):
@@ -276,7 +300,27 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
     return EventStream(_body(call, receive, fmt, scope, first), headers)
 
 
-class ChatFormat:
+class ChatChunks:
+    """How the chat-shaped formats read their upstream: ``chat.completion.chunk``
+    objects, the one with ``usage`` kept without its choices (those are passed on as
+    any chunk's) for :meth:`finish`."""
+
+    usage_chunk: dict[str, Any] | None = None
+
+    def usage(self, chunk: dict[str, Any]) -> Usage | None:
+        if not chunk.get("usage"):
+            return None
+        self.usage_chunk = {**chunk, "choices": []}
+        return Usage.reported(chunk["usage"])
+
+    def output(self, chunk: dict[str, Any]) -> bool:
+        return bool(chunk.get("choices"))
+
+    def answered(self, chunk: dict[str, Any]) -> tuple[Any, list[str]]:
+        return chunk.get("model"), finish_reasons(chunk)
+
+
+class ChatFormat(ChatChunks):
     """OpenAI chat.completion.chunk events, ``[DONE]``; usage chunk only when asked for.
 
     Every chunk carries the svc block, as a non-streamed answer does. Usage travels
@@ -295,10 +339,10 @@ class ChatFormat:
         out["model"], out["svc"] = self.model_id, self.svc
         return [sse(out)]
 
-    def finish(self, usage_chunk: dict[str, Any] | None) -> list[bytes]:
+    def finish(self) -> list[bytes]:
         frames = []
-        if self.include_usage and usage_chunk is not None:
-            final = {**usage_chunk, "model": self.model_id, "choices": [], "svc": self.svc}
+        if self.include_usage and self.usage_chunk is not None:
+            final = {**self.usage_chunk, "model": self.model_id, "choices": [], "svc": self.svc}
             frames.append(sse(final))
         frames.append(DONE)
         return frames
@@ -307,7 +351,7 @@ class ChatFormat:
         return [sse({"error": in_band(error)}), DONE]
 
 
-class ResponsesFormat:
+class ResponsesFormat(ChatChunks):
     """Responses API events (``event:`` + ``data:``), translated from chat chunks."""
 
     keepalive = KEEPALIVE
@@ -328,10 +372,10 @@ class ResponsesFormat:
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
         return self._frames(self._start() + self.translator.feed(chunk))
 
-    def finish(self, usage_chunk: dict[str, Any] | None) -> list[bytes]:
+    def finish(self) -> list[bytes]:
         events = self._start()
-        if usage_chunk is not None:
-            events += self.translator.feed(usage_chunk)
+        if self.usage_chunk is not None:
+            events += self.translator.feed(self.usage_chunk)
         return self._frames(events + self.translator.finish())
 
     def error(self, error: GatewayError) -> list[bytes]:
@@ -339,12 +383,12 @@ class ResponsesFormat:
         return self._frames([*self._start(), failed])
 
 
-class MessagesFormat:
+class MessagesFormat(ChatChunks):
     """Anthropic Messages events (``event:`` + ``data:``), translated from chat chunks;
     ``ping`` events are the keep-alive, and a failure is an ``error`` event in
     Anthropic's error dialect, as Anthropic sends them."""
 
-    keepalive = sse({"type": "ping"}, "ping")
+    keepalive = PING
 
     def __init__(self, translator: MessageStreamTranslator) -> None:
         self.translator = translator
@@ -359,9 +403,69 @@ class MessagesFormat:
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
         return self._frames(self.translator.feed(chunk))
 
-    def finish(self, usage_chunk: dict[str, Any] | None) -> list[bytes]:
-        events = [] if usage_chunk is None else self.translator.feed(usage_chunk)
+    def finish(self) -> list[bytes]:
+        events = [] if self.usage_chunk is None else self.translator.feed(self.usage_chunk)
         return self._frames(events + self.translator.finish())
 
     def error(self, error: GatewayError) -> list[bytes]:
         return [*self._frames([]), sse(error.anthropic_body(), "error")]
+
+
+class NativeMessagesFormat:
+    """Anthropic's own events, relayed (a ``/v1/messages`` call passed through to an
+    ``anthropic`` deployment): ``message_start`` carries the gateway's message id, the
+    public model id and the svc block; ``message_delta`` (the stop reason, the stop
+    sequence, the final usage) and ``message_stop`` are held until the call is settled,
+    as every stream's end is; the upstream's ``ping`` events are dropped (the keep-alive
+    is the gateway's own, :data:`PING`). The usage that settles the call is read from
+    ``message_start`` and ``message_delta``, cache counts included."""
+
+    keepalive = PING
+
+    def __init__(self, message_id: str, model_id: str, svc: dict[str, Any]) -> None:
+        self.message_id = message_id
+        self.model_id = model_id
+        self.svc = svc
+        self.counted = StreamUsage()
+        self.held: list[dict[str, Any]] = []
+
+    def usage(self, event: dict[str, Any]) -> Usage | None:
+        return self.counted.usage if self.counted.read(event) else None
+
+    def output(self, event: dict[str, Any]) -> bool:
+        return event.get("type") != "ping"
+
+    def answered(self, event: dict[str, Any]) -> tuple[Any, list[str]]:
+        kind = event.get("type")
+        if kind == "message_start":
+            message = event.get("message")
+            return (message.get("model") if isinstance(message, dict) else None), []
+        if kind == "message_delta":
+            reason = (event.get("delta") or {}).get("stop_reason")
+            return None, [reason] if isinstance(reason, str) else []
+        return None, []
+
+    def chunk(self, event: dict[str, Any]) -> list[bytes]:
+        kind = str(event.get("type"))
+        if kind == "message_start":
+            message = event.get("message")
+            message = {
+                **(message if isinstance(message, dict) else {}),
+                "id": self.message_id,
+                "model": self.model_id,
+                "svc": self.svc,
+            }
+            return [sse({**event, "message": message}, kind)]
+        if kind in ("message_delta", "message_stop"):
+            self.held.append(event)
+            return []
+        return [sse(event, kind)]
+
+    def finish(self) -> list[bytes]:
+        events = [event for event in self.held if event.get("type") == "message_delta"]
+        return [sse(event, "message_delta") for event in events] + [
+            sse({"type": "message_stop"}, "message_stop")
+        ]
+
+    def error(self, error: GatewayError) -> list[bytes]:
+        return [sse(error.anthropic_body(), "error")]

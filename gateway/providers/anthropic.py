@@ -165,10 +165,10 @@ class AnthropicProvider(HTTPProvider):
                         done = True
                         break
             tail = sse_data(rest)  # the last line, without its line break
-            if failure is None and not done and isinstance(tail, dict):
-                if tail.get("type") == "message_stop":
-                    done = True
-                    yield tail
+            stopped = isinstance(tail, dict) and tail.get("type") == "message_stop"
+            if failure is None and not done and stopped:
+                done = True
+                yield tail
         except HTTPFailure as exc:
             if failure is not None:
                 raise failure from None

@@ -169,7 +169,8 @@ def test_a_stream_becomes_anthropics_events_and_accumulates() -> None:
     )
     frames += fmt.chunk(chunk({"tool_calls": [{"index": 0, "function": {"arguments": ": 1}"}}]}))
     frames += fmt.chunk(chunk({}, "tool_calls"))
-    frames += fmt.finish({"choices": [], "usage": COMPLETION["usage"]})  # fmt: skip
+    fmt.usage({"choices": [], "usage": COMPLETION["usage"]})
+    frames += fmt.finish()
     events = []
     for frame in frames:
         head, data = frame.decode().split("\n", 1)

@@ -30,6 +30,16 @@ from gateway.calls.estimate import estimate_embedding_tokens, estimate_prompt_to
 
 
 @dataclass(frozen=True, slots=True)
+class MessagesSource:
+    """A ``/v1/messages`` body as the caller sent it (the gateway's own fields taken
+    out), passed through to a deployment that serves the Messages API natively instead
+    of the translation; ``betas``: the caller's ``anthropic-beta`` values."""
+
+    body: dict[str, Any]
+    betas: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class ChatCall:
     """One chat or responses call, in chat-completions terms.
 
@@ -50,6 +60,8 @@ class ChatCall:
     #: request fields the translation from the endpoint's shape dropped (messages:
     #: thinking, top_k, ...): named in ``svc.ignored_parameters`` with the provider's own
     dropped: tuple[str, ...] = ()
+    #: a Messages call's body as sent, for a native passthrough (messages only)
+    native: MessagesSource | None = None
 
     @property
     def output_ceiling(self) -> int:

@@ -34,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from gateway.calls.parse import ChatCall
+from gateway.calls.parse import ChatCall, MessagesSource
 from gateway.calls.parse.fields import (
     flag,
     forward_capabilities,
@@ -87,6 +87,8 @@ REFUSED = {
 WEB_SEARCH_TOOL = "web_search_"
 #: what works instead of a forcing tool_choice (named in its refusal)
 NO_FORCING = "a tool whose input_schema is the answer's schema, with tool_choice auto"
+#: the gateway's own fields, never passed through (``metadata``: decided, never forwarded)
+NOT_PASSED = frozenset({"svc_tags", "metadata"})
 #: the environment variable Claude Code reads for its output budget
 CLAUDE_CODE_BUDGET = "CLAUDE_CODE_MAX_OUTPUT_TOKENS"
 
@@ -134,6 +136,7 @@ def parse_messages(body: Any, max_output_tokens: int, *, counting: bool = False)
         needs=needs,
         endpoint="messages",
         dropped=tuple(dict.fromkeys([*dropped, *sorted(translation.dropped)])),
+        native=MessagesSource({k: v for k, v in body.items() if k not in NOT_PASSED}),
     )
 
 

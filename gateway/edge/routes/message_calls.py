@@ -1,9 +1,11 @@
 """POST /v1/messages and POST /v1/messages/count_tokens: Anthropic's Messages API.
 
 ``/v1/messages`` is the fourth row of the endpoint table (:data:`~gateway.calls.pipeline.MESSAGES`),
-served through the same walk as chat completions: a translation to a chat call and back.
-Claude Code's ``?beta=true`` query and the ``anthropic-version`` / ``anthropic-beta``
-headers are accepted and not read. Errors on these paths are rendered in Anthropic's
+served through the same walk as chat completions: passed through to an ``anthropic``
+deployment, a translation to a chat call and back for the other kinds. Claude Code's
+``?beta=true`` query and the ``anthropic-version`` header are accepted and not read; the
+``anthropic-beta`` values are forwarded on a passthrough (a translation has no use for
+them). Errors on these paths are rendered in Anthropic's
 dialect by the app's error handler (it looks at :data:`MESSAGES_PATH`).
 
 ``count_tokens`` answers the gateway's conservative estimate of the prompt (the one the
@@ -13,10 +15,15 @@ counts in the key's request window and reserves nothing.
 
 from __future__ import annotations
 
-from quart import Quart, Response
+from dataclasses import replace
+from typing import Any
 
+from quart import Quart, Response, request
+
+from gateway.calls.lifecycle import Call
+from gateway.calls.parse import ChatCall
 from gateway.calls.parse.anthropic_messages import parse_messages
-from gateway.calls.pipeline import MESSAGES
+from gateway.calls.pipeline import MESSAGES, Endpoint
 from gateway.calls.policy import check_model
 from gateway.edge.auth import admit_reader
 from gateway.edge.http import json_response, read_json_object, runtime
@@ -27,7 +34,22 @@ MESSAGES_PATH = "/v1/messages"
 
 
 async def messages() -> Response:
-    return await serve_call(MESSAGES, run_chat_shaped)
+    return await serve_call(MESSAGES, _with_betas)
+
+
+async def _with_betas(call: Call, endpoint: Endpoint, chat: Any) -> Response:
+    """The call, with the ``anthropic-beta`` values to forward on a passthrough."""
+    betas = beta_values(request.headers.getlist("anthropic-beta"))
+    if betas and isinstance(chat, ChatCall) and chat.native is not None:
+        chat = replace(chat, native=replace(chat.native, betas=betas))
+    return await run_chat_shaped(call, endpoint, chat)
+
+
+def beta_values(headers: list[str]) -> tuple[str, ...]:
+    """The betas of ``anthropic-beta`` headers (comma-separated values, one header or
+    several), in order, each once."""
+    values = (value.strip() for header in headers for value in header.split(","))
+    return tuple(dict.fromkeys(value for value in values if value))
 
 
 async def count_tokens() -> Response:
