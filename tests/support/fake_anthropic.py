@@ -71,6 +71,17 @@ FIELDS = frozenset(
         "service_tier",
     }
 )
+#: fields the API takes only under a beta (``anthropic-beta``), as Claude Code sends them
+BETA_FIELDS = {
+    "context_management": "context-management-2025-06-27",
+    "output_config": "effort-2025-11-24",
+}
+#: a tool's ``defer_loading`` (tool search) needs this beta
+DEFER_LOADING_BETA = "advanced-tool-use-2025-11-20"
+#: a ``system`` message inside ``messages`` (mid-conversation system content, as Claude
+#: Code sends it) is taken under this beta; the public reference documents user and
+#: assistant turns only, so the fake takes it under a beta Claude Code sends with it
+MID_SYSTEM_BETA = "mid-conversation-tool-changes-2026-07-01"
 IMAGE_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _CACHE = re.compile(r"\[\[cache ([^\]]*)\]\]")
@@ -170,8 +181,9 @@ class FakeAnthropic:
             raise Invalid("content-type: must be application/json")
         if not isinstance(body, dict):
             raise Invalid("The request body is not valid JSON.")
+        betas = {b.strip() for b in headers.get("anthropic-beta", "").split(",") if b.strip()}
         for name in body:
-            if name not in FIELDS:
+            if name not in FIELDS and BETA_FIELDS.get(name) not in betas:
                 raise Invalid(f"{name}: Extra inputs are not permitted")
         if not isinstance(body.get("model"), str):
             raise Invalid("model: Field required")
@@ -190,8 +202,8 @@ class FakeAnthropic:
         if "stream" in body and not isinstance(body["stream"], bool):
             raise Invalid("stream: Input should be a valid boolean")
         _check_system(body.get("system"))
-        names = _check_tools(body.get("tools"), body.get("tool_choice"))
-        _check_messages(body.get("messages"), names)
+        names = _check_tools(body.get("tools"), body.get("tool_choice"), betas)
+        _check_messages(body.get("messages"), names, MID_SYSTEM_BETA in betas)
 
 
 def _check_system(system: Any) -> None:
@@ -204,7 +216,7 @@ def _check_system(system: Any) -> None:
         raise Invalid("system: Input should be a valid string or a list of text blocks")
 
 
-def _check_tools(tools: Any, choice: Any) -> set[str]:
+def _check_tools(tools: Any, choice: Any, betas: set[str]) -> set[str]:
     if tools is None:
         if choice is not None:
             raise Invalid("tool_choice: may only be specified while providing tools")
@@ -212,13 +224,11 @@ def _check_tools(tools: Any, choice: Any) -> set[str]:
     if not isinstance(tools, list):
         raise Invalid("tools: Input should be a valid list")
     names: set[str] = set()
+    known = {"name", "description", "input_schema", "cache_control"}
+    if DEFER_LOADING_BETA in betas:
+        known.add("defer_loading")
     for index, tool in enumerate(tools):
-        if not isinstance(tool, dict) or not set(tool) <= {
-            "name",
-            "description",
-            "input_schema",
-            "cache_control",
-        }:
+        if not isinstance(tool, dict) or not set(tool) <= known:
             raise Invalid(f"tools.{index}: Extra inputs are not permitted")
         name = tool.get("name")
         if not isinstance(name, str) or not TOOL_NAME.fullmatch(name) or name in names:
@@ -242,9 +252,17 @@ def _check_tools(tools: Any, choice: Any) -> set[str]:
     return names
 
 
-def _check_messages(messages: Any, tools: set[str]) -> None:
+def _check_messages(messages: Any, tools: set[str], mid_system: bool) -> None:
     if not isinstance(messages, list) or not messages:
         raise Invalid("messages: at least one message is required")
+    if mid_system:
+        # system content after the first turn: text blocks, out of the alternation
+        later = [m for m in messages[1:] if isinstance(m, dict) and m.get("role") == "system"]
+        for message in later:
+            if set(message) != {"role", "content"}:
+                raise Invalid("messages: role and content, and nothing else")
+            _check_system(message["content"])
+        messages = [m for m in messages if not any(m is s for s in later)]
     pending: set[str] = set()  # tool_use ids of the last assistant turn, unanswered
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or set(message) != {"role", "content"}:

@@ -87,6 +87,8 @@ REFUSED = {
 WEB_SEARCH_TOOL = "web_search_"
 #: what works instead of a forcing tool_choice (named in its refusal)
 NO_FORCING = "a tool whose input_schema is the answer's schema, with tool_choice auto"
+#: the fields of a custom tool a chat function tool carries
+TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema"})
 #: the gateway's own fields, never passed through (``metadata``: decided, never forwarded)
 NOT_PASSED = frozenset({"svc_tags", "metadata"})
 #: the environment variable Claude Code reads for its output budget
@@ -360,8 +362,8 @@ def _tools(
         name, schema = tool.get("name"), tool.get("input_schema")
         if not isinstance(name, str) or not isinstance(schema, dict):
             raise invalid("tools", "A custom tool needs a name and an object input_schema.")
-        if "cache_control" in tool:
-            translation.dropped.add("cache_control")
+        # cache_control, defer_loading and any later field of a tool: a chat tool has none
+        translation.dropped.update(set(tool) - TOOL_FIELDS)
         function: dict[str, Any] = {"name": name, "parameters": schema}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
