@@ -288,12 +288,15 @@ async def test_errors_raise_the_sdks_classes_with_the_specs_codes(gateway: Gatew
 
 
 @pytest.mark.both_stores
+@pytest.mark.timeout(120)
 async def test_a_daily_cap_counts_messages_and_chat_completions_together(
     gateway: Gateway,
 ) -> None:
-    """30 concurrent calls, half of them /v1/messages and half chat completions, against
-    one daily cap that fits exactly k worst-case reservations of either."""
-    calls, k = 30, 5
+    """200 concurrent calls, half of them /v1/messages and half chat completions, against
+    one daily cap that fits exactly k worst-case reservations of either. The mock holds
+    every admitted call until each of the 200 was admitted or refused (an event, not a
+    delay), so every admission still holds its reservation while the others arrive."""
+    calls, k = 200, 7
     held = HeldMock(gateway, calls)
     # both bodies reserve the same: the same messages and output budget
     cap = cap_for(gateway, k)
@@ -302,7 +305,7 @@ async def test_a_daily_cap_counts_messages_and_chat_completions_together(
     assert parse_messages(chat, 4096).prompt_estimate() == estimate_prompt_tokens(
         {"messages": chat["messages"], "max_tokens": 16}
     )
-    key = await gateway.create_key(caps={"rpm": 1000, "max_in_flight": 100, "usd_day": cap})
+    key = await gateway.create_key(caps={"rpm": 1000, "max_in_flight": 250, "usd_day": cap})
     answers: Counter[tuple[str, int]] = Counter()
     limits = httpx.Limits(max_connections=calls + 10)
     async with gateway.client(key["token"], limits=limits) as client:
@@ -321,6 +324,7 @@ async def test_a_daily_cap_counts_messages_and_chat_completions_together(
         usage = (await client.get("/v1/key")).json()["usage"]["day"]
     admitted = sum(n for (_, status), n in answers.items() if status == 200)
     assert admitted == k and sum(answers.values()) == calls
+    assert {status for _, status in answers} == {200, 402}
     assert usage["reserved_usd"] == 0 and 0 < usage["spent_usd"] <= cap
 
 
