@@ -36,7 +36,9 @@ i=0
 while [ ! -s serve.json ] && [ $i -lt 600 ] && kill -0 $gateway 2>/dev/null; do
   sleep 0.1; i=$((i + 1))
 done
-read_field() { "$PYTHON" -c "import json, sys; print(json.load(open('serve.json'))[sys.argv[1]])" "$1"; }
+read_field() {
+  "$PYTHON" -c "import json, sys; print(json.load(open('serve.json'))[sys.argv[1]])" "$1"
+}
 export ANTHROPIC_BASE_URL="$(read_field url)"
 export ANTHROPIC_AUTH_TOKEN="$(read_field sandbox_key)"
 timeout 180 "$CLAUDE" -p "say hi" > claude.out 2> claude.err
