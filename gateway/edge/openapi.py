@@ -147,11 +147,22 @@ SCHEMAS: dict[str, Any] = {
                             },
                             ("type", "id", "name", "input"),
                         ),
+                        # relayed from an anthropic deployment as it sent them
+                        # (thinking, redacted_thinking, server tool blocks, ...)
+                        obj({"type": STRING}, ("type",)),
                     ]
                 },
             },
             "stop_reason": {
-                "enum": ["end_turn", "max_tokens", "stop_sequence", "tool_use", "refusal"]
+                "enum": [
+                    "end_turn",
+                    "max_tokens",
+                    "stop_sequence",
+                    "tool_use",
+                    "refusal",
+                    "pause_turn",
+                    "model_context_window_exceeded",
+                ]
             },
             "stop_sequence": {"type": ["string", "null"]},
             "usage": obj(
@@ -528,6 +539,15 @@ _KEYS = (*_SCOPED, *_BODY, "not_found", "child_exceeds_parent", "model_not_in_ca
 _IDEMPOTENCY, _TAGS = IDEMPOTENCY_HEADER, TAGS_HEADER
 #: Claude Code's ``?beta=true``: accepted, not read
 BETA_QUERY = query("beta", {"type": "string"}, "Accepted and not read (Claude Code sends it).")
+#: Anthropic's betas: forwarded as sent when an anthropic deployment serves the call
+BETA_HEADER = {
+    "name": "anthropic-beta",
+    "in": "header",
+    "required": False,
+    "description": "Anthropic betas, comma-separated: forwarded as sent to an anthropic "
+    "deployment (the call passed through); not read by a translation.",
+    "schema": {"type": "string"},
+}
 #: paths whose errors are in Anthropic's dialect
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
 
@@ -547,9 +567,10 @@ OPERATIONS: tuple[tuple[Any, ...], ...] = (
      "ResponsesRequest", 200, "Response", (*_MODEL_CALL, "invalid_input"),
      (_IDEMPOTENCY, _TAGS)),
     ("post", "/v1/messages", "inference",
-     "Anthropic's Messages API (served through chat completions; errors in Anthropic's "
-     "dialect)", "MessagesRequest", 200, "Message", (*_MODEL_CALL, "invalid_messages"),
-     (_IDEMPOTENCY, _TAGS, BETA_QUERY)),
+     "Anthropic's Messages API (passed through to an anthropic deployment, translated to "
+     "chat completions for the other kinds; errors in Anthropic's dialect)",
+     "MessagesRequest", 200, "Message", (*_MODEL_CALL, "invalid_messages"),
+     (_IDEMPOTENCY, _TAGS, BETA_QUERY, BETA_HEADER)),
     ("post", "/v1/messages/count_tokens", "inference",
      "The gateway's conservative estimate of a Messages prompt's tokens (reserves nothing)",
      "CountTokensRequest", 200, "MessageTokensCount", (*_SCOPED, *_BODY, *_RESOLVE,
