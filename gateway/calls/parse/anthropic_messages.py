@@ -2,6 +2,10 @@
 
 The endpoint is served by chat completions, as /v1/responses is: the call carries chat
 names, and the answer is translated back by :mod:`gateway.calls.parse.messages_answer`.
+The body as sent (without ``svc_tags`` and ``metadata``) rides along as
+:attr:`ChatCall.native`: an ``anthropic`` deployment gets it passed through instead
+(:mod:`gateway.calls.pipeline`), so what is dropped below is dropped by the translation
+only. Validation and refusals are the same for both.
 This is the reverse of :mod:`gateway.providers.anthropic_translate` (chat → Messages),
 whose tables (finish reasons, image types) it reads rather than copies.
 
@@ -18,6 +22,7 @@ whose tables (finish reasons, image types) it reads rather than copies.
   as on the other endpoints); ``disable_parallel_tool_use`` → ``parallel_tool_calls``.
 - Dropped, and named in ``svc.ignored_parameters`` (:attr:`ChatCall.dropped`):
   ``thinking`` (the field and thinking blocks), ``top_k``, ``cache_control`` on blocks,
+  a tool's members a chat tool has not (``defer_loading``),
   ``context_management``, ``output_config`` and any other field this gateway does not
   know (Claude Code adds fields with its betas; refusing them would break it).
 - Refused with 400 ``unsupported_parameter`` naming the field and what to do instead:
