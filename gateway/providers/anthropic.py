@@ -92,13 +92,7 @@ class AnthropicProvider(HTTPProvider):
 
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body, structured = self._translated(request, stream=False)
-        content = await self._post(PATH, body, request.api_key, request.trace)
-        try:
-            message = orjson.loads(content)
-        except orjson.JSONDecodeError:
-            raise ProviderMalformed("the upstream answered with invalid JSON") from None
-        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-            raise ProviderMalformed("the upstream answer is not a message")
+        message = await self._message(body, request.api_key, request.trace, {})
         answer = completion(message, request.upstream_model, structured)
         return ProviderResult(completion=answer, usage=usage_of(message.get("usage")))
 
@@ -112,18 +106,30 @@ class AnthropicProvider(HTTPProvider):
                     yield chunk
 
     async def messages(self, request: MessagesRequest) -> MessagesResult:
-        """The Messages body passed through as the caller sent it (see :meth:`_passed`)."""
+        """The caller's Messages body (and betas) passed through: the upstream's message."""
         body = {**request.body, "stream": False}
-        content = await self._post(PATH, body, request.api_key, request.trace, _betas(request))
+        message = await self._message(body, request.api_key, request.trace, _betas(request))
+        return MessagesResult(message=message, usage=usage_of(message.get("usage")))
+
+    async def _message(
+        self,
+        body: dict[str, Any],
+        api_key: str | None,
+        trace: TraceContext | None,
+        extra: dict[str, str],
+    ) -> dict[str, Any]:
+        """The ``message`` of a call without a stream; an unreadable one is malformed."""
+        content = await self._post(PATH, body, api_key, trace, extra)
         try:
             message = orjson.loads(content)
         except orjson.JSONDecodeError:
             raise ProviderMalformed("the upstream answered with invalid JSON") from None
         if not isinstance(message, dict) or not isinstance(message.get("content"), list):
             raise ProviderMalformed("the upstream answer is not a message")
-        return MessagesResult(message=message, usage=usage_of(message.get("usage")))
+        return message
 
     async def messages_stream(self, request: MessagesRequest) -> AsyncIterator[dict[str, Any]]:
+        """The caller's Messages body (and betas) passed through: the upstream's events."""
         body = {**request.body, "stream": True}
         events = self._events(body, request.api_key, request.trace, _betas(request))
         async with aclosing(events):
