@@ -11,6 +11,7 @@ import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
+from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.calls.parse.anthropic_messages import parse_messages
 from gateway.calls.parse.messages_answer import MessageStreamTranslator, chat_to_message
 from gateway.calls.streaming import MessagesFormat
@@ -219,3 +220,20 @@ def test_a_failure_in_a_stream_is_an_error_event_in_anthropics_dialect() -> None
 )  # fmt: skip
 def test_the_anthropic_error_types_by_status(code: str, kind: str) -> None:
     assert GatewayError(code).anthropic_body()["error"]["type"] == kind
+
+
+def test_thinking_blocks_passed_through_count_in_the_estimate() -> None:
+    """Earlier turns' thinking blocks are dropped by the translation but passed through
+    to an anthropic deployment (which counts them as input in a tool-use loop): the one
+    reservation bounds both."""
+    thought = {"type": "thinking", "thinking": "let me see " * 50, "signature": "c2ln" * 20}
+    body = {"model": "m", "max_tokens": 16, "messages": [
+        {"role": "user", "content": "weather?"},
+        {"role": "assistant", "content": [thought, {"type": "text", "text": "sunny"}]},
+        {"role": "user", "content": "thanks"},
+    ]}  # fmt: skip
+    call = parse_messages(body, 4096)
+    assert call.native is not None and call.native.body["messages"][1]["content"][0] == thought
+    assert "thinking" in call.dropped
+    unsent = len(orjson.dumps(thought))
+    assert call.prompt_estimate() == estimate_prompt_tokens(call.body()) + unsent

@@ -37,6 +37,9 @@ class MessagesSource:
 
     body: dict[str, Any]
     betas: tuple[str, ...] = ()
+    #: a bound of the prompt tokens passed through that the translation drops (earlier
+    #: turns' thinking blocks, which Anthropic counts as input in a tool-use loop)
+    unsent_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +71,10 @@ class ChatCall:
         return self.max_tokens
 
     def prompt_estimate(self) -> int:
-        """A bound of the prompt tokens of :meth:`body` (step 7)."""
-        return estimate_prompt_tokens(self.body())
+        """A bound of the prompt tokens of :meth:`body` (step 7) and, for a Messages call,
+        of its body as sent (one reservation, whichever way it is served)."""
+        unsent = self.native.unsent_tokens if self.native is not None else 0
+        return estimate_prompt_tokens(self.body()) + unsent
 
     def body(self) -> dict[str, Any]:
         """The chat-completions body to forward (``model`` is the public id; providers swap it)."""

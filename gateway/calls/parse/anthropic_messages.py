@@ -143,7 +143,10 @@ def parse_messages(body: Any, max_output_tokens: int, *, counting: bool = False)
         needs=needs,
         endpoint="messages",
         dropped=tuple(dict.fromkeys([*dropped, *sorted(translation.dropped)])),
-        native=MessagesSource({k: v for k, v in body.items() if k not in NOT_PASSED}),
+        native=MessagesSource(
+            {k: v for k, v in body.items() if k not in NOT_PASSED},
+            unsent_tokens=translation.unsent_tokens,
+        ),
     )
 
 
@@ -191,6 +194,7 @@ class _Translation:
 
     def __init__(self) -> None:
         self.dropped: set[str] = set()
+        self.unsent_tokens = 0
 
     def messages(self, value: Any) -> list[dict[str, Any]]:
         if not isinstance(value, list) or not value:
@@ -261,6 +265,8 @@ class _Translation:
                 calls.append(_tool_call(block, where))
             elif kind in ("thinking", "redacted_thinking"):
                 self.dropped.add("thinking")
+                # the bytes of its JSON bound the tokens of its text (calls/estimate.py)
+                self.unsent_tokens += len(orjson.dumps(block))
             else:
                 raise self._unreadable(kind, where)
         message: dict[str, Any] = {"role": "assistant", "content": "".join(texts) or None}
