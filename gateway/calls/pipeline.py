@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -38,6 +39,7 @@ from gateway.accounts.catalog import Model
 from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.orgs import Org
 from gateway.calls import admission
+from gateway.calls.attempts import Attempts
 from gateway.calls.estimate import worst_case_tokens
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call, CallParts, CallReport, Hold, finish_reasons
@@ -58,8 +60,10 @@ from gateway.calls.policy import (
     check_model,
     check_spend_controls,
     check_web_search,
+    open_deployments,
 )
 from gateway.calls.provider_errors import map_provider_error
+from gateway.calls.routing import Route
 from gateway.calls.streaming import (
     ChatFormat,
     EventStream,
@@ -70,9 +74,9 @@ from gateway.calls.streaming import (
 )
 from gateway.errors import GatewayError
 from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS
-from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
     EmbeddingRequest,
+    EmbeddingResult,
     ProviderError,
     ProviderRequest,
     embedding_response,
@@ -278,6 +282,13 @@ async def prepare(
     check_entitlements(org, record, features)
     model = check_model(parts.policy, record, parsed.model, endpoint.model_kind)
     provider = parts.provider_for(record, model)
+    if not open_deployments(parts.policy, record, model):
+        raise GatewayError(
+            "model_not_allowed",
+            f"No deployment of {model.id} may serve this key (the contract's providers,"
+            " residency, data mode or provider keys); ask your administrator.",
+            param="model",
+        )
     endpoint.check(org, parsed, model)
     prompt, output = parsed.prompt_estimate(), parsed.output_ceiling
     cost = model.cost_nanos(prompt, output)
@@ -293,14 +304,50 @@ async def prepare(
     return parsed
 
 
-async def _ask(call: Call, ask: Callable[[TraceContext | None], Awaitable[T]], late: str) -> T:
-    """Step 9 without a stream: ask the provider under the call's deadline (``ask``
-    takes the trace to send: the attempt's, known once the call started); a failure
-    is settled here and raised as the answer's error."""
-    await call.start_provider_call()
+def _attempts(call: Call, endpoint: Endpoint, parsed: Parsed) -> Attempts:
+    """The routes of a reserved call: its model's deployments, then its fallbacks."""
+    hold = call.held
+    tokens = worst_case_tokens(hold.prompt_estimate, parsed.output_ceiling)
+    return Attempts(call, hold.model, tokens, partial(_fallback, call, endpoint, parsed))
+
+
+async def _fallback(call: Call, endpoint: Endpoint, parsed: Parsed, name: str) -> Model | None:
+    """The fallback model ``name`` as this key would call it directly, its worst case
+    reserved; None when the key could not call it (every check of steps 6 to 8: catalog,
+    allowed models, contract and organisation rules, data mode, BYOK, price, what the
+    request needs, its context window) or the reservation cannot be topped up to it. A
+    fallback never widens access."""
+    parts, record = call.parts, call.record
+    org = parts.policy.orgs.get(record.org_id)
+    prompt, output = call.held.prompt_estimate, parsed.output_ceiling
+    try:
+        model = check_model(parts.policy, record, name, endpoint.model_kind)
+        parts.provider_for(record, model)
+        endpoint.check(org, parsed, model)
+        window = model.config.context_window
+        if window is not None and prompt + output > window:
+            return None
+        if not open_deployments(parts.policy, record, model):
+            return None
+        cost = model.cost_nanos(prompt, output)
+        check_spend_controls(org, record, cost)
+        await call.top_up(model, cost)
+    except GatewayError:
+        return None
+    call.fallback_from = call.fallback_from or call.held.model.id
+    return model
+
+
+async def _ask(
+    call: Call, attempts: Attempts, ask: Callable[[Route], Awaitable[T]], late: str
+) -> T:
+    """Step 9 without a stream: ask the provider under the call's deadline, over the
+    call's routes (``ask`` asks the attempt's: its provider is the call's, its trace the
+    call's once the attempt started); a failure is settled here and raised as the
+    answer's error."""
     try:
         with call.watch(trio.move_on_after(call.remaining())) as scope:
-            result = await ask(call.trace)
+            result = await attempts.run(ask)
     except ProviderError as exc:
         error, failure = map_provider_error(exc, byok=call.record.byok)
         ending = call.ending(failure=failure, usage=exc.usage)
@@ -316,34 +363,46 @@ async def _ask(call: Call, ask: Callable[[TraceContext | None], Awaitable[T]], l
     return result
 
 
-def _provider_request(call: Call, chat: ChatCall) -> tuple[ProviderRequest, list[str]]:
-    """The upstream request of a chat call, and the parameters its provider ignores."""
+def _provider_request(call: Call, chat: ChatCall) -> ProviderRequest:
+    """The upstream request of a chat call's attempt under way (its deployment)."""
     hold = call.held
     upstream_id = hold.model.config.upstream_id
-    body = {**chat.body(), "model": upstream_id}
-    request = ProviderRequest(
+    return ProviderRequest(
         upstream_model=upstream_id,
-        body=body,
+        body={**chat.body(), "model": upstream_id},
         api_key=call.parts.provider_key(call.record, hold.model),
+        trace=call.trace,
         request_id=call.request_id,
     )
-    return request, [*chat.dropped, *hold.provider.ignored_parameters(body)]
+
+
+def _ignored(call: Call, chat: ChatCall) -> list[str]:
+    """The parameters of a chat call its provider ignores (the attempt's deployment's)."""
+    hold = call.held
+    body = {**chat.body(), "model": hold.model.config.upstream_id}
+    return [*chat.dropped, *hold.provider.ignored_parameters(body)]
 
 
 def svc_block(call: Call, ignored: list[str]) -> dict[str, Any]:
-    return {"request_id": call.request_id, "ignored_parameters": ignored}
+    """The svc block of a successful answer; ``fallback_model`` when a fallback served."""
+    svc: dict[str, Any] = {"request_id": call.request_id, "ignored_parameters": ignored}
+    if call.fallback_from is not None:
+        svc["fallback_model"] = call.held.model.id
+    return svc
 
 
 async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, Any]:
     """Steps 9-10 of a chat-shaped call without a stream: the answer, settled."""
     assert endpoint.answer is not None
-    request, ignored = _provider_request(call, chat)
-    provider = call.held.provider
     result = await _ask(
         call,
-        lambda trace: provider.complete(replace(request, trace=trace)),
+        _attempts(call, endpoint, chat),
+        lambda route: call.held.provider.complete(_provider_request(call, chat)),
         "The call ran out of time; retry with stream true.",
     )
+    ignored = _ignored(call, chat)
+    if call.fallback_from is not None:
+        chat = replace(chat, model=call.held.model.id)  # the answer names the served model
     if call.attempt is not None:
         completion = result.completion
         call.attempt.answered(completion.get("model"), finish_reasons(completion))
@@ -363,25 +422,33 @@ async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, 
 async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> EventStream:
     """Step 9 of a streamed call: hand it to a pump (which settles it), answer the stream."""
     assert endpoint.stream_format is not None
-    request, ignored = _provider_request(call, chat)
-    fmt = endpoint.stream_format(call, chat, svc_block(call, ignored))
-    return await start_stream(call, request, fmt)
+    svc = svc_block(call, _ignored(call, chat))
+    fmt = endpoint.stream_format(call, chat, svc)
+
+    def request_for() -> ProviderRequest:
+        # the svc block is sent with the first chunk: it names the attempt's deployment's
+        # ignored parameters, and the fallback that serves
+        svc.update(svc_block(call, _ignored(call, chat)))
+        return _provider_request(call, chat)
+
+    return await start_stream(call, _attempts(call, endpoint, chat), request_for, fmt)
 
 
 async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
     """Steps 9-10 of an embeddings call: the answer, settled."""
-    hold = call.held
-    config = hold.model.config
-    api_key = call.parts.provider_key(call.record, hold.model)
-    result = await _ask(
-        call,
-        lambda trace: hold.provider.embed(
-            EmbeddingRequest(config.upstream_id, parsed.inputs, parsed.dimensions, api_key, trace)
-        ),
-        "The call ran out of time.",
-    )
+
+    def ask(route: Route) -> Awaitable[EmbeddingResult]:
+        hold = call.held
+        api_key = call.parts.provider_key(call.record, hold.model)
+        return hold.provider.embed(
+            EmbeddingRequest(
+                hold.model.config.upstream_id, parsed.inputs, parsed.dimensions, api_key, call.trace
+            )
+        )
+
+    result = await _ask(call, _attempts(call, EMBEDDINGS, parsed), ask, "The call ran out of time.")
     await call.finish(call.ending(answered=True, usage=result.usage), usage=result.usage)
-    answer = embedding_response(result, hold.model.id, parsed.encoding_format)
+    answer = embedding_response(result, call.held.model.id, parsed.encoding_format)
     # the svc block of every successful call; no forwarded parameter is ignored here
     # (fields other than model, input, encoding_format, dimensions are not forwarded)
     answer["svc"] = svc_block(call, [])

@@ -26,20 +26,23 @@ The pump never raises: an exception escaping it would cancel the root nursery.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import orjson
 import trio
 
 from gateway.accounts.usd_json import plain_amounts
+from gateway.calls.attempts import Attempts
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call, finish_reasons
 from gateway.calls.parse.messages_answer import MessageStreamTranslator
 from gateway.calls.parse.translate import ResponseStreamTranslator
 from gateway.calls.provider_errors import map_provider_error
+from gateway.calls.routing import Route
 from gateway.calls.settlement import Ending
 from gateway.errors import GatewayError, in_band
 from gateway.providers.base import ProviderError, ProviderRequest, Usage
@@ -70,6 +73,9 @@ class StreamFormat(Protocol):
 
     def error(self, error: GatewayError) -> list[bytes]: ...
 
+    def served_by(self, model_id: str) -> None:
+        """A fallback model serves the call (before its first chunk): the answer names it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Frame:
@@ -78,16 +84,47 @@ class Frame:
     error: GatewayError | None = None
 
 
+#: the upstream request of the attempt under way (its deployment, the call's trace)
+RequestFor = Callable[[], ProviderRequest]
+
+
+async def _first_chunk(
+    call: Call, request_for: RequestFor, route: Route
+) -> tuple[dict[str, Any] | None, AsyncIterator[dict[str, Any]]]:
+    """One attempt of a stream: opened and read up to its first chunk (None: it ended
+    without one), its rest to read. The attempt's stream is closed if it fails."""
+    chunks = call.held.provider.stream(request_for())
+    try:
+        return await anext(chunks), chunks
+    except StopAsyncIteration:
+        return None, chunks
+    except BaseException:
+        await _close(chunks)
+        raise
+
+
+async def _from(
+    head: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any]]
+) -> AsyncIterator[dict[str, Any]]:
+    if head is not None:
+        yield head
+        async for chunk in rest:
+            yield chunk
+
+
 async def pump(
     call: Call,
-    request: ProviderRequest,
+    attempts: Attempts,
+    request_for: RequestFor,
     fmt: StreamFormat,
     send: trio.MemorySendChannel[Frame],
     scope: trio.CancelScope,
     answered: trio.Event,
 ) -> None:
     """``answered`` is set once the handler has answered 200: a failure after that is
-    in-band whether or not a chunk was sent, and the record says 200."""
+    in-band whether or not a chunk was sent, and the record says 200. The attempts
+    (deployments, fallbacks) end at the first chunk: from there the stream is never
+    retried."""
     usage: Usage | None = None
     usage_chunk: dict[str, Any] | None = None
     failure: GatewayError | None = None
@@ -95,14 +132,20 @@ async def pump(
     failed_as: Ending | None = None
     produced = sent = False
     #: what the provider said of its answer, for the attempt's span (traces on only)
-    attempt = call.attempt
     answered_by: object = None
     reasons: list[str] = []
     async with send:
         try:
             with scope:
-                chunks = call.held.provider.stream(request)
+                #: the served attempt's stream, and it after its first chunk: closed here
+                opened: list[AsyncIterator[dict[str, Any]]] = []
                 try:
+                    head, rest = await attempts.run(partial(_first_chunk, call, request_for))
+                    chunks = _from(head, rest)
+                    opened += [chunks, rest]
+                    attempt = call.attempt  # the served attempt's span
+                    if call.fallback_from is not None:
+                        fmt.served_by(call.held.model.id)
                     async for chunk in chunks:
                         if attempt is not None:
                             answered_by = answered_by or chunk.get("model")
@@ -126,7 +169,8 @@ async def pump(
                     failure, failed_as = map_provider_error(exc, byok=call.record.byok)
                     usage = usage or exc.usage  # reported in the stream before it failed
                 finally:
-                    await _close(chunks)
+                    for each in opened:
+                        await _close(each)
             if scope.cancelled_caught:
                 failed_as = None  # our deadline, a graceful stop or the client ended the call
                 if call.cut_short:
@@ -140,8 +184,8 @@ async def pump(
             log.exception("stream pump failed")
             failure = GatewayError("service_unavailable", "The stream failed.")
             failed_as = None
-        if attempt is not None:
-            attempt.answered(answered_by, reasons)
+        if call.attempt is not None:
+            call.attempt.answered(answered_by, reasons)
         ending = call.ending(usage=usage, failure=failed_as, produced=produced)
         # the spec: a streamed call's timeout is in-band, even with nothing sent yet (a
         # deadline shorter than the keep-alive interval): its frames open the stream
@@ -239,7 +283,9 @@ class EventStream:
     headers: dict[str, str]
 
 
-async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) -> EventStream:
+async def start_stream(
+    call: Call, attempts: Attempts, request_for: RequestFor, fmt: StreamFormat
+) -> EventStream:
     """Hand the call to a pump and return the event stream to answer.
 
     Waits up to one keep-alive interval for the first frame, so that a refusal that
@@ -250,11 +296,10 @@ async def start_stream(call: Call, request: ProviderRequest, fmt: StreamFormat) 
     assert nursery is not None
     send, receive = trio.open_memory_channel[Frame](BUFFER)
     await call.start_provider_call()
-    request = replace(request, trace=call.trace)  # the attempt's, once the call started
     scope = call.watch(trio.CancelScope(deadline=call.deadline))
     call.hand_off()
     answered = trio.Event()
-    nursery.start_soon(pump, call, request, fmt, send, scope, answered)
+    nursery.start_soon(pump, call, attempts, request_for, fmt, send, scope, answered)
     first: list[Frame] = []
     try:
         with trio.move_on_after(call.parts.keepalive_s), suppress(trio.EndOfChannel):
@@ -306,6 +351,9 @@ class ChatFormat:
     def error(self, error: GatewayError) -> list[bytes]:
         return [sse({"error": in_band(error)}), DONE]
 
+    def served_by(self, model_id: str) -> None:
+        self.model_id = model_id
+
 
 class ResponsesFormat:
     """Responses API events (``event:`` + ``data:``), translated from chat chunks."""
@@ -338,6 +386,9 @@ class ResponsesFormat:
         failed = self.translator.failed(error.code, error.message or error.spec.message)
         return self._frames([*self._start(), failed])
 
+    def served_by(self, model_id: str) -> None:
+        self.translator.served_by(model_id)
+
 
 class MessagesFormat:
     """Anthropic Messages events (``event:`` + ``data:``), translated from chat chunks;
@@ -365,3 +416,6 @@ class MessagesFormat:
 
     def error(self, error: GatewayError) -> list[bytes]:
         return [*self._frames([]), sse(error.anthropic_body(), "error")]
+
+    def served_by(self, model_id: str) -> None:
+        self.translator.served_by(model_id)
