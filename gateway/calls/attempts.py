@@ -100,9 +100,9 @@ class Attempts:
 
     async def _attempt(self, route: Route, ask: Callable[[Route], Awaitable[T]], final: bool) -> T:
         call, router = self.call, self.call.parts.router
-        await call.start_attempt(route)
-        router.started(route, self.tokens)
+        router.started(route, self.tokens)  # before any checkpoint: the next plan sees it
         try:
+            await call.start_attempt(route)
             with trio.move_on_after(math.inf if final else self.first_byte_timeout()) as scope:
                 result = await ask(route)
             if scope.cancelled_caught:
