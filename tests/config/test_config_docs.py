@@ -22,8 +22,8 @@ from gateway.config.example import EXAMPLE
 from gateway.config.settings import (
     DEPLOYMENT_KEYS,
     MODEL_KEYS,
-    ROUTING_STRATEGIES,
     PROVIDER_KINDS,
+    ROUTING_STRATEGIES,
     TABLES,
     ServerConfig,
     load_config,
