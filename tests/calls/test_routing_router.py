@@ -17,6 +17,7 @@ from gateway.calls.routing import (
     LIMIT_WINDOW_S,
     MAX_COOLDOWN_S,
     MIN_COOLDOWN_S,
+    Route,
     Router,
 )
 from gateway.config.settings import DeploymentConfig, ModelConfig
@@ -85,11 +86,17 @@ def test_latency_prefers_the_fastest_and_explores() -> None:
     assert counts[slow.deployment.provider] > 0
 
 
-def test_a_429_cools_for_its_retry_after_bounded() -> None:
-    clock = Clock()
+def ordered_first(clock: Clock) -> tuple[Router, Route]:
+    """A router on ``clock`` and the first route of an ordered model of two."""
     router = Router(rng=random.Random(1), now=clock)
     m = model("ordered")
-    first = router.plan(m, every(m), 1)[0]
+    return router, router.plan(m, every(m), 1)[0]
+
+
+def test_a_429_cools_for_its_retry_after_bounded() -> None:
+    clock = Clock()
+    router, first = ordered_first(clock)
+    m = first.model
     router.failed(first, "rate_limited", retry_after=30)
     assert [r.index for r in router.plan(m, every(m), 1)] == [1]
     clock.t += 29.9
@@ -107,9 +114,7 @@ def test_a_429_cools_for_its_retry_after_bounded() -> None:
 
 def test_consecutive_failures_cool_a_deployment_and_a_success_resets_them() -> None:
     clock = Clock()
-    router = Router(rng=random.Random(1), now=clock)
-    m = model("ordered")
-    first = router.plan(m, every(m), 1)[0]
+    router, first = ordered_first(clock)
     for _ in range(FAILURES_TO_COOL - 1):
         router.failed(first, "server_error")
     assert not router.cooling(first)
