@@ -16,9 +16,8 @@ import pytest
 import trio
 
 from gateway.accounts.catalog import NANOS_PER_USD
-from gateway.config.settings import load_config
-from tests.cluster.test_cluster import LEASE_S, fresh_db, rows
-from tests.conftest import Gateway, start_gateway
+from tests.cluster.test_cluster import fresh_db, in_process_node, rows
+from tests.conftest import ADMIN_TOKEN, Gateway
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster
 
@@ -104,9 +103,8 @@ async def two_nodes(
     started: list[Gateway] = []
     try:
         for n in range(2):
-            env = {"SVC_CLUSTER_NODE_ID": f"r{n}", "SVC_CLUSTER_LEASE_S": str(LEASE_S)}
-            node = load_config(config, environ=env, db=db, port=0)
-            started.append(await start_gateway(nursery, node))
+            node = await in_process_node(nursery, config, db, f"r{n}", admin_token=ADMIN_TOKEN)
+            started.append(node)
         yield Nodes(started, db, a, b, c)
     finally:
         for gateway in started:
