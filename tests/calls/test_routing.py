@@ -6,6 +6,7 @@ model; each upstream's behaviour is its standing fault (tests/support/fake_upstr
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ import trio
 from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.config.settings import Config, DeploymentConfig, ModelConfig, ProviderConfig
 from tests.conftest import Gateway, make_config, start_gateway
+from tests.edge.test_dashboard_auth import PASSWORD, admin_user, signed_in
 from tests.support.fake_upstream import FakeUpstream
 
 IN_PRICE, OUT_PRICE = 3.0, 15.0
@@ -350,3 +352,18 @@ async def test_a_cap_race_with_failing_first_deployments(
     assert total <= 0.02 * NANOS_PER_USD
     assert total == sum(cost(answer["usage"]) for answer in served)
     assert pair.b.served == len(served)
+
+
+async def test_the_dashboard_request_page_lists_the_attempts(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    pair = await start_pair(nursery, tmp_path)
+    pair.a.standing = "status=529"
+    request_id = (await post(pair, chat())).json()["svc"]["request_id"]
+    await admin_user(pair.gw, email="o@example.com", role="owner", password=PASSWORD)
+    async with signed_in(pair.gw, "o@example.com") as (client, _):
+        page = (await client.get(f"/dashboard/requests/{request_id}")).text
+    attempts = page[page.index("<h2>Attempts</h2>") :]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", attempts)
+    assert cells[:6] == ["1", "routed", "a", "up-a", "529", "<code>service_unavailable</code>"]
+    assert cells[7:12] == ["2", "routed", "b", "up-b", "200"]
