@@ -740,6 +740,18 @@ def _check_fallbacks(models: tuple[ModelConfig, ...]) -> None:
                 raise ConfigError(f"models[{i}].fallbacks: {name!r} is not a {model.kind} model")
 
 
+def _check_mock_deployments(models: tuple[ModelConfig, ...], kinds: dict[str, str]) -> None:
+    """A model is served by the mock alone or by real providers alone: the mock serves
+    sandbox keys only, so a live key routed to a mock deployment would fail the call."""
+    for i, model in enumerate(models):
+        mock = {kinds.get(d.provider) == "mock" for d in model.routes()}
+        if len(mock) > 1:
+            raise ConfigError(
+                f"models[{i}].deployments: mock and real providers in one model; give the"
+                " mock deployments a model of their own"
+            )
+
+
 def _parse_cluster(table: object) -> ClusterConfig:
     if not isinstance(table, dict):
         raise ConfigError("cluster: must be a table")
@@ -800,6 +812,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     if sum(1 for m in models if m.kind == "embedding") > 1:
         raise ConfigError("models: at most one model of kind embedding is served")
     _check_fallbacks(models)
+    _check_mock_deployments(models, {p.name: p.kind for p in providers})
     return Config(
         server=server,
         cluster=cluster,

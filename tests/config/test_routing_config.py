@@ -101,3 +101,13 @@ def test_a_fallback_is_of_the_same_kind() -> None:
     )
     with pytest.raises(ConfigError, match="not a chat model"):
         parse(text)
+
+
+def test_a_model_does_not_mix_the_mock_with_real_providers() -> None:
+    mock = '[[providers]]\nname = "mock"\nkind = "mock"\n'
+    text = mock + ROUTED.replace(
+        'provider = "west"\n\n[[models]]', 'provider = "mock"\n\n[[models]]'
+    )
+    assert text != mock + ROUTED
+    with pytest.raises(ConfigError, match=re.escape("models[0].deployments: mock and real")):
+        parse(text)
