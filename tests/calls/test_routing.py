@@ -367,3 +367,27 @@ async def test_the_dashboard_request_page_lists_the_attempts(
     cells = re.findall(r"<td[^>]*>(.*?)</td>", attempts)
     assert cells[:6] == ["1", "routed", "a", "up-a", "529", "<code>service_unavailable</code>"]
     assert cells[7:12] == ["2", "routed", "b", "up-b", "200"]
+
+
+async def test_embeddings_are_retried_on_the_next_deployment(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    a: FakeUpstream = await nursery.start(FakeUpstream().serve)
+    b: FakeUpstream = await nursery.start(FakeUpstream().serve)
+    a.standing = "status=503"
+    model = routed_model(
+        "routed-embed", DeploymentConfig("a", "up-a"), DeploymentConfig("b", "up-b")
+    )
+    model = replace(model, kind="embedding", routing="ordered", dimensions=4)
+    providers = (provider("a", a.url), provider("b", b.url))
+    gw = await start_gateway(nursery, config_of(tmp_path, providers, (model,)))
+    token = (await gw.create_key(mode="live", scopes=["embeddings", "usage:read"]))["token"]
+    async with gw.client(token) as client:
+        response = await client.post(
+            "/v1/embeddings", json={"model": "routed-embed", "input": "some words"}
+        )
+        assert response.status_code == 200, response.text
+        request_id = response.json()["svc"]["request_id"]
+        view = (await client.get(f"/v1/requests/{request_id}")).json()
+    assert [(x["provider"], x["status"]) for x in view["attempts"]] == [("a", 503), ("b", 200)]
+    assert response.json()["model"] == "routed-embed"

@@ -134,3 +134,22 @@ async def test_no_fallback_the_key_could_not_call_itself(
     # the table's row of a 5xx with nothing produced: the input share, at the first's price
     assert settled(view) == await spent(pair) > 0
     assert settled(view) < math.ceil(view["cost"]["reserved_usd"] * NANOS_PER_USD)
+
+
+async def test_responses_and_messages_name_the_fallback(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    pair = await start_fallback(nursery, tmp_path)
+    text = [{"role": "user", "content": "hello"}]
+    async with pair.gw.client(pair.token) as client:
+        response = await client.post(
+            "/v1/responses", json={"model": "routed", "input": "hello", "max_output_tokens": 20}
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["model"] == "backup"
+        body = {"model": "routed", "messages": text, "max_tokens": 20, "stream": True}
+        async with client.stream("POST", "/v1/messages", json=body) as streamed:
+            assert streamed.status_code == 200
+            events = "".join([line async for line in streamed.aiter_lines()])
+    assert '"model":"backup"' in events and "event: error" not in events
+    assert pair.a.calls == 2 and pair.b.served == 2
