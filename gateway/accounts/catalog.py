@@ -11,7 +11,14 @@ from typing import Any
 from gateway.config.settings import Config, ModelConfig
 from shards import NANOS_PER_USD
 
-__all__ = ["NANOS_PER_USD", "Catalog", "Model", "nanos_to_usd", "usd_to_nanos"]
+__all__ = [
+    "NANOS_PER_USD",
+    "Catalog",
+    "Model",
+    "nanos_to_usd",
+    "provider_agrees",
+    "usd_to_nanos",
+]
 
 CATALOG_CREATED = 1_700_000_000  # a fixed 'created' stamp: the catalog has no history
 
@@ -78,6 +85,13 @@ class Model:
                 cache_write_usd_per_mtok=_price_or_none(cache_write_usd_per_mtok),
             )
         )
+
+    def on(self, provider: str, upstream_id: str) -> Model:
+        """This model, at its price, served by one of its deployments: the provider and
+        upstream id an attempt uses, records and bills."""
+        if (provider, upstream_id) == (self.config.provider, self.config.upstream_id):
+            return self
+        return Model(replace(self.config, provider=provider, upstream_id=upstream_id))
 
     def has(self, capability: str) -> bool:
         return capability in self.config.capabilities
@@ -147,16 +161,23 @@ def _price_or_none(price: float | None) -> float | None:
 
 
 def _zero_retention_as_served(config: Config, model: ModelConfig) -> ModelConfig:
-    """A model serves zero-retention keys only if its provider has a zero-retention
-    agreement too (``[[providers]] zero_retention``): the model's flag alone would send
-    such a key's content to a provider that keeps it."""
+    """A model serves zero-retention keys only if a provider of its deployments has a
+    zero-retention agreement too (``[[providers]] zero_retention``): the model's flag
+    alone would send such a key's content to a provider that keeps it. Such a key is
+    routed only over the deployments of those providers
+    (:func:`gateway.calls.policy.open_deployments`)."""
     if not model.zero_retention_available:
         return model
-    try:
-        agreed = config.provider(model.provider).zero_retention
-    except KeyError:  # config validation names every model's provider; be safe anyway
-        agreed = False
+    agreed = any(provider_agrees(config, d.provider) for d in model.routes())
     return model if agreed else replace(model, zero_retention_available=False)
+
+
+def provider_agrees(config: Config, provider: str) -> bool:
+    """The provider has a zero-retention agreement."""
+    try:
+        return config.provider(provider).zero_retention
+    except KeyError:  # config validation names every model's provider; be safe anyway
+        return False
 
 
 class Catalog:

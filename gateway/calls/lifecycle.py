@@ -28,7 +28,7 @@ import enum
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -40,6 +40,7 @@ from gateway.accounts.key_record import KeyRecord
 from gateway.calls import admission
 from gateway.calls.inflight import STOPPING_MESSAGE, InFlight
 from gateway.calls.policy import PolicySource
+from gateway.calls.routing import Route, Router
 from gateway.calls.settlement import Ending, Settlement, ending_for, settle_amounts
 from gateway.errors import GatewayError
 from gateway.observe.logs import event
@@ -142,19 +143,35 @@ class CallParts:
     keepalive_s: float
     #: the server's root nursery, where stream pumps and idempotent calls outlive requests
     nursery: Callable[[], trio.Nursery | None]
+    #: which deployment an attempt goes to, and their health on this node
+    router: Router = field(default_factory=Router)
     #: where a provider attempt's span goes (None: traces are off, nothing is done)
     spans: Spans | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """What a reserved call holds: the model as priced, its provider, the reservation."""
+    """What a reserved call holds: the model as priced (on the deployment of the attempt
+    under way), its provider, the reservation (and its top-up, after a fallback to a
+    dearer model: ``reserved_nanos`` is then the sum of both)."""
 
     model: Model
     provider: Provider
     reservation: Reservation
     prompt_estimate: int
     reserved_nanos: int
+    topups: tuple[Reservation, ...] = ()
+
+    def parts(self, cap: int, billed: int) -> list[tuple[Reservation, int, int]]:
+        """Each reservation held with what a settlement of ``cap`` and ``billed`` posts
+        out of it: the first reservation first, then each top-up, each within itself."""
+        found = []
+        for reservation in (self.reservation, *self.topups):
+            cap_part = min(cap, reservation.key_nanos)
+            billed_part = min(billed, reservation.org_nanos)
+            found.append((reservation, cap_part, billed_part))
+            cap, billed = cap - cap_part, billed - billed_part
+        return found
 
 
 @dataclass(eq=False)  # a call is itself: held in sets by identity
@@ -186,6 +203,12 @@ class Call:
     report: CallReport | None = None
     #: the span of the provider attempt, from CALLED to SETTLED (traces on only)
     attempt: AttemptSpan | None = None
+    #: the provider attempts so far, as the record lists them (routing)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    #: when the attempt under way started (perf_counter)
+    attempt_started: float | None = None
+    #: the model the client asked for, when a fallback model serves the call
+    fallback_from: str | None = None
 
     @property
     def live(self) -> bool:
@@ -248,6 +271,74 @@ class Call:
             raise ClaimHeld(held)  # another attempt (maybe on another node) holds the key
         self._move(CallState.CALLED)
         self.called_at = time.perf_counter()
+        self._open_span()
+
+    async def start_attempt(self, route: Route) -> None:
+        """An attempt on ``route`` (a deployment, of the model or of a fallback already
+        reserved for) is about to ask its provider: the first moves the call to CALLED
+        (:meth:`start_provider_call`); a later one, a retry before any byte reached the
+        client, keeps the pending row and the reservation and opens its own span."""
+        hold = self.held
+        self.hold = replace(
+            hold, model=route.model, provider=self.parts.provider_for(self.record, route.model)
+        )
+        if self.state is CallState.RESERVED:
+            await self.start_provider_call()
+        elif self.attempts:
+            self._open_span()  # a stream's first attempt has the span its call opened
+        self.attempts.append(
+            {
+                "model": route.model.id,
+                "provider": self._provider_of(route.model),
+                "upstream_id": route.model.config.upstream_id,
+                "deployment": route.index,
+                "status": None,
+                "code": None,
+                "ttfb_ms": None,
+            }
+        )
+        self.attempt_started = time.perf_counter()
+
+    async def top_up(self, model: Model, cost: int) -> None:
+        """Before an attempt on a fallback ``model`` whose worst case is ``cost``: hold
+        it. What the reservation lacks is reserved in one step of the owning shard (with
+        leases on several nodes), or refused (its GatewayError, nothing held)."""
+        hold = self.held
+        extra = cost - hold.reserved_nanos
+        if extra <= 0:
+            return
+        more = await admission.reserve(
+            self.parts.shards, self.record, tokens=0, cost=extra, org_cost=extra if self.live else 0
+        )
+        self.hold = replace(
+            hold, reserved_nanos=hold.reserved_nanos + extra, topups=(*hold.topups, more)
+        )
+
+    def first_byte(self) -> float:
+        """The attempt under way had its first byte: the seconds it took."""
+        started = self.attempt_started
+        seconds = time.perf_counter() - started if started is not None else 0.0
+        if self.attempts:
+            self.attempts[-1]["ttfb_ms"] = round(seconds * 1000, 3)
+        return seconds
+
+    def note_failure(self, status: int | None, code: str) -> None:
+        """The attempt under way failed: the upstream's status (None: no answer) and the
+        error code its failure maps to, in its entry."""
+        if self.attempts:
+            self.attempts[-1].update(status=status, code=code)
+
+    def attempt_failed(self, status: int | None, code: str) -> None:
+        """The attempt under way failed before its first byte and another follows: its
+        entry says how, its span ends."""
+        self.note_failure(status, code)
+        if self.attempt is not None:
+            self.attempt.end(input_tokens=None, output_tokens=None, error=code)
+            self.attempt = None
+
+    def _open_span(self) -> None:
+        """The span of the attempt under way (traces on only), child of the request's."""
+        hold = self.held
         spans, trace = self.parts.spans, self.trace
         if spans is not None and trace is not None:
             labels = AttemptLabels(
@@ -334,6 +425,12 @@ class Call:
         """
         if self.settlement is not None:
             return self.settlement
+        if self.attempts and self.attempts[-1]["code"] is None:
+            # the last attempt served the call, or our deadline, the client or a fault of
+            # ours ended it (a provider's failure was noted already)
+            self.attempts[-1]["code"] = error_code
+            if error_code is None:
+                self.attempts[-1]["status"] = 200
         if self.attempt is not None:
             # the provider's part ends here, before the settlement is written
             self.attempt.end(
@@ -365,14 +462,20 @@ class Call:
                     await self._write_settlement(settlement, usage, http_status, error_code, answer)
             finally:
                 # memory settles whatever the store said: nothing stays reserved or in flight
-                await admission.settle(
-                    self.parts.shards,
-                    self.record,
-                    slot_taken=self.admission.slot_taken,
-                    reservation=hold.reservation if hold is not None else None,
-                    cap_amount=settlement.cap_nanos,
-                    billed_amount=settlement.billed_nanos,
-                )
+                held: list[tuple[Reservation | None, int, int]] = [(None, 0, 0)]
+                if hold is not None:
+                    held = [*hold.parts(settlement.cap_nanos, settlement.billed_nanos)]
+                slot_taken = self.admission.slot_taken
+                for reservation, cap, billed in held:
+                    await admission.settle(
+                        self.parts.shards,
+                        self.record,
+                        slot_taken=slot_taken,
+                        reservation=reservation,
+                        cap_amount=cap,
+                        billed_amount=billed,
+                    )
+                    slot_taken = False
         self.parts.inflight.discard(self)
         self.parts.notice_spend(self.record, settlement.cap_nanos)
         if self.report is not None:
@@ -445,8 +548,10 @@ class Call:
         if node_id is None:
             return None
         hold = self.hold
-        taken = hold.reservation.leases if hold is not None else ()
-        return node_id, posted(taken, settlement.cap_nanos, settlement.billed_nanos)
+        if hold is None:
+            return node_id, []
+        held = hold.parts(settlement.cap_nanos, settlement.billed_nanos)
+        return node_id, [use for r, cap, billed in held for use in posted(r.leases, cap, billed)]
 
     def _pending_row(self, hold: Hold) -> dict[str, Any]:
         """The request row of a call about to be asked: what it holds, nothing settled."""
@@ -482,7 +587,14 @@ class Call:
         self, settlement: Settlement, usage: Usage | None, http_status: int, error: str | None
     ) -> dict[str, Any]:
         """What settlement writes over the pending row."""
+        hold = self.held
         return {
+            # the model and provider that served the call (or failed last)
+            "model": hold.model.id,
+            "provider": self._provider_of(hold.model),
+            "attempts": self.attempts or None,
+            # a fallback to a dearer model topped the reservation up
+            "reserved_usd_nanos": hold.reserved_nanos,
             "status": self._status(error),
             "http_status": http_status,
             "usage": _usage_row(usage) if usage else None,

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import trio
@@ -38,6 +39,7 @@ from gateway.accounts.catalog import Model
 from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.orgs import Org
 from gateway.calls import admission
+from gateway.calls.attempts import Attempts
 from gateway.calls.estimate import worst_case_tokens
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call, CallParts, CallReport, Hold, finish_reasons
@@ -58,26 +60,31 @@ from gateway.calls.policy import (
     check_model,
     check_spend_controls,
     check_web_search,
+    open_deployments,
 )
 from gateway.calls.provider_errors import map_provider_error
+from gateway.calls.routing import Route
 from gateway.calls.streaming import (
     ChatFormat,
     EventStream,
     MessagesFormat,
     NativeMessagesFormat,
+    PerAttemptFormat,
     ResponsesFormat,
     StreamFormat,
     start_stream,
 )
 from gateway.errors import GatewayError
 from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS
-from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
     EmbeddingRequest,
+    EmbeddingResult,
     MessagesRequest,
+    MessagesResult,
     NativeMessages,
     ProviderError,
     ProviderRequest,
+    ProviderResult,
     embedding_response,
     native_messages,
 )
@@ -284,6 +291,13 @@ async def prepare(
     check_entitlements(org, record, features)
     model = check_model(parts.policy, record, parsed.model, endpoint.model_kind)
     provider = parts.provider_for(record, model)
+    if not open_deployments(parts.policy, record, model):
+        raise GatewayError(
+            "model_not_allowed",
+            f"No deployment of {model.id} may serve this key (the contract's providers,"
+            " residency, data mode or provider keys); ask your administrator.",
+            param="model",
+        )
     endpoint.check(org, parsed, model)
     prompt, output = parsed.prompt_estimate(), parsed.output_ceiling
     cost = model.cost_nanos(prompt, output)
@@ -299,14 +313,50 @@ async def prepare(
     return parsed
 
 
-async def _ask(call: Call, ask: Callable[[TraceContext | None], Awaitable[T]], late: str) -> T:
-    """Step 9 without a stream: ask the provider under the call's deadline (``ask``
-    takes the trace to send: the attempt's, known once the call started); a failure
-    is settled here and raised as the answer's error."""
-    await call.start_provider_call()
+def _attempts(call: Call, endpoint: Endpoint, parsed: Parsed) -> Attempts:
+    """The routes of a reserved call: its model's deployments, then its fallbacks."""
+    hold = call.held
+    tokens = worst_case_tokens(hold.prompt_estimate, parsed.output_ceiling)
+    return Attempts(call, hold.model, tokens, partial(_fallback, call, endpoint, parsed))
+
+
+async def _fallback(call: Call, endpoint: Endpoint, parsed: Parsed, name: str) -> Model | None:
+    """The fallback model ``name`` as this key would call it directly, its worst case
+    reserved; None when the key could not call it (every check of steps 6 to 8: catalog,
+    allowed models, contract and organisation rules, data mode, BYOK, price, what the
+    request needs, its context window) or the reservation cannot be topped up to it. A
+    fallback never widens access."""
+    parts, record = call.parts, call.record
+    org = parts.policy.orgs.get(record.org_id)
+    prompt, output = call.held.prompt_estimate, parsed.output_ceiling
+    try:
+        model = check_model(parts.policy, record, name, endpoint.model_kind)
+        parts.provider_for(record, model)
+        endpoint.check(org, parsed, model)
+        window = model.config.context_window
+        if window is not None and prompt + output > window:
+            return None
+        if not open_deployments(parts.policy, record, model):
+            return None
+        cost = model.cost_nanos(prompt, output)
+        check_spend_controls(org, record, cost)
+        await call.top_up(model, cost)
+    except GatewayError:
+        return None
+    call.fallback_from = call.fallback_from or call.held.model.id
+    return model
+
+
+async def _ask(
+    call: Call, attempts: Attempts, ask: Callable[[Route], Awaitable[T]], late: str
+) -> T:
+    """Step 9 without a stream: ask the provider under the call's deadline, over the
+    call's routes (``ask`` asks the attempt's: its provider is the call's, its trace the
+    call's once the attempt started); a failure is settled here and raised as the
+    answer's error."""
     try:
         with call.watch(trio.move_on_after(call.remaining())) as scope:
-            result = await ask(call.trace)
+            result = await attempts.run(ask)
     except ProviderError as exc:
         error, failure = map_provider_error(exc, byok=call.record.byok)
         ending = call.ending(failure=failure, usage=exc.usage)
@@ -322,22 +372,32 @@ async def _ask(call: Call, ask: Callable[[TraceContext | None], Awaitable[T]], l
     return result
 
 
-def _provider_request(call: Call, chat: ChatCall) -> tuple[ProviderRequest, list[str]]:
-    """The upstream request of a chat call, and the parameters its provider ignores."""
+def _provider_request(call: Call, chat: ChatCall) -> ProviderRequest:
+    """The upstream request of a chat call's attempt under way (its deployment)."""
     hold = call.held
     upstream_id = hold.model.config.upstream_id
-    body = {**chat.body(), "model": upstream_id}
-    request = ProviderRequest(
+    return ProviderRequest(
         upstream_model=upstream_id,
-        body=body,
+        body={**chat.body(), "model": upstream_id},
         api_key=call.parts.provider_key(call.record, hold.model),
+        trace=call.trace,
         request_id=call.request_id,
     )
-    return request, [*chat.dropped, *hold.provider.ignored_parameters(body)]
+
+
+def _ignored(call: Call, chat: ChatCall) -> list[str]:
+    """The parameters of a chat call its provider ignores (the attempt's deployment's)."""
+    hold = call.held
+    body = {**chat.body(), "model": hold.model.config.upstream_id}
+    return [*chat.dropped, *hold.provider.ignored_parameters(body)]
 
 
 def svc_block(call: Call, ignored: list[str]) -> dict[str, Any]:
-    return {"request_id": call.request_id, "ignored_parameters": ignored}
+    """The svc block of a successful answer; ``fallback_model`` when a fallback served."""
+    svc: dict[str, Any] = {"request_id": call.request_id, "ignored_parameters": ignored}
+    if call.fallback_from is not None:
+        svc["fallback_model"] = call.held.model.id
+    return svc
 
 
 def _native(call: Call, chat: ChatCall) -> tuple[NativeMessages, MessagesRequest] | None:
@@ -352,23 +412,32 @@ def _native(call: Call, chat: ChatCall) -> tuple[NativeMessages, MessagesRequest
         body={**chat.native.body, "model": hold.model.config.upstream_id},
         betas=chat.native.betas,
         api_key=call.parts.provider_key(call.record, hold.model),
+        trace=call.trace,
     )
     return provider, request
+
+
+async def _ask_attempt(call: Call, chat: ChatCall) -> ProviderResult | MessagesResult:
+    """The attempt under way of a call without a stream: passed through (a Messages call
+    on a deployment that speaks the Messages API) or asked as a chat completion."""
+    native = _native(call, chat)
+    if native is not None:
+        provider, request = native
+        return await provider.messages(request)
+    return await call.held.provider.complete(_provider_request(call, chat))
 
 
 async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, Any]:
     """Steps 9-10 of a chat-shaped call without a stream: the answer, settled."""
     assert endpoint.answer is not None
-    native = _native(call, chat)
-    if native is not None:
-        return await _relay(call, *native)
-    request, ignored = _provider_request(call, chat)
-    provider = call.held.provider
     result = await _ask(
-        call,
-        lambda trace: provider.complete(replace(request, trace=trace)),
-        LATE,
+        call, _attempts(call, endpoint, chat), lambda route: _ask_attempt(call, chat), LATE
     )
+    if isinstance(result, MessagesResult):
+        return await _relay(call, result)
+    ignored = _ignored(call, chat)
+    if call.fallback_from is not None:
+        chat = replace(chat, model=call.held.model.id)  # the answer names the served model
     if call.attempt is not None:
         completion = result.completion
         call.attempt.answered(completion.get("model"), finish_reasons(completion))
@@ -385,11 +454,11 @@ async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, 
     return answer
 
 
-async def _relay(call: Call, provider: NativeMessages, request: MessagesRequest) -> dict[str, Any]:
-    """Steps 9-10 of a Messages call passed through: the upstream's message as it came
+async def _relay(call: Call, result: MessagesResult) -> dict[str, Any]:
+    """Step 10 of a Messages call passed through: the upstream's message as it came
     (its stop sequence, cache usage and any block kind included), under the gateway's
-    message id and the public model id, with the svc block; settled from its usage."""
-    result = await _ask(call, lambda trace: provider.messages(replace(request, trace=trace)), LATE)
+    message id and the public (served) model id, with the svc block; settled from its
+    usage."""
     message = result.message
     if call.attempt is not None:
         reason = message.get("stop_reason")
@@ -409,33 +478,44 @@ async def _relay(call: Call, provider: NativeMessages, request: MessagesRequest)
 async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> EventStream:
     """Step 9 of a streamed call: hand it to a pump (which settles it), answer the stream."""
     assert endpoint.stream_format is not None
-    native = _native(call, chat)
-    if native is not None:
-        provider, passed = native
-        relay = NativeMessagesFormat(message_id(call), call.held.model.id, svc_block(call, []))
-        return await start_stream(
-            call, lambda trace: provider.messages_stream(replace(passed, trace=trace)), relay
-        )
-    request, ignored = _provider_request(call, chat)
-    fmt = endpoint.stream_format(call, chat, svc_block(call, ignored))
-    chats = call.held.provider
-    return await start_stream(call, lambda trace: chats.stream(replace(request, trace=trace)), fmt)
+    svc = svc_block(call, _ignored(call, chat))
+    translated = endpoint.stream_format(call, chat, svc)
+    per_attempt = None
+    if chat.native is not None:
+        relay = NativeMessagesFormat(message_id(call), call.held.model.id, svc)
+        per_attempt = PerAttemptFormat(translated, relay)
+
+    def open_attempt() -> AsyncIterator[dict[str, Any]]:
+        # the svc block is sent with the first chunk: it names the attempt's deployment's
+        # ignored parameters (none on a passthrough), and the fallback that serves
+        native = _native(call, chat)
+        svc.update(svc_block(call, [] if native is not None else _ignored(call, chat)))
+        if per_attempt is not None:
+            per_attempt.passing_through(native is not None)
+        if native is not None:
+            provider, request = native
+            return provider.messages_stream(request)
+        return call.held.provider.stream(_provider_request(call, chat))
+
+    fmt = per_attempt or translated
+    return await start_stream(call, _attempts(call, endpoint, chat), open_attempt, fmt)
 
 
 async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
     """Steps 9-10 of an embeddings call: the answer, settled."""
-    hold = call.held
-    config = hold.model.config
-    api_key = call.parts.provider_key(call.record, hold.model)
-    result = await _ask(
-        call,
-        lambda trace: hold.provider.embed(
-            EmbeddingRequest(config.upstream_id, parsed.inputs, parsed.dimensions, api_key, trace)
-        ),
-        "The call ran out of time.",
-    )
+
+    def ask(route: Route) -> Awaitable[EmbeddingResult]:
+        hold = call.held
+        api_key = call.parts.provider_key(call.record, hold.model)
+        return hold.provider.embed(
+            EmbeddingRequest(
+                hold.model.config.upstream_id, parsed.inputs, parsed.dimensions, api_key, call.trace
+            )
+        )
+
+    result = await _ask(call, _attempts(call, EMBEDDINGS, parsed), ask, "The call ran out of time.")
     await call.finish(call.ending(answered=True, usage=result.usage), usage=result.usage)
-    answer = embedding_response(result, hold.model.id, parsed.encoding_format)
+    answer = embedding_response(result, call.held.model.id, parsed.encoding_format)
     # the svc block of every successful call; no forwarded parameter is ignored here
     # (fields other than model, input, encoding_format, dimensions are not forwarded)
     answer["svc"] = svc_block(call, [])

@@ -34,6 +34,7 @@ from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.orgs import Org
 from gateway.accounts.usd_json import plain_usd
 from gateway.calls.estimate import LOWER_IT
+from gateway.config.settings import DeploymentConfig
 from gateway.errors import GatewayError
 
 BYOK_SETUP_RETRY_AFTER = 60
@@ -54,6 +55,7 @@ class PolicySource(Protocol):
     def keyring(self) -> Keys: ...
     def serves_residency(self, provider: str, residency: str | None) -> bool: ...
     def byok_env(self, org_id: str, provider: str) -> str | None: ...
+    def zero_retention(self, provider: str) -> bool: ...
 
 
 def _deny(rule: str) -> dict[str, str]:
@@ -70,7 +72,7 @@ def org_rules(runtime: PolicySource, org: Org | None, model: Model) -> list[dict
     if org is None:
         return []
     policy = org.policy
-    provider = model.config.provider
+    providers = [d.provider for d in model.config.routes()]
     checks: list[tuple[str, Callable[[], bool]]] = [
         (
             "contract_blocked_models",
@@ -85,12 +87,12 @@ def org_rules(runtime: PolicySource, org: Org | None, model: Model) -> list[dict
         ),
         (
             "contract_allowed_providers",
-            lambda: (
-                (allowed := _listed(policy, "contract_allowed_providers")) is not None
-                and provider not in allowed
-            ),
+            lambda: not any(_provider_allowed(org, p) for p in providers),
         ),
-        ("residency", lambda: not runtime.serves_residency(provider, org.residency)),
+        (
+            "residency",
+            lambda: not any(runtime.serves_residency(p, org.residency) for p in providers),
+        ),
         (
             "org_api_restriction",
             lambda: (
@@ -104,6 +106,41 @@ def org_rules(runtime: PolicySource, org: Org | None, model: Model) -> list[dict
         ),
     ]
     return [_deny(rule) for rule, denies in checks if denies()]
+
+
+def _provider_allowed(org: Org, provider: str) -> bool:
+    allowed = _listed(org.policy, "contract_allowed_providers")
+    return allowed is None or provider in allowed
+
+
+def open_deployments(
+    runtime: PolicySource, record: KeyRecord, model: Model
+) -> list[tuple[int, DeploymentConfig]]:
+    """The deployments of ``model`` (with their index) that may serve this key: a model
+    the key may call is served only by deployments the same rules allow, so routing
+    never widens access. A deployment is closed by the contract's providers, the
+    organisation's residency, a zero-retention key on a provider without the agreement,
+    and a BYOK key on a provider the organisation has no credential for."""
+    org = runtime.orgs.get(record.org_id)
+    found = []
+    for index, deployment in enumerate(model.config.routes()):
+        provider = deployment.provider
+        if org is not None and not (
+            _provider_allowed(org, provider) and runtime.serves_residency(provider, org.residency)
+        ):
+            continue
+        if record.data_mode == "zero_retention" and not runtime.zero_retention(provider):
+            continue
+        if record.byok and not _byok_credential(runtime, org, provider):
+            continue
+        found.append((index, deployment))
+    return found
+
+
+def _byok_credential(runtime: PolicySource, org: Org | None, provider: str) -> bool:
+    """The organisation has a BYOK credential for ``provider`` that this server holds."""
+    env = runtime.byok_env(org.id, provider) if org is not None else None
+    return env is not None and bool(os.environ.get(env))
 
 
 def key_rules(runtime: PolicySource, record: KeyRecord, model: Model) -> list[dict[str, str]]:
@@ -141,7 +178,7 @@ def check_model(runtime: PolicySource, record: KeyRecord, model_id: str, kind: s
             "model_not_zdr", f"{model_id} is not available under zero retention.", "model"
         )
     if record.byok:
-        return _check_byok(runtime, org, model)
+        return _check_byok(runtime, org, model, record)
     if not model.priced:
         raise GatewayError("model_not_priced", f"{model_id} has no price yet.", "model")
     return model
@@ -176,14 +213,13 @@ def model_not_found(name: str) -> GatewayError:
     )
 
 
-def _check_byok(runtime: PolicySource, org: Org | None, model: Model) -> Model:
+def _check_byok(runtime: PolicySource, org: Org | None, model: Model, record: KeyRecord) -> Model:
     """The BYOK checks; the model priced at the organisation's BYOK price."""
     if not model.config.byok_available:
         raise GatewayError(
             "byok_unavailable", f"{model.id} cannot be billed on your provider key.", "model"
         )
-    env = runtime.byok_env(org.id, model.config.provider) if org is not None else None
-    if org is None or env is None or not os.environ.get(env):
+    if org is None or not open_deployments(runtime, record, model):
         # no credential set up, or one naming an environment variable this server lacks:
         # the provider must never be called without the organisation's key
         raise GatewayError(

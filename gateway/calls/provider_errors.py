@@ -82,6 +82,28 @@ def clean_explanation(text: str) -> str:
     return text or "no explanation given"
 
 
+#: the provider statuses of an overloaded upstream (Anthropic's 529)
+OVERLOADED = frozenset({529})
+
+
+def retry_reason(exc: ProviderError, *, byok: bool) -> str | None:
+    """Why a failure before the first byte may be tried on another deployment, or None
+    when it may not (docs/decisions/routing.md): a refusal as written (400, 404, 413,
+    422) would be refused again, a BYOK credential is the organisation's own, an answer
+    that came (unreadable) or a stream cut after output did work."""
+    if isinstance(exc, ProviderUnreachable):
+        return "connect"
+    if isinstance(exc, ProviderTimedOut):
+        return "first_byte_timeout"
+    if isinstance(exc, ProviderRateLimited):
+        return "rate_limited"
+    if isinstance(exc, ProviderServerError) and exc.status >= 500:
+        return "overloaded" if exc.status in OVERLOADED else "server_error"
+    if isinstance(exc, ProviderRefused) and exc.status in (401, 403) and not byok:
+        return "credential"
+    return None
+
+
 def map_provider_error(exc: ProviderError, *, byok: bool) -> tuple[GatewayError, Ending]:
     """The answer and the settlement row of a provider failure that reported no usage
     (:func:`gateway.calls.settlement.ending_for` decides when it did)."""

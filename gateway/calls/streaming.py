@@ -29,20 +29,22 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import orjson
 import trio
 
 from gateway.accounts.usd_json import plain_amounts
+from gateway.calls.attempts import Attempts
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call, finish_reasons
 from gateway.calls.parse.messages_answer import MessageStreamTranslator
 from gateway.calls.parse.translate import ResponseStreamTranslator
 from gateway.calls.provider_errors import map_provider_error
+from gateway.calls.routing import Route
 from gateway.calls.settlement import Ending
 from gateway.errors import GatewayError, in_band
-from gateway.observe.tracing import TraceContext
 from gateway.providers.anthropic_translate import StreamUsage
 from gateway.providers.base import ProviderError, Usage
 
@@ -92,6 +94,9 @@ class StreamFormat(Protocol):
 
     def error(self, error: GatewayError) -> list[bytes]: ...
 
+    def served_by(self, model_id: str) -> None:
+        """A fallback model serves the call (before its first chunk): the answer names it."""
+
 
 @dataclass(frozen=True, slots=True)
 class Frame:
@@ -100,12 +105,38 @@ class Frame:
     error: GatewayError | None = None
 
 
-#: opens the upstream's stream, given the attempt's trace
-OpenStream = Callable[[TraceContext | None], AsyncIterator[dict[str, Any]]]
+#: opens the upstream stream of the attempt under way (its deployment's provider, the
+#: call's trace): the provider's chat chunks, or a passthrough's own events
+OpenStream = Callable[[], AsyncIterator[dict[str, Any]]]
+
+
+async def _first_chunk(
+    open_stream: OpenStream, route: Route
+) -> tuple[dict[str, Any] | None, AsyncIterator[dict[str, Any]]]:
+    """One attempt of a stream: opened and read up to its first item (None: it ended
+    without one), its rest to read. The attempt's stream is closed if it fails."""
+    chunks = open_stream()
+    try:
+        return await anext(chunks), chunks
+    except StopAsyncIteration:
+        return None, chunks
+    except BaseException:
+        await _close(chunks)
+        raise
+
+
+async def _from(
+    head: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any]]
+) -> AsyncIterator[dict[str, Any]]:
+    if head is not None:
+        yield head
+        async for chunk in rest:
+            yield chunk
 
 
 async def pump(
     call: Call,
+    attempts: Attempts,
     open_stream: OpenStream,
     fmt: StreamFormat,
     send: trio.MemorySendChannel[Frame],
@@ -113,21 +144,29 @@ async def pump(
     answered: trio.Event,
 ) -> None:
     """``answered`` is set once the handler has answered 200: a failure after that is
-    in-band whether or not a chunk was sent, and the record says 200."""
+    in-band whether or not a chunk was sent, and the record says 200. The attempts
+    (deployments, fallbacks) end at the first chunk: from there the stream is never
+    retried."""
     usage: Usage | None = None
     failure: GatewayError | None = None
     #: the settlement row of the provider's own failure (None: it did not fail)
     failed_as: Ending | None = None
     produced = sent = False
     #: what the provider said of its answer, for the attempt's span (traces on only)
-    attempt = call.attempt
     answered_by: object = None
     reasons: list[str] = []
     async with send:
         try:
             with scope:
-                chunks = open_stream(call.trace)
+                #: the served attempt's stream, and it after its first item: closed here
+                opened: list[AsyncIterator[dict[str, Any]]] = []
                 try:
+                    head, rest = await attempts.run(partial(_first_chunk, open_stream))
+                    chunks = _from(head, rest)
+                    opened += [chunks, rest]
+                    attempt = call.attempt  # the served attempt's span
+                    if call.fallback_from is not None:
+                        fmt.served_by(call.held.model.id)
                     async for chunk in chunks:
                         if attempt is not None:
                             model, named = fmt.answered(chunk)
@@ -149,7 +188,8 @@ async def pump(
                     failure, failed_as = map_provider_error(exc, byok=call.record.byok)
                     usage = usage or exc.usage  # reported in the stream before it failed
                 finally:
-                    await _close(chunks)
+                    for each in opened:
+                        await _close(each)
             if scope.cancelled_caught:
                 failed_as = None  # our deadline, a graceful stop or the client ended the call
                 if call.cut_short:
@@ -163,8 +203,8 @@ async def pump(
             log.exception("stream pump failed")
             failure = GatewayError("service_unavailable", "The stream failed.")
             failed_as = None
-        if attempt is not None:
-            attempt.answered(answered_by, reasons)
+        if call.attempt is not None:
+            call.attempt.answered(answered_by, reasons)
         ending = call.ending(usage=usage, failure=failed_as, produced=produced)
         # the spec: a streamed call's timeout is in-band, even with nothing sent yet (a
         # deadline shorter than the keep-alive interval): its frames open the stream
@@ -262,9 +302,11 @@ class EventStream:
     headers: dict[str, str]
 
 
-async def start_stream(call: Call, open_stream: OpenStream, fmt: StreamFormat) -> EventStream:
+async def start_stream(
+    call: Call, attempts: Attempts, open_stream: OpenStream, fmt: StreamFormat
+) -> EventStream:
     """Hand the call to a pump and return the event stream to answer; ``open_stream``
-    opens the attempt's upstream stream (the provider's chat chunks, or a native
+    opens the upstream stream of each attempt (the provider's chat chunks, or a native
     passthrough's events, as ``fmt`` reads them).
 
     Waits up to one keep-alive interval for the first frame, so that a refusal that
@@ -278,7 +320,7 @@ async def start_stream(call: Call, open_stream: OpenStream, fmt: StreamFormat) -
     scope = call.watch(trio.CancelScope(deadline=call.deadline))
     call.hand_off()
     answered = trio.Event()
-    nursery.start_soon(pump, call, open_stream, fmt, send, scope, answered)
+    nursery.start_soon(pump, call, attempts, open_stream, fmt, send, scope, answered)
     first: list[Frame] = []
     try:
         with trio.move_on_after(call.parts.keepalive_s), suppress(trio.EndOfChannel):
@@ -350,6 +392,9 @@ class ChatFormat(ChatChunks):
     def error(self, error: GatewayError) -> list[bytes]:
         return [sse({"error": in_band(error)}), DONE]
 
+    def served_by(self, model_id: str) -> None:
+        self.model_id = model_id
+
 
 class ResponsesFormat(ChatChunks):
     """Responses API events (``event:`` + ``data:``), translated from chat chunks."""
@@ -382,6 +427,9 @@ class ResponsesFormat(ChatChunks):
         failed = self.translator.failed(error.code, error.message or error.spec.message)
         return self._frames([*self._start(), failed])
 
+    def served_by(self, model_id: str) -> None:
+        self.translator.served_by(model_id)
+
 
 class MessagesFormat(ChatChunks):
     """Anthropic Messages events (``event:`` + ``data:``), translated from chat chunks;
@@ -409,6 +457,9 @@ class MessagesFormat(ChatChunks):
 
     def error(self, error: GatewayError) -> list[bytes]:
         return [*self._frames([]), sse(error.anthropic_body(), "error")]
+
+    def served_by(self, model_id: str) -> None:
+        self.translator.served_by(model_id)
 
 
 class NativeMessagesFormat:
@@ -469,3 +520,45 @@ class NativeMessagesFormat:
 
     def error(self, error: GatewayError) -> list[bytes]:
         return [sse(error.anthropic_body(), "error")]
+
+    def served_by(self, model_id: str) -> None:
+        self.model_id = model_id
+
+
+class PerAttemptFormat:
+    """A ``/v1/messages`` stream whose deployments differ in kind: relayed as Anthropic's
+    own events when the attempt that serves passes the call through (an ``anthropic``
+    deployment), translated from chat chunks otherwise. The opener of each attempt says
+    which (:meth:`passing_through`), before the attempt's first item is read; both keep
+    alive with ``ping`` and fail with an ``error`` event."""
+
+    keepalive = PING
+
+    def __init__(self, translated: StreamFormat, native: NativeMessagesFormat) -> None:
+        self.translated = translated
+        self.native = native
+        self.current: StreamFormat = translated
+
+    def passing_through(self, native: bool) -> None:
+        self.current = self.native if native else self.translated
+
+    def usage(self, item: dict[str, Any]) -> Usage | None:
+        return self.current.usage(item)
+
+    def output(self, item: dict[str, Any]) -> bool:
+        return self.current.output(item)
+
+    def answered(self, item: dict[str, Any]) -> tuple[Any, list[str]]:
+        return self.current.answered(item)
+
+    def chunk(self, item: dict[str, Any]) -> list[bytes]:
+        return self.current.chunk(item)
+
+    def finish(self) -> list[bytes]:
+        return self.current.finish()
+
+    def error(self, error: GatewayError) -> list[bytes]:
+        return self.current.error(error)
+
+    def served_by(self, model_id: str) -> None:
+        self.current.served_by(model_id)

@@ -122,6 +122,33 @@ enabled = true                      # false: 503 model_unavailable until switche
 aliases = ["gpt-4o-mini-latest"]    # other names clients may call it by
 
 [[models]]
+id = "gpt-4o"                       # served by several deployments (docs/decisions/routing.md)
+kind = "chat"
+capabilities = ["tools", "structured_output", "vision"]
+context_window = 128000             # prompt and output tokens it holds (a fallback must hold
+                                    # the request's estimate); default: not checked
+input_usd_per_mtok = 2.50
+output_usd_per_mtok = 10.00
+routing = "weighted"                # ordered | weighted | least_busy | latency
+max_attempts = 3                    # attempts over deployments and fallbacks, before the
+                                    # first byte reaches the client
+first_byte_timeout_s = 100          # an attempt but the last with no byte by then is given
+                                    # up (default: request_timeout_s / max_attempts)
+fallbacks = ["gpt-4o-mini"]         # tried only if the key could call them itself
+
+[[models.deployments]]              # instead of provider and upstream_id on the model
+provider = "openai"
+upstream_id = "gpt-4o"
+weight = 3                          # share of calls under weighted routing (default 1)
+rpm = 10000                         # the upstream account's limits, counted per node
+tpm = 2000000
+
+[[models.deployments]]
+provider = "openai"                 # e.g. a second account or region (another provider)
+upstream_id = "gpt-4o-2024-11-20"
+weight = 1
+
+[[models]]
 id = "text-embedding-3-small"
 provider = "openai"
 kind = "embedding"                  # at most one embedding model is served

@@ -33,6 +33,19 @@ from typing import Any
 
 MODEL_CAPABILITIES = ("tools", "structured_output", "vision", "web_search")
 MODEL_KINDS = ("chat", "embedding")
+#: how a model's deployments are chosen (docs/decisions/routing.md)
+ROUTING_STRATEGIES = ("ordered", "weighted", "least_busy", "latency")
+#: the routing keys of a ``[[models]]`` table
+ROUTING_KEYS = (
+    "deployments",
+    "routing",
+    "max_attempts",
+    "first_byte_timeout_s",
+    "fallbacks",
+    "context_window",
+)
+#: attempts of one call at most, whatever a model says (each may wait its first byte)
+MAX_ATTEMPTS = 10
 PROVIDER_KINDS = ("mock", "openai", "anthropic", "gemini", "bedrock", "azure")
 #: a model's prices, USD per million tokens
 PRICE_KEYS = (
@@ -79,7 +92,10 @@ MODEL_KEYS = (
     "dimensions",
     "enabled",
     "aliases",
+    *ROUTING_KEYS,
 )
+#: the keys of a ``[[models.deployments]]`` table
+DEPLOYMENT_KEYS = ("provider", "upstream_id", "weight", "rpm", "tpm")
 #: the top-level tables of the file
 TABLES = ("server", "cluster", "observability", "providers", "models")
 
@@ -165,8 +181,22 @@ class ProviderConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class DeploymentConfig:
+    """``[[models.deployments]]``: one upstream that serves a model."""
+
+    provider: str
+    upstream_id: str
+    #: the share of calls under ``weighted`` routing
+    weight: float = 1.0
+    #: the upstream account's own limits, kept per node (None: none)
+    rpm: int | None = None
+    tpm: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     id: str
+    #: the first deployment's provider and upstream id (the single-upstream form)
     provider: str
     upstream_id: str
     kind: str = "chat"
@@ -182,6 +212,22 @@ class ModelConfig:
     enabled: bool = True
     #: other names clients may call the model by; one shared by two models is ambiguous
     aliases: tuple[str, ...] = ()
+    #: the upstreams that serve it; empty: the one of ``provider`` and ``upstream_id``
+    deployments: tuple[DeploymentConfig, ...] = ()
+    routing: str = "weighted"
+    #: attempts over deployments and fallbacks before the first byte
+    max_attempts: int = 3
+    #: an attempt but the last with no byte by then is given up (None: the call's time
+    #: limit / max_attempts)
+    first_byte_timeout_s: float | None = None
+    #: other catalog models tried when every deployment failed before the first byte
+    fallbacks: tuple[str, ...] = ()
+    #: tokens of prompt and output the model holds (None: not stated, not checked)
+    context_window: int | None = None
+
+    def routes(self) -> tuple[DeploymentConfig, ...]:
+        """The deployments of the model: the listed ones, or the single-upstream form."""
+        return self.deployments or (DeploymentConfig(self.provider, self.upstream_id),)
 
 
 def _default_node_id() -> str:
@@ -552,14 +598,20 @@ def _parse_provider(table: dict[str, Any], index: int) -> ProviderConfig:
 def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> ModelConfig:
     where = f"models[{index}]"
     _check_unknown(table, MODEL_KEYS, where)
-    for key in ("id", "provider"):
-        if key not in table:
-            raise ConfigError(f"{where}.{key}: required")
+    if "id" not in table:
+        raise ConfigError(f"{where}.id: required")
     model_id = _take(table, "id", where, str)
     if not _ID.match(model_id):
         raise ConfigError(f"{where}.id: invalid model id {model_id!r}")
-    provider = _take(table, "provider", where, str)
-    if provider not in providers:
+    deployments = _parse_deployments(table, where, providers, model_id)
+    if deployments and ("provider" in table or "upstream_id" in table):
+        raise ConfigError(
+            f"{where}.deployments: give either deployments or provider and upstream_id, not both"
+        )
+    if not deployments and "provider" not in table:
+        raise ConfigError(f"{where}.provider: required (or [[models.deployments]])")
+    provider = _take(table, "provider", where, str) if "provider" in table else ""
+    if not deployments and provider not in providers:
         raise ConfigError(f"{where}.provider: no provider named {provider!r}")
     kind = _take(table, "kind", where, str) if "kind" in table else "chat"
     if kind not in MODEL_KINDS:
@@ -589,10 +641,14 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
         if not isinstance(alias, str) or not _ID.match(alias):
             raise ConfigError(f"{where}.aliases: invalid model id {alias!r}")
     upstream_id = _take(table, "upstream_id", where, str) if "upstream_id" in table else model_id
+    if deployments:
+        provider, upstream_id = deployments[0].provider, deployments[0].upstream_id
     return ModelConfig(
         id=model_id,
         provider=provider,
         upstream_id=_not_empty(upstream_id, f"{where}.upstream_id"),
+        deployments=deployments,
+        **_parse_routing(table, where),
         kind=kind,
         capabilities=caps,
         dimensions=dimensions,
@@ -605,6 +661,95 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
         cache_read_usd_per_mtok=prices["cache_read_usd_per_mtok"],
         cache_write_usd_per_mtok=prices["cache_write_usd_per_mtok"],
     )
+
+
+def _parse_deployments(
+    table: dict[str, Any], where: str, providers: set[str], model_id: str
+) -> tuple[DeploymentConfig, ...]:
+    """``[[models.deployments]]``: each names a configured provider; weights are positive."""
+    if "deployments" not in table:
+        return ()
+    listed = _take(table, "deployments", where, list)
+    if not listed:
+        raise ConfigError(f"{where}.deployments: at least one deployment, or leave it out")
+    found = []
+    for index, item in enumerate(listed):
+        at = f"{where}.deployments[{index}]"
+        if not isinstance(item, dict):
+            raise ConfigError(f"{at}: must be a table")
+        _check_unknown(item, DEPLOYMENT_KEYS, at)
+        if "provider" not in item:
+            raise ConfigError(f"{at}.provider: required")
+        provider = _take(item, "provider", at, str)
+        if provider not in providers:
+            raise ConfigError(f"{at}.provider: no provider named {provider!r}")
+        upstream = _take(item, "upstream_id", at, str) if "upstream_id" in item else model_id
+        weight = float(_take(item, "weight", at, (int, float))) if "weight" in item else 1.0
+        _positive(weight, f"{at}.weight")
+        limits = {k: _take(item, k, at, int) if k in item else None for k in ("rpm", "tpm")}
+        for key, value in limits.items():
+            if value is not None:
+                _positive(value, f"{at}.{key}")
+        found.append(
+            DeploymentConfig(provider, _not_empty(upstream, f"{at}.upstream_id"), weight, **limits)
+        )
+    return tuple(found)
+
+
+def _parse_routing(table: dict[str, Any], where: str) -> dict[str, Any]:
+    """The routing keys of a model: strategy, attempts, first-byte timeout, fallbacks,
+    context window (fallbacks are checked against the catalog once every model is read)."""
+    values: dict[str, Any] = {}
+    if "routing" in table:
+        routing = _take(table, "routing", where, str)
+        if routing not in ROUTING_STRATEGIES:
+            raise ConfigError(f"{where}.routing: must be one of {', '.join(ROUTING_STRATEGIES)}")
+        values["routing"] = routing
+    if "max_attempts" in table:
+        attempts = _take(table, "max_attempts", where, int)
+        if not 1 <= attempts <= MAX_ATTEMPTS:
+            raise ConfigError(f"{where}.max_attempts: must be between 1 and {MAX_ATTEMPTS}")
+        values["max_attempts"] = attempts
+    if "first_byte_timeout_s" in table:
+        timeout = float(_take(table, "first_byte_timeout_s", where, (int, float)))
+        _positive(timeout, f"{where}.first_byte_timeout_s")
+        values["first_byte_timeout_s"] = timeout
+    if "fallbacks" in table:
+        fallbacks = tuple(_take(table, "fallbacks", where, list))
+        for name in fallbacks:
+            if not isinstance(name, str) or not _ID.match(name):
+                raise ConfigError(f"{where}.fallbacks: invalid model id {name!r}")
+        values["fallbacks"] = fallbacks
+    if "context_window" in table:
+        window = _take(table, "context_window", where, int)
+        _positive(window, f"{where}.context_window")
+        values["context_window"] = window
+    return values
+
+
+def _check_fallbacks(models: tuple[ModelConfig, ...]) -> None:
+    """Each fallback is another configured model of the same kind."""
+    kinds = {m.id: m.kind for m in models}
+    for i, model in enumerate(models):
+        for name in model.fallbacks:
+            if name == model.id:
+                raise ConfigError(f"models[{i}].fallbacks: {name!r} is the model itself")
+            if name not in kinds:
+                raise ConfigError(f"models[{i}].fallbacks: no model {name!r}")
+            if kinds[name] != model.kind:
+                raise ConfigError(f"models[{i}].fallbacks: {name!r} is not a {model.kind} model")
+
+
+def _check_mock_deployments(models: tuple[ModelConfig, ...], kinds: dict[str, str]) -> None:
+    """A model is served by the mock alone or by real providers alone: the mock serves
+    sandbox keys only, so a live key routed to a mock deployment would fail the call."""
+    for i, model in enumerate(models):
+        mock = {kinds.get(d.provider) == "mock" for d in model.routes()}
+        if len(mock) > 1:
+            raise ConfigError(
+                f"models[{i}].deployments: mock and real providers in one model; give the"
+                " mock deployments a model of their own"
+            )
 
 
 def _parse_cluster(table: object) -> ClusterConfig:
@@ -666,6 +811,8 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
                 raise ConfigError(f"models[{i}].aliases: {alias!r} is the id of a model")
     if sum(1 for m in models if m.kind == "embedding") > 1:
         raise ConfigError("models: at most one model of kind embedding is served")
+    _check_fallbacks(models)
+    _check_mock_deployments(models, {p.name: p.kind for p in providers})
     return Config(
         server=server,
         cluster=cluster,

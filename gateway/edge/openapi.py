@@ -122,6 +122,11 @@ SCHEMAS: dict[str, Any] = {
                 }
             ),
             "ignored_parameters": {"type": "array", "items": STRING},
+            "fallback_model": {
+                "type": "string",
+                "description": "The fallback model that served the call (the model"
+                " asked for failed before its first byte); the answer's model names it too.",
+            },
         }
     ),
     "ChatCompletionRequest": CHAT_REQUEST,
@@ -471,6 +476,27 @@ SCHEMAS: dict[str, Any] = {
             "trace_id": {
                 "type": ["string", "null"],
                 "description": "The W3C trace id of the call (its traceparent).",
+            },
+            "attempts": {
+                "type": "array",
+                "description": "The call's provider attempts in order (deployments, retries"
+                " before the first byte, fallback models); the last served the call when"
+                " it succeeded.",
+                "items": obj(
+                    {
+                        "model": STRING,
+                        "provider": STRING,
+                        "upstream_id": STRING,
+                        "deployment": {"type": "integer", "minimum": 0},
+                        "status": {
+                            "type": ["integer", "null"],
+                            "description": "The upstream's HTTP status (null: no answer).",
+                        },
+                        "code": {"type": ["string", "null"]},
+                        "ttfb_ms": {"type": ["number", "null"]},
+                    },
+                    ("model", "provider", "upstream_id", "status", "code", "ttfb_ms"),
+                ),
             },
         },
         ("id", "object", "created", "endpoint", "model", "status", "cost"),

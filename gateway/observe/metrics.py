@@ -14,6 +14,12 @@
     svc_admission_refusals_total               code                the shards' refusals
     svc_store_commit_seconds (histogram)                           each batch the writer commits
     svc_shard_mailbox_depth (gauge)            shard               read at scrape time
+    svc_deployment_attempts_total              model,provider,     each attempt of a call on
+                                               deployment,outcome  one deployment (routing)
+    svc_deployment_cooldowns_total             model,provider,     a deployment cooling down
+                                               deployment          (this node)
+    svc_deployment_ttfb_seconds (histogram)    model,provider,     an attempt's first byte
+                                               deployment
     svc_build_info (gauge, 1)                  version
     svc_trace_spans_dropped_total              reason              spans not exported (traces
                                                                    on only; read at scrape time)
@@ -22,7 +28,9 @@ Label values are bounded by construction: ``endpoint`` is one of :data:`ENDPOINT
 ``code`` is an error-catalog code, ``ok`` or ``client_closed``; ``model`` a model of the
 configured catalog (anything else is ``other``); ``provider`` a configured provider or
 ``mock``; ``shard`` an index below the configured count; ``reason`` ``queue_full`` or
-``export_failed`` (:mod:`gateway.observe.otel`). Never a key, an organisation, a
+``export_failed`` (:mod:`gateway.observe.otel`); ``deployment`` the index of a model's
+deployment in its configuration (capped at :data:`MAX_DEPLOYMENT_LABEL`), ``outcome``
+one of :data:`ATTEMPT_OUTCOMES`. Never a key, an organisation, a
 tag or a request id.
 
 Each :class:`Metrics` has its own registry (two servers in one process, as in the tests,
@@ -70,6 +78,21 @@ CLIENT_CLOSED = "client_closed"
 #: the status logged (and recorded) for a request whose client left before its answer
 CLIENT_CLOSED_STATUS = 499
 CODES = frozenset(CATALOG) | {"ok", CLIENT_CLOSED}
+#: how one attempt on a deployment ended (gateway.calls.provider_errors.retry_reason)
+ATTEMPT_OUTCOMES = frozenset(
+    {
+        "ok",
+        "connect",
+        "first_byte_timeout",
+        "rate_limited",
+        "server_error",
+        "overloaded",
+        "credential",
+        "other",
+    }
+)
+#: deployment indexes above this are labelled with it (a bound on the label's values)
+MAX_DEPLOYMENT_LABEL = 15
 #: whole answers: up to the 300 s time limit of a call
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -217,6 +240,26 @@ class Metrics:
             buckets=COMMIT_BUCKETS,
             registry=registry,
         )
+        deployment = ["model", "provider", "deployment"]
+        self.attempts = Counter(
+            "svc_deployment_attempts_total",
+            "Attempts of calls on each deployment of a model, by outcome.",
+            [*deployment, "outcome"],
+            registry=registry,
+        )
+        self.cooldowns = Counter(
+            "svc_deployment_cooldowns_total",
+            "Times a deployment was put to cool down on this node.",
+            deployment,
+            registry=registry,
+        )
+        self.deployment_ttfb = Histogram(
+            "svc_deployment_ttfb_seconds",
+            "Time from an attempt's start to its deployment's first byte.",
+            deployment,
+            buckets=DURATION_BUCKETS,
+            registry=registry,
+        )
         Gauge(
             "svc_build_info", "The running version (value 1).", ["version"], registry=registry
         ).labels(version).set(1)
@@ -285,6 +328,29 @@ class Metrics:
             self._child(self.settled, model, mode).inc(settled_nanos / NANOS_PER_USD)
         if billed_nanos:
             self._child(self.billed, model).inc(billed_nanos / NANOS_PER_USD)
+
+    def _deployment(self, model: str, provider: str, index: int) -> tuple[str, str, str]:
+        return (
+            self.model_label(model),
+            provider if provider in self.providers else "other",
+            str(min(index, MAX_DEPLOYMENT_LABEL)),
+        )
+
+    def deployment_attempt(self, model: str, provider: str, index: int, outcome: str) -> None:
+        """An attempt on a deployment ended (``outcome``: ok or why it failed)."""
+        if self.enabled:
+            outcome = outcome if outcome in ATTEMPT_OUTCOMES else "other"
+            labels = self._deployment(model, provider, index)
+            self._child(self.attempts, *labels, outcome).inc()
+
+    def deployment_cooldown(self, model: str, provider: str, index: int) -> None:
+        if self.enabled:
+            self._child(self.cooldowns, *self._deployment(model, provider, index)).inc()
+
+    def deployment_first_byte(self, model: str, provider: str, index: int, seconds: float) -> None:
+        if self.enabled:
+            labels = self._deployment(model, provider, index)
+            self._child(self.deployment_ttfb, *labels).observe(seconds)
 
     def refused(self, code: str) -> None:
         """An admission refusal (rate, in-flight, caps, credits, budget, unavailable)."""

@@ -223,7 +223,10 @@ class ProviderRefused(ProviderError):
 
 
 class ProviderRateLimited(ProviderError):
-    """The provider answered 429 before anything was produced."""
+    """The provider answered 429 before anything was produced; ``retry_after``: the
+    seconds its Retry-After header asked for (None: none, or unreadable)."""
+
+    retry_after: float | None = None
 
 
 class ProviderServerError(ProviderError):

@@ -20,6 +20,7 @@ cut out of it (:func:`redact_secrets`). OpenAI, Azure, Gemini and Anthropic
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -84,7 +85,7 @@ class HTTPProvider:
         headers = {**self._headers(api_key, trace), **(extra or {})}
         response, content = await exchange(self.pool, path, headers, orjson.dumps(body))
         if response.status != 200:
-            raise self._status_error(response.status, content, api_key)
+            raise with_retry_after(self._status_error(response.status, content, api_key), response)
         return content
 
     async def _open_stream(
@@ -106,7 +107,7 @@ class HTTPProvider:
             content = await response.read()
         finally:
             await response.aclose()
-        raise self._status_error(response.status, content, api_key)
+        raise with_retry_after(self._status_error(response.status, content, api_key), response)
 
     def _status_error(self, status: int, content: bytes, api_key: str | None) -> ProviderError:
         """The provider error of an answer with another status than 200 (a kind may read
@@ -159,6 +160,20 @@ async def exchange(
 
 def status_error(status: int, content: bytes, secrets: Iterable[str]) -> ProviderError:
     return error_for_status(status, *explanation(content, secrets))
+
+
+def with_retry_after(error: ProviderError, response: Response) -> ProviderError:
+    """A 429's Retry-After (seconds; an HTTP date is not read) kept on its error: the
+    router cools the deployment that long (bounded)."""
+    if isinstance(error, ProviderRateLimited):
+        raw = response.headers.get(b"retry-after", b"").strip()
+        try:
+            seconds = float(raw.decode("ascii"))
+        except (UnicodeDecodeError, ValueError):
+            return error
+        if math.isfinite(seconds) and seconds >= 0:
+            error.retry_after = seconds
+    return error
 
 
 def error_for_status(status: int, message: str, usage: Usage | None = None) -> ProviderError:

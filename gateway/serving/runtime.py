@@ -20,12 +20,19 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from gateway import __version__
-from gateway.accounts.catalog import Catalog, Model, nanos_to_usd, usd_to_nanos
+from gateway.accounts.catalog import (
+    Catalog,
+    Model,
+    nanos_to_usd,
+    provider_agrees,
+    usd_to_nanos,
+)
 from gateway.accounts.key_record import KeyRecord, new_id
 from gateway.accounts.keyring import Keyring
 from gateway.accounts.orgs import Org
 from gateway.calls.inflight import InFlight
 from gateway.calls.lifecycle import CallParts
+from gateway.calls.routing import Router
 from gateway.config.settings import Config
 from gateway.edge.public_limit import PublicCatalogLimiter
 from gateway.errors import GatewayError
@@ -118,6 +125,7 @@ class Runtime:
             request_timeout_s=self.config.server.request_timeout_s,
             keepalive_s=self.config.server.keepalive_s,
             nursery=lambda: self.nursery,
+            router=Router(metrics=self.metrics),
             spans=self.spans,
         )
 
@@ -326,6 +334,9 @@ class Runtime:
 
     def byok_env(self, org_id: str, provider: str) -> str | None:
         return self.byok.get((org_id, provider))
+
+    def zero_retention(self, provider: str) -> bool:
+        return provider_agrees(self.config, provider)
 
     def serves_residency(self, provider: str, residency: str | None) -> bool:
         """A provider with no residency list serves every zone."""

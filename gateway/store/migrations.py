@@ -410,6 +410,15 @@ _PG_008 = (
 )
 
 
+def _m010_request_attempts(db: Database) -> None:
+    """Each request lists its provider attempts (routing: deployments, retries,
+    fallbacks), a JSON list. Earlier rows: none (one attempt, the row's provider)."""
+    db.table("requests").add_column("attempts", str)
+
+
+_PG_010 = ("ALTER TABLE requests ADD COLUMN attempts TEXT",)
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     """One schema version: its step on SQLite and its statements on PostgreSQL."""
@@ -428,6 +437,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m007_cluster, _PG_007),
     Migration(_m008_dashboard_people, _PG_008),
     Migration(_m009_sqlite_change_counter, ()),  # PostgreSQL's came with migration 7
+    Migration(_m010_request_attempts, _PG_010),
 )
 
 

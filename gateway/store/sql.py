@@ -21,7 +21,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 JSON_COLUMNS = {
     "keys": ("scopes", "caps", "allowed_models", "required_tags", "default_tags"),
     "orgs": ("policy",),
-    "requests": ("tags", "usage"),
+    "requests": ("tags", "usage", "attempts"),
     "idempotency": ("headers",),
 }
 

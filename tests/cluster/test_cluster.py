@@ -117,14 +117,26 @@ async def clocked_nodes(
     started: list[Gateway] = []
     try:
         for n in range(3):
-            env = {"SVC_CLUSTER_NODE_ID": f"n{n}", "SVC_CLUSTER_LEASE_S": str(LEASE_S)}
-            node = load_config(config, environ=env, db=db, port=0)
-            started.append(await start_gateway(nursery, node, clock, admin_token=ADMIN_TOKEN))
+            started.append(await in_process_node(nursery, config, db, f"n{n}", clock))
         yield started
     finally:
         upstream.release.set()
         for gateway in started:
             await gateway.aclose()
+
+
+async def in_process_node(
+    nursery: trio.Nursery,
+    config: Path,
+    db: str,
+    node_id: str,
+    clock: FakeClock | None = None,
+    admin_token: str = ADMIN_TOKEN,
+) -> Gateway:
+    """A node of the database ``db`` served in this process, from the file ``config``."""
+    env = {"SVC_CLUSTER_NODE_ID": node_id, "SVC_CLUSTER_LEASE_S": str(LEASE_S)}
+    node = load_config(config, environ=env, db=db, port=0)
+    return await start_gateway(nursery, node, clock, admin_token=admin_token)
 
 
 class Reachable(Protocol):

@@ -20,8 +20,10 @@ import pytest
 from gateway.accounts.orgs import POLICY_KEYS, validate_policy
 from gateway.config.example import EXAMPLE
 from gateway.config.settings import (
+    DEPLOYMENT_KEYS,
     MODEL_KEYS,
     PROVIDER_KINDS,
+    ROUTING_STRATEGIES,
     TABLES,
     ServerConfig,
     load_config,
@@ -72,6 +74,8 @@ def test_the_example_holds_every_key(tmp_path: Path) -> None:
     every = set().union(*(provider_keys(kind) for kind in PROVIDER_KINDS))
     assert set().union(*config["providers"]) == every
     assert set().union(*config["models"]) == set(MODEL_KEYS)
+    deployments = [d for model in config["models"] for d in model.get("deployments", [])]
+    assert set().union(*deployments) == set(DEPLOYMENT_KEYS)
 
 
 SNIPPETS = [(path, n, text) for path in DOCS for n, text in enumerate(fenced(path, "toml"))]
@@ -105,6 +109,7 @@ def test_the_policy_snippets_validate_and_every_policy_key_is_documented() -> No
 def test_every_key_and_override_is_in_the_reference() -> None:
     reference = CONFIG_MD.read_text()
     keys = {*ServerConfig.__dataclass_fields__, "node_id", "lease_s", *MODEL_KEYS}
+    keys |= {*DEPLOYMENT_KEYS, *ROUTING_STRATEGIES}
     keys |= set().union(*(provider_keys(kind) for kind in PROVIDER_KINDS))
     for key in keys:
         assert f"`{key}`" in reference, key

@@ -30,6 +30,11 @@ tests never share state::
     [[fault cache_write=N]]       report N prompt tokens written to the cache
                                   (``prompt_tokens_details.cache_write_tokens``, as
                                   OpenRouter); both streamed and not
+    [[fault status=429 retry_after=N]]  the error answer carries ``Retry-After: N``
+
+A fault may also stand for every request of one upstream (``standing``, the same
+directive text): two upstreams behind one model then behave differently for the same
+request (routing tests).
 
 ``calls`` counts requests received, ``served`` the answers sent in full, ``open`` the
 calls in progress, ``abandoned`` the held calls whose client closed the connection;
@@ -93,6 +98,8 @@ class FakeUpstream:
     _acked: trio.Event = field(default_factory=trio.Event)
     #: the most words an answer has (one stream chunk each), whatever max_tokens allows
     max_words: int = 6
+    #: directives applied to every request (``"status=500"``), under the request's own
+    standing: str = ""
 
     async def received(self, count: int) -> None:
         """Return once ``count`` requests in all have come in (counted, not answered)."""
@@ -145,7 +152,9 @@ class FakeUpstream:
         headers = dict(request.headers)
         self.auth.append(headers.get(b"authorization", b"").decode() or None)
         self.headers.append({k.decode(): v.decode() for k, v in headers.items()})
-        faults = directives(body)
+        standing = [{"content": f"[[fault {self.standing}]]"}] if self.standing else []
+        faults = directives({"messages": standing})
+        faults.update(directives(body))
         if "delay" in faults:
             await trio.sleep(float(faults["delay"]))
         if "hold" in faults and not await self._held(conn, stream):
@@ -163,7 +172,8 @@ class FakeUpstream:
             error: dict[str, Any] = {"error": {"message": message, "type": "x", "code": None}}
             if "usage_on_error" in faults:
                 error["usage"] = {"prompt_tokens": 5, "completion_tokens": 3}
-            await _send(conn, stream, int(faults["status"]), orjson.dumps(error))
+            extra = (("retry-after", faults["retry_after"]),) if "retry_after" in faults else ()
+            await _send(conn, stream, int(faults["status"]), orjson.dumps(error), extra)
             return True
         if "malformed" in faults:
             await _send(conn, stream, 200, b"<html>upstream proxy page</html>")

@@ -28,6 +28,7 @@ whole answer and the settlement do not depend on it.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -122,6 +123,10 @@ class MessageStreamTranslator:
         self._closed_tools: set[int] = set()
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
+
+    def served_by(self, model_id: str) -> None:
+        """A fallback model serves the call (before its first event): the answer names it."""
+        self._call = replace(self._call, model=model_id)
 
     def start(self) -> list[dict[str, Any]]:
         message = message_shell(self._call, self._id)

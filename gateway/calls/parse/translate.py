@@ -32,7 +32,7 @@ the same way. Items of an ``incomplete`` response are ``incomplete`` too.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gateway.calls.parse import ChatCall
@@ -103,6 +103,10 @@ class ResponseStreamTranslator:
         self._tool_count = 0
         self._finish_reason: str | None = None
         self._usage: dict[str, Any] | None = None
+
+    def served_by(self, model_id: str) -> None:
+        """A fallback model serves the call (before its first event): the answer names it."""
+        self._call = replace(self._call, model=model_id)
 
     def start(self) -> list[dict[str, Any]]:
         return [

@@ -63,6 +63,8 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
         "latency_ms": row["latency_ms"],
         "error": {"code": row["error_code"]} if row["error_code"] else None,
         "trace_id": row["trace_id"],
+        # the provider attempts (routing); rows written before migration 10 list none
+        "attempts": row.get("attempts") or [],
     }
 
 

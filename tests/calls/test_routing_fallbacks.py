@@ -1,0 +1,155 @@
+"""Fallback models (issue 35): tried only when every deployment failed before the first
+byte, and only if the key could call the fallback itself; the reservation topped up to
+the fallback's worst case, the call settled once at the served model's price."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from gateway.accounts.catalog import NANOS_PER_USD
+from gateway.config.settings import DeploymentConfig
+from tests.calls.test_routing import (
+    Pair,
+    chat,
+    config_of,
+    cost,
+    post,
+    provider,
+    record,
+    routed_model,
+    settled,
+    spent,
+)
+from tests.conftest import start_gateway
+from tests.support.fake_upstream import FakeUpstream
+
+#: the fallback is ten times dearer
+BACKUP_IN, BACKUP_OUT = 30.0, 150.0
+
+
+async def start_fallback(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    key: dict[str, Any] | None = None,
+    policy: dict[str, Any] | None = None,
+    **backup: Any,
+) -> Pair:
+    a: FakeUpstream = await nursery.start(FakeUpstream().serve)
+    b: FakeUpstream = await nursery.start(FakeUpstream().serve)
+    a.standing = "status=500"
+    providers = (replace(provider("a", a.url), zero_retention=True), provider("b", b.url))
+    routed = routed_model(
+        "routed",
+        DeploymentConfig("a", "up-a"),
+        fallbacks=("backup",),
+        capabilities=("tools",),
+        zero_retention_available=True,
+    )
+    fallback = routed_model("backup", DeploymentConfig("b", "up-b"))
+    backup = {"capabilities": ("tools",), **backup}
+    fallback = replace(
+        fallback, input_usd_per_mtok=BACKUP_IN, output_usd_per_mtok=BACKUP_OUT, **backup
+    )
+    gw = await start_gateway(nursery, config_of(tmp_path, providers, (routed, fallback)))
+    if policy:
+        response = await gw.admin("PUT", f"/admin/orgs/{gw.org_id}/policy", policy)
+        assert response.status_code == 200, response.text
+    body = {"name": "live", "mode": "live", "caps": {"usd_day": 10, "rpm": 1000}, **(key or {})}
+    return Pair(gw, (await gw.create_key(**body))["token"], a, b)
+
+
+async def test_a_fallback_serves_at_its_own_price(nursery: trio.Nursery, tmp_path: Path) -> None:
+    pair = await start_fallback(nursery, tmp_path)
+    response = await post(pair, chat())
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["model"] == "backup"
+    assert answer["svc"]["fallback_model"] == "backup"
+    view = await record(pair, answer["svc"]["request_id"])
+    assert (view["model"], view["provider"]) == ("backup", "b")
+    assert [(a["model"], a["status"]) for a in view["attempts"]] == [
+        ("routed", 500),
+        ("backup", 200),
+    ]
+    billed = cost(answer["usage"], BACKUP_IN, BACKUP_OUT)
+    assert settled(view) == billed == await spent(pair)
+    # the reservation was topped up to the fallback's worst case: ten times the first's
+    estimated = round(view["cost"]["estimated_usd"] * NANOS_PER_USD)
+    reserved = round(view["cost"]["reserved_usd"] * NANOS_PER_USD)
+    assert reserved >= 9 * estimated
+
+
+async def test_a_streamed_fallback_names_the_served_model(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    pair = await start_fallback(nursery, tmp_path)
+    async with (
+        pair.gw.client(pair.token) as client,
+        client.stream("POST", "/v1/chat/completions", json=chat(stream=True)) as response,
+    ):
+        assert response.status_code == 200
+        text = "".join([line async for line in response.aiter_lines()])
+    assert '"model":"backup"' in text and '"fallback_model":"backup"' in text
+    assert '"error"' not in text
+
+
+EXCLUSIONS = [
+    pytest.param({"key": {"allowed_models": ["routed"]}}, {}, id="key-allowed-models"),
+    pytest.param({"policy": {"contract_blocked_models": ["backup"]}}, {}, id="contract-rule"),
+    pytest.param({"key": {"data_mode": "zero_retention"}}, {}, id="zero-retention"),
+    pytest.param({"backup": {"capabilities": ()}}, {"tools": True}, id="missing-capability"),
+    pytest.param({"backup": {"context_window": 30}}, {}, id="small-context-window"),
+    # the first model's worst case fits the cap, the fallback's (ten times) does not
+    pytest.param({"key": {"caps": {"usd_day": 0.002}}}, {}, id="cap-cannot-hold-the-top-up"),
+]
+
+
+@pytest.mark.parametrize(("setup", "request_extra"), EXCLUSIONS)
+async def test_no_fallback_the_key_could_not_call_itself(
+    nursery: trio.Nursery, tmp_path: Path, setup: dict[str, Any], request_extra: dict[str, Any]
+) -> None:
+    pair = await start_fallback(
+        nursery,
+        tmp_path,
+        key=setup.get("key"),
+        policy=setup.get("policy"),
+        **setup.get("backup", {}),
+    )
+    body = chat()
+    if request_extra.get("tools"):
+        body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+    response = await post(pair, body)
+    # the original failure: the first model's provider failed (5xx)
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "service_unavailable"
+    assert (pair.a.calls, pair.b.calls) == (1, 0)
+    view = await record(pair, response.headers["X-Request-Id"])
+    assert [a["model"] for a in view["attempts"]] == ["routed"]
+    # the table's row of a 5xx with nothing produced: the input share, at the first's price
+    assert settled(view) == await spent(pair) > 0
+    assert settled(view) < math.ceil(view["cost"]["reserved_usd"] * NANOS_PER_USD)
+
+
+async def test_responses_and_messages_name_the_fallback(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    pair = await start_fallback(nursery, tmp_path)
+    text = [{"role": "user", "content": "hello"}]
+    async with pair.gw.client(pair.token) as client:
+        response = await client.post(
+            "/v1/responses", json={"model": "routed", "input": "hello", "max_output_tokens": 20}
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["model"] == "backup"
+        body = {"model": "routed", "messages": text, "max_tokens": 20, "stream": True}
+        async with client.stream("POST", "/v1/messages", json=body) as streamed:
+            assert streamed.status_code == 200
+            events = "".join([line async for line in streamed.aiter_lines()])
+    assert '"model":"backup"' in events and "event: error" not in events
+    assert pair.a.calls == 2 and pair.b.served == 2
