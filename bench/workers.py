@@ -187,6 +187,22 @@ class Sides:
     gateway: list[tuple[float, float]]
     #: per pair of slices: (added p50, added p99)
     pairs: list[tuple[float, float]]
+    #: the gateway's threads: seconds runnable but waiting for a core, and on a core,
+    #: over its slices (the kernel's schedstat)
+    waited_s: float = 0.0
+    ran_s: float = 0.0
+
+
+def schedstat(pid: int) -> tuple[float, float]:
+    """Seconds on a core and seconds runnable waiting for one, all threads of ``pid``."""
+    ran = waited = 0
+    for path in Path(f"/proc/{pid}/task").glob("*/schedstat"):
+        try:
+            on, wait, _ = path.read_text().split()
+        except (FileNotFoundError, ValueError):
+            continue
+        ran, waited = ran + int(on), waited + int(wait)
+    return ran / 1e9, waited / 1e9
 
 
 def added(direct: list[float], gateway: list[float]) -> tuple[float, float]:
@@ -217,11 +233,18 @@ async def measure_open_loop(
                 await open_loop(gateway, rate, 2.0)  # warm
                 await open_loop(direct, rate, 2.0)
                 sides = Sides([], [], [])
+
+                async def gateway_slice() -> list[tuple[float, float]]:
+                    ran, waited = schedstat(target.pid)
+                    calls = await open_loop(gateway, rate, slice_s)
+                    ran_after, waited_after = schedstat(target.pid)
+                    sides.ran_s += ran_after - ran
+                    sides.waited_s += waited_after - waited
+                    return calls
+
                 for i in range(slices):
                     base, cand = await in_turn(
-                        partial(open_loop, direct, rate, slice_s),
-                        partial(open_loop, gateway, rate, slice_s),
-                        swap=i % 2 == 1,
+                        partial(open_loop, direct, rate, slice_s), gateway_slice, swap=i % 2 == 1
                     )
                     sides.direct += base
                     sides.gateway += cand
@@ -249,6 +272,8 @@ def open_loop_report(sides: Sides, rate: float, load: tuple[float, float]) -> st
             f"  added: p50 {p50:.2f} ms, p99 {p99:.2f} ms, p99/p50 {p99 / p50:.2f}"
             f" (per pair of slices {statistics.median(ratios):.2f},"
             f" {ratios[0]:.2f} to {ratios[-1]:.2f})",
+            f"  the gateway per call: {sides.ran_s * 1000 / len(gateway):.2f} ms on a core,"
+            f" {sides.waited_s * 1000 / len(gateway):.2f} ms runnable waiting for its core",
             f"  load (1 min) before / after: {load[0]:.2f} / {load[1]:.2f}",
         ]
     )
