@@ -29,7 +29,6 @@ STEP_MS = 1.0
 class _Log:
     def __init__(self, path: str) -> None:
         self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self.pid = os.getpid()
 
     def __call__(self, what: str, start: float, ms: float) -> None:
         line = {"pid": os.getpid(), "what": what, "start": start, "ms": ms}
