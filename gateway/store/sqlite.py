@@ -87,12 +87,20 @@ class SqliteBackend:
         )
         return _wrap(raw)
 
+    def open_transactions(self) -> Conn:
+        """The connection of :meth:`gateway.store.Store.transact` (a lease refill): only
+        write transactions, so it waits for the write lock as the writer does
+        (:meth:`begin`), not in SQLite's handler."""
+        conn = self.open_reader()
+        conn.execute("PRAGMA busy_timeout=0", ())
+        return conn
+
     def begin(self, conn: Conn) -> None:
         """``BEGIN IMMEDIATE``: the file's write lock, tried again after short pauses
         while another process (a worker of ``serve --workers``) holds it, for up to
-        :data:`LOCK_WAIT_S`; then "database is locked" (:meth:`retryable`). A connection
-        with a busy timeout of its own (the store's transaction connection, opened as a
-        reader) waits in SQLite's handler instead."""
+        :data:`LOCK_WAIT_S`; then "database is locked" (:meth:`retryable`). The writer's
+        and the transactions' connections have no busy timeout of their own; the
+        reader keeps SQLite's (a read must not fail on a brief lock)."""
         raw = conn.raw
         try:
             raw.execute("BEGIN IMMEDIATE")
