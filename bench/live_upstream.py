@@ -331,8 +331,9 @@ async def start_target(
     cpus: set[int] | None,
     tree: Path = ROOT,
     python: str = sys.executable,
+    extra_env: dict[str, str] | None = None,
 ) -> Target:
-    """A gateway in ``workdir`` with that config, and a live key on it."""
+    """A gateway in ``workdir`` with that config (and ``extra_env``), and a live key on it."""
     workdir.mkdir()
     config = workdir / "gateway.toml"
     config.write_text(config_text)
@@ -340,7 +341,7 @@ async def start_target(
         lambda: start_server(
             workdir,
             ("--config", str(config)),
-            {"BENCH_UPSTREAM_KEY": UPSTREAM_KEY},
+            {"BENCH_UPSTREAM_KEY": UPSTREAM_KEY, **(extra_env or {})},
             tree=tree,
             python=python,
             cpus=cpus,

@@ -78,17 +78,22 @@ def cpu_s(pids: list[int]) -> float:
     return total / TICKS
 
 
+def children(parent: int) -> list[int]:
+    """The processes whose parent is ``parent`` (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == parent:
+                found.append(int(stat.parent.name))
+        except (FileNotFoundError, ValueError, IndexError):
+            continue
+    return found
+
+
 def postgres_pids(cluster: Cluster) -> list[int]:
     """The postmaster and its children (one backend per connection)."""
     master = int((cluster.data / "postmaster.pid").read_text().split()[0])
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == master:
-                children.append(int(stat.parent.name))
-        except (FileNotFoundError, ValueError, IndexError):
-            continue
-    return [master, *children]
+    return [master, *children(master)]
 
 
 async def calls(url: str, token: str, gateway_pid: int, db_pids: list[int]) -> tuple[float, ...]:

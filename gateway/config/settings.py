@@ -11,7 +11,8 @@ Environment overrides (all optional): ``SVC_SERVER_HOST``, ``SVC_SERVER_PORT``,
 ``SVC_SERVER_DB``, ``SVC_SERVER_REQUEST_TIMEOUT_S``, ``SVC_SERVER_KEEPALIVE_S``,
 ``SVC_SERVER_SHARDS``, ``SVC_SERVER_PLATFORM_RPM``, ``SVC_SERVER_ROTATION_GRACE_S``,
 ``SVC_SERVER_LOG_FORMAT``, ``SVC_SERVER_LOG_LEVEL``, ``SVC_SERVER_METRICS_TOKEN``,
-``SVC_SERVER_SHUTDOWN_GRACE_S``, ``SVC_SERVER_BODY_TIMEOUT_S``, ``SVC_SERVER_MAX_CONNECTIONS``;
+``SVC_SERVER_SHUTDOWN_GRACE_S``, ``SVC_SERVER_BODY_TIMEOUT_S``, ``SVC_SERVER_MAX_CONNECTIONS``,
+``SVC_SERVER_WORKERS`` (a count or ``auto``);
 ``SVC_CLUSTER_NODE_ID``, ``SVC_CLUSTER_LEASE_S``; ``SVC_OBSERVABILITY_OTLP_ENDPOINT`` and
 the other scalar keys of ``[observability]`` (``SVC_OBSERVABILITY_<KEY>``).
 
@@ -26,7 +27,7 @@ import os
 import re
 import socket
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -823,7 +824,12 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     )
 
 
-_ENV_SERVER: dict[str, type] = {
+def _env_workers(value: str) -> int:
+    return parse_workers(value, "SVC_SERVER_WORKERS")
+
+
+#: each variable's parser: a ``ValueError`` names the variable and the parser's name
+_ENV_SERVER: dict[str, Callable[[str], Any]] = {
     "host": str,
     "port": int,
     "db": str,
@@ -838,6 +844,7 @@ _ENV_SERVER: dict[str, type] = {
     "shutdown_grace_s": float,
     "body_timeout_s": float,
     "max_connections": int,
+    "workers": _env_workers,
 }
 
 

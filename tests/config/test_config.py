@@ -3,6 +3,7 @@ and validation errors that name the key at fault."""
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -216,6 +217,7 @@ def test_environment_overrides() -> None:
         "SVC_SERVER_PLATFORM_RPM": "50",
         "SVC_SERVER_ROTATION_GRACE_S": "60",
         "SVC_SERVER_SHUTDOWN_GRACE_S": "4.5",
+        "SVC_SERVER_WORKERS": "3",
     }
     server = load_config(None, environ=environ).server
     assert server.host == "::1"
@@ -227,6 +229,14 @@ def test_environment_overrides() -> None:
     assert server.platform_rpm == 50
     assert server.rotation_grace_s == 60
     assert server.shutdown_grace_s == 4.5
+    assert server.workers == 3
+
+
+def test_workers_from_the_environment_auto_and_below_the_flag() -> None:
+    cores = os.cpu_count() or 1
+    assert load_config(None, environ={"SVC_SERVER_WORKERS": "auto"}).server.workers == cores
+    environ = {"SVC_SERVER_WORKERS": "auto"}
+    assert load_config(None, environ=environ, workers=1).server.workers == 1
 
 
 def test_environment_wins_over_the_file(tmp_path: Path) -> None:
@@ -276,6 +286,8 @@ def test_process_environment_by_default(monkeypatch: pytest.MonkeyPatch) -> None
         ({"SVC_SERVER_DB": ""}, "server.db"),
         ({"SVC_SERVER_HOST": ""}, "server.host"),
         ({"SVC_SERVER_REQUEST_TIMEOUT_S": "nan"}, "SVC_SERVER_REQUEST_TIMEOUT_S"),
+        ({"SVC_SERVER_WORKERS": "many"}, "SVC_SERVER_WORKERS"),
+        ({"SVC_SERVER_WORKERS": "0"}, "SVC_SERVER_WORKERS"),
     ],
 )
 def test_bad_environment_names_the_variable_or_key(environ: dict[str, str], needle: str) -> None:
