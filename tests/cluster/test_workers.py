@@ -120,7 +120,6 @@ async def test_a_daily_cap_and_an_orgs_credits_admit_exactly_k_over_two_workers(
     got = books(db)
     assert got["pending"] == 0 and got["settled"] <= (K + 0.5) * WORST_CASE
     assert got["billed"] == got["debited"]
-    assert set(served_by(db)) == BOTH
 
     org = await org_id(workers, credits_usd=(K + 0.5) * WORST_CASE / 1e9)
     token = await live_key([workers], org)
@@ -134,6 +133,9 @@ async def test_a_daily_cap_and_an_orgs_credits_admit_exactly_k_over_two_workers(
         f" WHERE amount_nanos < 0 AND org_id = '{org}'",
     )
     assert spent["debited"] <= (K + 0.5) * WORST_CASE
+    # the two races were spread over both workers (over 2K served calls: the kernel may
+    # hand one worker every connection of one race on a loaded machine)
+    assert set(served_by(db)) == BOTH
 
 
 async def test_a_keys_rpm_admits_exactly_rpm_over_two_workers(
