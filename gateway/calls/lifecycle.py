@@ -313,6 +313,16 @@ class Call:
         self.hold = replace(
             hold, reserved_nanos=hold.reserved_nanos + extra, topups=(*hold.topups, more)
         )
+        # the pending row says it too: recovery after a crash counts what the row holds
+        try:
+            await self.parts.store.write(
+                records.raise_reservation, self.request_id, self.hold.reserved_nanos
+            )
+        except StoreError:
+            # held in memory (the settlement releases it), but no fallback on it
+            raise GatewayError(
+                "admission_unavailable", "The call could not be recorded; retry shortly."
+            ) from None
 
     def first_byte(self) -> float:
         """The attempt under way had its first byte: the seconds it took."""

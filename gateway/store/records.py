@@ -241,6 +241,16 @@ def settle_call(
         claims.settle(conn, *claim, request_id, outcome)
 
 
+def raise_reservation(conn: Conn, request_id: str, reserved_nanos: int) -> None:
+    """A pending call's reservation topped up (a fallback model dearer than the one it
+    reserved for): its row holds the new total, so that recovery after a crash counts
+    it (:func:`recover_pending`)."""
+    conn.execute(
+        f"UPDATE requests SET reserved_usd_nanos = ? WHERE id = ? AND status = '{PENDING}'",
+        (reserved_nanos, request_id),
+    )
+
+
 def leave_leases(conn: Conn, node_id: str, amounts: list[tuple[str, int]]) -> None:
     """Take ``amounts`` out of the node's leases (posted by a settlement, or given back),
     in the order of their limit ids."""

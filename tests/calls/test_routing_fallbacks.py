@@ -5,10 +5,13 @@ the fallback's worst case, the call settled once at the served model's price."""
 from __future__ import annotations
 
 import math
+import sqlite3
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -153,3 +156,31 @@ async def test_responses_and_messages_name_the_fallback(
             events = "".join([line async for line in streamed.aiter_lines()])
     assert '"model":"backup"' in events and "event: error" not in events
     assert pair.a.calls == 2 and pair.b.served == 2
+
+
+async def test_the_pending_row_holds_the_topped_up_reservation(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """While the fallback is asked, its pending row says the topped-up reservation:
+    recovery after a crash there would count the fallback's worst case, not the first's."""
+    pair = await start_fallback(nursery, tmp_path)
+    pair.b.standing = "hold"
+    answered: list[httpx.Response] = []
+    done = trio.Event()
+
+    async def call() -> None:
+        answered.append(await post(pair, chat()))
+        done.set()
+
+    nursery.start_soon(call)
+    with trio.fail_after(10):
+        await pair.b.wait_until(lambda: pair.b.open == 1)
+    with closing(sqlite3.connect(pair.gw.runtime.config.server.db)) as db:
+        ((estimated, reserved),) = db.execute(
+            "SELECT estimated_usd_nanos, reserved_usd_nanos FROM requests WHERE status = 'pending'"
+        ).fetchall()
+    assert reserved >= 9 * estimated
+    pair.b.release.set()
+    with trio.fail_after(10):
+        await done.wait()
+    assert answered[0].status_code == 200, answered[0].text
