@@ -41,18 +41,18 @@ from gateway.providers.base import (
     MessagesResult,
     ProviderDropped,
     ProviderError,
-    ProviderMalformed,
     ProviderRefused,
     ProviderRequest,
     ProviderResult,
-    ProviderUnreachable,
 )
 from gateway.providers.http1 import HTTPFailure, Response
 from gateway.providers.wire import (
     HTTPProvider,
+    json_answer,
     split_lines,
     sse_data,
     status_error,
+    stream_ended,
     stream_failure,
 )
 
@@ -120,13 +120,7 @@ class AnthropicProvider(HTTPProvider):
     ) -> dict[str, Any]:
         """The ``message`` of a call without a stream; an unreadable one is malformed."""
         content = await self._post(PATH, body, api_key, trace, extra)
-        try:
-            message = orjson.loads(content)
-        except orjson.JSONDecodeError:
-            raise ProviderMalformed("the upstream answered with invalid JSON") from None
-        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-            raise ProviderMalformed("the upstream answer is not a message")
-        return message
+        return json_answer(content, "a message", "content")
 
     async def messages_stream(self, request: MessagesRequest) -> AsyncIterator[dict[str, Any]]:
         """The caller's Messages body (and betas) passed through: the upstream's events."""
@@ -188,9 +182,7 @@ class AnthropicProvider(HTTPProvider):
             raise failure
         if done:
             return
-        if produced:
-            raise ProviderDropped("the stream ended without message_stop")
-        raise ProviderUnreachable("the upstream closed the stream before any output")
+        raise stream_ended(produced, "without message_stop")
 
     def _failure(self, error: Any, produced: bool, api_key: str | None) -> ProviderError:
         """The provider error of an ``error`` event (``error``: its error object)."""

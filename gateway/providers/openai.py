@@ -42,7 +42,6 @@ from gateway.providers.base import (
     ProviderMalformed,
     ProviderRequest,
     ProviderResult,
-    ProviderUnreachable,
     Usage,
 )
 from gateway.providers.http1 import HTTPFailure, Response
@@ -50,8 +49,10 @@ from gateway.providers.wire import (
     DONE,
     HTTPProvider,
     explanation,
+    json_answer,
     split_lines,
     sse_data,
+    stream_ended,
     stream_failure,
 )
 
@@ -75,12 +76,7 @@ class OpenAIProvider(HTTPProvider):
         body.pop("stream_options", None)
         path = self._path("chat/completions", request.upstream_model)
         content = await self._post(path, body, request.api_key, request.trace)
-        try:
-            completion = orjson.loads(content)
-        except orjson.JSONDecodeError:
-            raise ProviderMalformed("the upstream answered with invalid JSON") from None
-        if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-            raise ProviderMalformed("the upstream answer is not a chat completion")
+        completion = json_answer(content, "a chat completion", "choices")
         return ProviderResult(completion=completion, usage=Usage.reported(completion.get("usage")))
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
@@ -123,10 +119,7 @@ class OpenAIProvider(HTTPProvider):
                 await response.aclose()
         if done:
             return
-        if produced:
-            # the upstream closed the stream without [DONE]: the connection was lost
-            raise ProviderDropped("the stream ended without [DONE]")
-        raise ProviderUnreachable("the upstream closed the stream before any output")
+        raise stream_ended(produced, "without [DONE]")
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         body: dict[str, Any] = {

@@ -32,6 +32,7 @@ from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
     ProviderDropped,
     ProviderError,
+    ProviderMalformed,
     ProviderRateLimited,
     ProviderRefused,
     ProviderServerError,
@@ -195,6 +196,29 @@ def stream_failure(exc: HTTPFailure, produced: bool) -> ProviderError:
     if produced:
         return ProviderDropped(str(exc))
     return ProviderUnreachable(str(exc))
+
+
+def stream_ended(produced: bool, how: str, usage: Usage | None = None) -> ProviderError:
+    """The provider error of a stream the upstream closed before its end marker (``how``:
+    "without [DONE]", ...): the connection was lost after output (``produced``), or the
+    upstream never answered."""
+    if produced:
+        return ProviderDropped(f"the stream ended {how}", usage=usage)
+    return ProviderUnreachable("the upstream closed the stream before any output")
+
+
+def json_answer(content: bytes, what: str, member: str | None = None) -> dict[str, Any]:
+    """A 200 answer's JSON object (with a list as ``member``, when named); anything else
+    is :class:`ProviderMalformed` ("the upstream answer is not {what}")."""
+    try:
+        answer = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        raise ProviderMalformed("the upstream answered with invalid JSON") from None
+    if not isinstance(answer, dict) or (
+        member is not None and not isinstance(answer.get(member), list)
+    ):
+        raise ProviderMalformed(f"the upstream answer is not {what}")
+    return answer
 
 
 def split_lines(rest: bytes, piece: bytes) -> tuple[list[bytes], bytes]:

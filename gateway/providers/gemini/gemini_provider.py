@@ -40,7 +40,6 @@ from gateway.providers.base import (
     ProviderRefused,
     ProviderRequest,
     ProviderResult,
-    ProviderUnreachable,
     Usage,
 )
 from gateway.providers.gemini.gemini_answer import ChunkTranslator, Unreadable, completion
@@ -55,6 +54,7 @@ from gateway.providers.wire import (
     explanation,
     split_lines,
     sse_data,
+    stream_ended,
     stream_failure,
 )
 
@@ -121,9 +121,7 @@ class GeminiProvider(HTTPProvider):
             for chunk in translator.end():
                 yield chunk
             return
-        if translator.started:
-            raise ProviderDropped("the stream ended before its finishReason")
-        raise ProviderUnreachable("the upstream closed the stream before any output")
+        raise stream_ended(translator.started, "before its finishReason")
 
     def _event(
         self, line: bytes, translator: ChunkTranslator, api_key: str | None
