@@ -1,7 +1,7 @@
 """What every HTTP provider kind shares: its pooled client and credentials
-and its calls (:class:`HTTPProvider`: one JSON ``POST`` mapped into the provider error
-tree, a stream opened the same way), an upstream's error status mapped, and SSE's line
-framing.
+and its calls (:class:`HTTPProvider`: one JSON ``POST`` opened as a stream, its status
+mapped into the provider error tree, read whole when no stream is wanted), an upstream's
+error status mapped, and SSE's line framing.
 
     upstream answer / client failure             raised
     -------------------------------------------  --------------------------------------
@@ -82,12 +82,16 @@ class HTTPProvider:
         extra: dict[str, str] | None = None,
     ) -> bytes:
         """One non-streamed upstream call: the body of a 200 answer, or the provider
-        error it maps to. ``extra``: headers of this call besides the kind's own."""
-        headers = {**self._headers(api_key, trace), **(extra or {})}
-        response, content = await exchange(self.pool, path, headers, orjson.dumps(body))
-        if response.status != 200:
-            raise with_retry_after(self._status_error(response.status, content, api_key), response)
-        return content
+        error it maps to (a connection that fails included). ``extra``: headers of this
+        call besides the kind's own."""
+        try:
+            response = await self._open_stream(path, body, api_key, trace, extra)
+            try:
+                return await response.read()
+            finally:
+                await response.aclose()
+        except HTTPFailure as exc:
+            raise stream_failure(exc, produced=False) from None
 
     async def _open_stream(
         self,
