@@ -45,15 +45,12 @@ from gateway.providers.base import (
     ProviderRequest,
     ProviderResult,
 )
-from gateway.providers.http1 import HTTPFailure, Response
 from gateway.providers.wire import (
     HTTPProvider,
+    StreamProgress,
     json_answer,
-    split_lines,
-    sse_data,
     status_error,
     stream_ended,
-    stream_failure,
 )
 
 PATH = "/v1/messages"
@@ -140,49 +137,27 @@ class AnthropicProvider(HTTPProvider):
         """The events of a streamed call as they arrive, up to ``message_stop``; an
         ``error`` event, and a stream that ends early, raised as provider errors. Output
         has started (``produced``) at the first event other than ``ping``."""
-        produced = done = False
+        progress = StreamProgress()
         #: an ``error`` event's failure, raised once the stream was read to its end
         failure: ProviderError | None = None
-        response: Response | None = None
-        try:
-            response = await self._open_stream(PATH, body, api_key, trace, extra)
-            rest = b""
-            async for piece in response.iter_body():
-                if done or failure is not None:
-                    continue  # read to its end, so the connection goes back to the pool
-                lines, rest = split_lines(rest, piece)
-                for line in lines:
-                    event = sse_data(line)
-                    if not isinstance(event, dict):
-                        continue
-                    kind = event.get("type")
-                    if kind == "error":
-                        failure = self._failure(event.get("error"), produced, api_key)
-                        break
-                    produced = produced or kind != "ping"
-                    yield event
-                    if kind == "message_stop":
-                        done = True
-                        break
-            tail = sse_data(rest)  # the last line, without its line break
-            stopped = isinstance(tail, dict) and tail.get("type") == "message_stop"
-            if failure is None and not done and stopped:
-                done = True
-                yield tail
-        except HTTPFailure as exc:
-            if failure is not None:
-                raise failure from None
-            if done:
-                return
-            raise stream_failure(exc, produced) from None
-        finally:
-            if response is not None:
-                await response.aclose()
+        events = self._sse(PATH, body, api_key, trace, progress, extra)
+        async with aclosing(events):
+            async for event in events:
+                if not isinstance(event, dict):
+                    continue
+                kind = event.get("type")
+                if kind == "error":
+                    failure = self._failure(event.get("error"), progress.produced, api_key)
+                    progress.done = True
+                    continue
+                progress.produced = progress.produced or kind != "ping"
+                yield event
+                if kind == "message_stop":
+                    progress.done = True
         if failure is not None:
             raise failure
-        if done:
-            return
-        raise stream_ended(produced, "without message_stop")
+        if not progress.done:
+            raise stream_ended(progress.produced, "without message_stop")
 
     def _failure(self, error: Any, produced: bool, api_key: str | None) -> ProviderError:
         """The provider error of an ``error`` event (``error``: its error object)."""

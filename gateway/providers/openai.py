@@ -31,6 +31,7 @@ ends the call like the gateway's own deadline.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import orjson
@@ -44,16 +45,13 @@ from gateway.providers.base import (
     ProviderResult,
     Usage,
 )
-from gateway.providers.http1 import HTTPFailure, Response
 from gateway.providers.wire import (
     DONE,
     HTTPProvider,
+    StreamProgress,
     explanation,
     json_answer,
-    split_lines,
-    sse_data,
     stream_ended,
-    stream_failure,
 )
 
 
@@ -81,45 +79,25 @@ class OpenAIProvider(HTTPProvider):
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
         body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
-        produced = False
-        done = False
-        response: Response | None = None
-        try:
-            path = self._path("chat/completions", request.upstream_model)
-            response = await self._open_stream(path, body, request.api_key, request.trace)
-            rest = b""
-            async for piece in response.iter_body():
-                if done:
-                    continue  # read to its end, so the connection goes back to the pool
-                lines, rest = split_lines(rest, piece)
-                for line in lines:
-                    chunk = sse_data(line)
-                    if chunk is None:
-                        continue
-                    if chunk is DONE:
-                        done = True
-                        break
-                    if "error" in chunk and not chunk.get("choices"):
-                        secrets = self._secrets(request.api_key)
-                        message, usage = explanation(orjson.dumps(chunk), secrets)
-                        raise ProviderDropped(message, usage=usage)
-                    passed = self._passed_on(chunk)
-                    if passed is None:
-                        continue
-                    produced = True
-                    yield passed
-            if not done and sse_data(rest) is DONE:
-                done = True  # the last line, without its line break
-        except HTTPFailure as exc:
-            if done:
-                return
-            raise stream_failure(exc, produced) from None
-        finally:
-            if response is not None:
-                await response.aclose()
-        if done:
-            return
-        raise stream_ended(produced, "without [DONE]")
+        progress = StreamProgress()
+        path = self._path("chat/completions", request.upstream_model)
+        chunks = self._sse(path, body, request.api_key, request.trace, progress)
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                if chunk is DONE:
+                    progress.done = True
+                    continue
+                if "error" in chunk and not chunk.get("choices"):
+                    secrets = self._secrets(request.api_key)
+                    message, usage = explanation(orjson.dumps(chunk), secrets)
+                    raise ProviderDropped(message, usage=usage)
+                passed = self._passed_on(chunk)
+                if passed is None:
+                    continue
+                progress.produced = True
+                yield passed
+        if not progress.done:
+            raise stream_ended(progress.produced, "without [DONE]")
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         body: dict[str, Any] = {

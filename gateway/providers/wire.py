@@ -21,7 +21,8 @@ cut out of it (:func:`redact_secrets`). OpenAI, Azure, Gemini and Anthropic
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncGenerator, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -43,6 +44,17 @@ from gateway.providers.base import (
 from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response, TimedOut
 
 REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
+
+
+@dataclass
+class StreamProgress:
+    """How far a streamed answer has come, as its reader tells :meth:`HTTPProvider._sse`."""
+
+    #: output has started: a connection lost from now on is dropped, not unreachable
+    produced: bool = False
+    #: the answer is whole (or failed): the rest is read but not used, and a connection
+    #: lost from now on loses nothing
+    done: bool = False
 
 
 class HTTPProvider:
@@ -113,6 +125,42 @@ class HTTPProvider:
         finally:
             await response.aclose()
         raise with_retry_after(self._status_error(response.status, content, api_key), response)
+
+    async def _sse(
+        self,
+        path: str,
+        body: Any,
+        api_key: str | None,
+        trace: TraceContext | None,
+        progress: StreamProgress,
+        extra: dict[str, str] | None = None,
+    ) -> AsyncGenerator[Any, None]:
+        """The data of each ``data:`` line of a streamed call (:func:`sse_data`: a JSON
+        object or :data:`DONE`) as it arrives, the last line's too (without its line
+        break), until the reader sets ``progress.done``; the rest is read to its end, so
+        the connection goes back to the pool. A connection that fails before then is
+        raised as its provider error. Read it under ``aclosing``."""
+        response: Response | None = None
+        try:
+            response = await self._open_stream(path, body, api_key, trace, extra)
+            rest = b""
+            async for piece in response.iter_body():
+                lines, rest = split_lines(rest, piece)
+                for line in lines:
+                    if progress.done:
+                        break  # read to its end, so the connection goes back to the pool
+                    data = sse_data(line)
+                    if data is not None:
+                        yield data
+            tail = None if progress.done else sse_data(rest)
+            if tail is not None:
+                yield tail
+        except HTTPFailure as exc:
+            if not progress.done:
+                raise stream_failure(exc, progress.produced) from None
+        finally:
+            if response is not None:
+                await response.aclose()
 
     def _status_error(self, status: int, content: bytes, api_key: str | None) -> ProviderError:
         """The provider error of an answer with another status than 200 (a kind may read
