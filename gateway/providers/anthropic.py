@@ -46,6 +46,7 @@ from gateway.providers.base import (
     ProviderResult,
 )
 from gateway.providers.wire import (
+    Caller,
     HTTPProvider,
     StreamProgress,
     json_answer,
@@ -89,14 +90,14 @@ class AnthropicProvider(HTTPProvider):
 
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body, structured = self._translated(request, stream=False)
-        message = await self._message(body, request.api_key, request.trace, {})
+        message = await self._message(body, request, {})
         answer = completion(message, request.upstream_model, structured)
         return ProviderResult(completion=answer, usage=usage_of(message.get("usage")))
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
         body, structured = self._translated(request, stream=True)
         translator = StreamTranslator(request.upstream_model, structured)
-        events = self._events(body, request.api_key, request.trace, {})
+        events = self._events(body, request, {})
         async with aclosing(events):
             async for event in events:
                 for chunk in translator.feed(event):
@@ -105,24 +106,23 @@ class AnthropicProvider(HTTPProvider):
     async def messages(self, request: MessagesRequest) -> MessagesResult:
         """The caller's Messages body (and betas) passed through: the upstream's message."""
         body = {**request.body, "stream": False}
-        message = await self._message(body, request.api_key, request.trace, _betas(request))
+        message = await self._message(body, request, _betas(request))
         return MessagesResult(message=message, usage=usage_of(message.get("usage")))
 
     async def _message(
         self,
         body: dict[str, Any],
-        api_key: str | None,
-        trace: TraceContext | None,
+        caller: Caller,
         extra: dict[str, str],
     ) -> dict[str, Any]:
         """The ``message`` of a call without a stream; an unreadable one is malformed."""
-        content = await self._post(PATH, body, api_key, trace, extra)
+        content = await self._post(PATH, body, caller, extra)
         return json_answer(content, "a message", "content")
 
     async def messages_stream(self, request: MessagesRequest) -> AsyncIterator[dict[str, Any]]:
         """The caller's Messages body (and betas) passed through: the upstream's events."""
         body = {**request.body, "stream": True}
-        events = self._events(body, request.api_key, request.trace, _betas(request))
+        events = self._events(body, request, _betas(request))
         async with aclosing(events):
             async for event in events:
                 yield event
@@ -130,8 +130,7 @@ class AnthropicProvider(HTTPProvider):
     async def _events(
         self,
         body: dict[str, Any],
-        api_key: str | None,
-        trace: TraceContext | None,
+        caller: Caller,
         extra: dict[str, str],
     ) -> AsyncGenerator[dict[str, Any], None]:
         """The events of a streamed call as they arrive, up to ``message_stop``; an
@@ -140,14 +139,14 @@ class AnthropicProvider(HTTPProvider):
         progress = StreamProgress()
         #: an ``error`` event's failure, raised once the stream was read to its end
         failure: ProviderError | None = None
-        events = self._sse(PATH, body, api_key, trace, progress, extra)
+        events = self._sse(PATH, body, caller, progress, extra)
         async with aclosing(events):
             async for event in events:
                 if not isinstance(event, dict):
                     continue
                 kind = event.get("type")
                 if kind == "error":
-                    failure = self._failure(event.get("error"), progress.produced, api_key)
+                    failure = self._failure(event.get("error"), progress.produced, caller.api_key)
                     progress.done = True
                     continue
                 progress.produced = progress.produced or kind != "ping"

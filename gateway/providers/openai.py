@@ -73,7 +73,7 @@ class OpenAIProvider(HTTPProvider):
         body = {**request.body, "stream": False}
         body.pop("stream_options", None)
         path = self._path("chat/completions", request.upstream_model)
-        content = await self._post(path, body, request.api_key, request.trace)
+        content = await self._post(path, body, request)
         completion = json_answer(content, "a chat completion", "choices")
         return ProviderResult(completion=completion, usage=Usage.reported(completion.get("usage")))
 
@@ -81,7 +81,7 @@ class OpenAIProvider(HTTPProvider):
         body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
         progress = StreamProgress()
         path = self._path("chat/completions", request.upstream_model)
-        chunks = self._sse(path, body, request.api_key, request.trace, progress)
+        chunks = self._sse(path, body, request, progress)
         async with aclosing(chunks):
             async for chunk in chunks:
                 if chunk is DONE:
@@ -108,7 +108,7 @@ class OpenAIProvider(HTTPProvider):
         if request.dimensions is not None:
             body["dimensions"] = request.dimensions
         path = self._path("embeddings", request.upstream_model)
-        content = await self._post(path, body, request.api_key, request.trace)
+        content = await self._post(path, body, request)
         try:
             data = orjson.loads(content)
             rows = sorted(data["data"], key=lambda row: row["index"])

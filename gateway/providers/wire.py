@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import AsyncGenerator, Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -44,6 +44,17 @@ from gateway.providers.base import (
 from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response, TimedOut
 
 REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
+
+
+class Caller(Protocol):
+    """What an upstream call is sent with, read from its request (a chat, embeddings or
+    Messages request): the key to send (none: the kind's own) and the call's trace."""
+
+    @property
+    def api_key(self) -> str | None: ...
+
+    @property
+    def trace(self) -> TraceContext | None: ...
 
 
 @dataclass
@@ -86,18 +97,13 @@ class HTTPProvider:
         return [*self.secrets(), *([api_key] if api_key else [])]
 
     async def _post(
-        self,
-        path: str,
-        body: Any,
-        api_key: str | None,
-        trace: TraceContext | None,
-        extra: dict[str, str] | None = None,
+        self, path: str, body: Any, caller: Caller, extra: dict[str, str] | None = None
     ) -> bytes:
         """One non-streamed upstream call: the body of a 200 answer, or the provider
         error it maps to (a connection that fails included). ``extra``: headers of this
         call besides the kind's own."""
         try:
-            response = await self._open_stream(path, body, api_key, trace, extra)
+            response = await self._open_stream(path, body, caller, extra)
             try:
                 return await response.read()
             finally:
@@ -106,17 +112,12 @@ class HTTPProvider:
             raise stream_failure(exc, produced=False) from None
 
     async def _open_stream(
-        self,
-        path: str,
-        body: Any,
-        api_key: str | None,
-        trace: TraceContext | None,
-        extra: dict[str, str] | None = None,
+        self, path: str, body: Any, caller: Caller, extra: dict[str, str] | None = None
     ) -> Response:
         """A streamed call's answer, its head read (the caller closes it); a status other
         than 200 raised as its provider error. The client's failures are the caller's to
         map (whether output had started decides)."""
-        headers = {**self._headers(api_key, trace), **(extra or {})}
+        headers = {**self._headers(caller.api_key, caller.trace), **(extra or {})}
         response = await self.pool.post(path, headers, orjson.dumps(body))
         if response.status == 200:
             return response
@@ -124,14 +125,14 @@ class HTTPProvider:
             content = await response.read()
         finally:
             await response.aclose()
-        raise with_retry_after(self._status_error(response.status, content, api_key), response)
+        error = self._status_error(response.status, content, caller.api_key)
+        raise with_retry_after(error, response)
 
     async def _sse(
         self,
         path: str,
         body: Any,
-        api_key: str | None,
-        trace: TraceContext | None,
+        caller: Caller,
         progress: StreamProgress,
         extra: dict[str, str] | None = None,
     ) -> AsyncGenerator[Any, None]:
@@ -142,7 +143,7 @@ class HTTPProvider:
         raised as its provider error. Read it under ``aclosing``."""
         response: Response | None = None
         try:
-            response = await self._open_stream(path, body, api_key, trace, extra)
+            response = await self._open_stream(path, body, caller, extra)
             rest = b""
             async for piece in response.iter_body():
                 lines, rest = split_lines(rest, piece)

@@ -78,7 +78,7 @@ class GeminiProvider(HTTPProvider):
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body = self._request(request)
         path = self._path(request.upstream_model, "generateContent")
-        content = await self._post(path, body, request.api_key, request.trace)
+        content = await self._post(path, body, request)
         try:
             answer = orjson.loads(content)
             result, usage = completion(answer, request.request_id, request.upstream_model)
@@ -92,7 +92,7 @@ class GeminiProvider(HTTPProvider):
         response: Response | None = None
         try:
             path = self._path(request.upstream_model, "streamGenerateContent?alt=sse")
-            response = await self._open_stream(path, body, request.api_key, request.trace)
+            response = await self._open_stream(path, body, request)
             rest = b""
             failure: ProviderError | None = None
             async for piece in response.iter_body():
@@ -158,7 +158,7 @@ class GeminiProvider(HTTPProvider):
                 item["outputDimensionality"] = dimensions
             requests.append(item)
         path = self._path(upstream_model, "batchEmbedContents")
-        content = await self._post(path, {"requests": requests}, request.api_key, request.trace)
+        content = await self._post(path, {"requests": requests}, request)
         try:
             data = orjson.loads(content)
             vectors = [[float(x) for x in row["values"]] for row in data["embeddings"]]
