@@ -89,25 +89,21 @@ KEY = {
     "parent_id": {"type": ["string", "null"]},
     "org_id": STRING,
 }
+#: an error answer's ``error`` member, in OpenAI's shape and in Anthropic's alike
+ERROR_OBJECT = obj(
+    {
+        "message": STRING,
+        "type": STRING,
+        "code": {"type": "string", "enum": sorted(CATALOG)},
+        "param": {"type": ["string", "null"]},
+    },
+    ("message", "type", "code", "param"),
+)
 
 # Answers: the members a client can rely on are required; the objects stay open (the spec
 # lets answers grow: "further fields").
 SCHEMAS: dict[str, Any] = {
-    "Error": obj(
-        {
-            "error": obj(
-                {
-                    "message": STRING,
-                    "type": STRING,
-                    "code": {"type": "string", "enum": sorted(CATALOG)},
-                    "param": {"type": ["string", "null"]},
-                },
-                ("message", "type", "code", "param"),
-            ),
-            "svc": _ref("Svc"),
-        },
-        ("error",),
-    ),
+    "Error": obj({"error": ERROR_OBJECT, "svc": _ref("Svc")}, ("error",)),
     "Svc": obj(
         {
             "request_id": {"type": "string", "pattern": id_pattern("req")},
@@ -187,15 +183,7 @@ SCHEMAS: dict[str, Any] = {
     "AnthropicError": obj(
         {
             "type": {"const": "error"},
-            "error": obj(
-                {
-                    "type": STRING,
-                    "message": STRING,
-                    "code": {"type": "string", "enum": sorted(CATALOG)},
-                    "param": {"type": ["string", "null"]},
-                },
-                ("type", "message", "code", "param"),
-            ),
+            "error": ERROR_OBJECT,
             "svc": _ref("Svc"),
         },
         ("type", "error"),

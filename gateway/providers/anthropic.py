@@ -41,19 +41,17 @@ from gateway.providers.base import (
     MessagesResult,
     ProviderDropped,
     ProviderError,
-    ProviderMalformed,
     ProviderRefused,
     ProviderRequest,
     ProviderResult,
-    ProviderUnreachable,
 )
-from gateway.providers.http1 import HTTPFailure, Response
 from gateway.providers.wire import (
+    Caller,
     HTTPProvider,
-    split_lines,
-    sse_data,
+    StreamProgress,
+    json_answer,
     status_error,
-    stream_failure,
+    stream_ended,
 )
 
 PATH = "/v1/messages"
@@ -92,14 +90,14 @@ class AnthropicProvider(HTTPProvider):
 
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body, structured = self._translated(request, stream=False)
-        message = await self._message(body, request.api_key, request.trace, {})
+        message = await self._message(body, request, {})
         answer = completion(message, request.upstream_model, structured)
         return ProviderResult(completion=answer, usage=usage_of(message.get("usage")))
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
         body, structured = self._translated(request, stream=True)
         translator = StreamTranslator(request.upstream_model, structured)
-        events = self._events(body, request.api_key, request.trace, {})
+        events = self._events(body, request, {})
         async with aclosing(events):
             async for event in events:
                 for chunk in translator.feed(event):
@@ -108,30 +106,23 @@ class AnthropicProvider(HTTPProvider):
     async def messages(self, request: MessagesRequest) -> MessagesResult:
         """The caller's Messages body (and betas) passed through: the upstream's message."""
         body = {**request.body, "stream": False}
-        message = await self._message(body, request.api_key, request.trace, _betas(request))
+        message = await self._message(body, request, _betas(request))
         return MessagesResult(message=message, usage=usage_of(message.get("usage")))
 
     async def _message(
         self,
         body: dict[str, Any],
-        api_key: str | None,
-        trace: TraceContext | None,
+        caller: Caller,
         extra: dict[str, str],
     ) -> dict[str, Any]:
         """The ``message`` of a call without a stream; an unreadable one is malformed."""
-        content = await self._post(PATH, body, api_key, trace, extra)
-        try:
-            message = orjson.loads(content)
-        except orjson.JSONDecodeError:
-            raise ProviderMalformed("the upstream answered with invalid JSON") from None
-        if not isinstance(message, dict) or not isinstance(message.get("content"), list):
-            raise ProviderMalformed("the upstream answer is not a message")
-        return message
+        content = await self._post(PATH, body, caller, extra)
+        return json_answer(content, "a message", "content")
 
     async def messages_stream(self, request: MessagesRequest) -> AsyncIterator[dict[str, Any]]:
         """The caller's Messages body (and betas) passed through: the upstream's events."""
         body = {**request.body, "stream": True}
-        events = self._events(body, request.api_key, request.trace, _betas(request))
+        events = self._events(body, request, _betas(request))
         async with aclosing(events):
             async for event in events:
                 yield event
@@ -139,58 +130,33 @@ class AnthropicProvider(HTTPProvider):
     async def _events(
         self,
         body: dict[str, Any],
-        api_key: str | None,
-        trace: TraceContext | None,
+        caller: Caller,
         extra: dict[str, str],
     ) -> AsyncGenerator[dict[str, Any], None]:
         """The events of a streamed call as they arrive, up to ``message_stop``; an
         ``error`` event, and a stream that ends early, raised as provider errors. Output
         has started (``produced``) at the first event other than ``ping``."""
-        produced = done = False
+        progress = StreamProgress()
         #: an ``error`` event's failure, raised once the stream was read to its end
         failure: ProviderError | None = None
-        response: Response | None = None
-        try:
-            response = await self._open_stream(PATH, body, api_key, trace, extra)
-            rest = b""
-            async for piece in response.iter_body():
-                if done or failure is not None:
-                    continue  # read to its end, so the connection goes back to the pool
-                lines, rest = split_lines(rest, piece)
-                for line in lines:
-                    event = sse_data(line)
-                    if not isinstance(event, dict):
-                        continue
-                    kind = event.get("type")
-                    if kind == "error":
-                        failure = self._failure(event.get("error"), produced, api_key)
-                        break
-                    produced = produced or kind != "ping"
-                    yield event
-                    if kind == "message_stop":
-                        done = True
-                        break
-            tail = sse_data(rest)  # the last line, without its line break
-            stopped = isinstance(tail, dict) and tail.get("type") == "message_stop"
-            if failure is None and not done and stopped:
-                done = True
-                yield tail
-        except HTTPFailure as exc:
-            if failure is not None:
-                raise failure from None
-            if done:
-                return
-            raise stream_failure(exc, produced) from None
-        finally:
-            if response is not None:
-                await response.aclose()
+        events = self._sse(PATH, body, caller, progress, extra)
+        async with aclosing(events):
+            async for event in events:
+                if not isinstance(event, dict):
+                    continue
+                kind = event.get("type")
+                if kind == "error":
+                    failure = self._failure(event.get("error"), progress.produced, caller.api_key)
+                    progress.done = True
+                    continue
+                progress.produced = progress.produced or kind != "ping"
+                yield event
+                if kind == "message_stop":
+                    progress.done = True
         if failure is not None:
             raise failure
-        if done:
-            return
-        if produced:
-            raise ProviderDropped("the stream ended without message_stop")
-        raise ProviderUnreachable("the upstream closed the stream before any output")
+        if not progress.done:
+            raise stream_ended(progress.produced, "without message_stop")
 
     def _failure(self, error: Any, produced: bool, api_key: str | None) -> ProviderError:
         """The provider error of an ``error`` event (``error``: its error object)."""

@@ -31,6 +31,7 @@ ends the call like the gateway's own deadline.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import orjson
@@ -42,17 +43,15 @@ from gateway.providers.base import (
     ProviderMalformed,
     ProviderRequest,
     ProviderResult,
-    ProviderUnreachable,
     Usage,
 )
-from gateway.providers.http1 import HTTPFailure, Response
 from gateway.providers.wire import (
     DONE,
     HTTPProvider,
+    StreamProgress,
     explanation,
-    split_lines,
-    sse_data,
-    stream_failure,
+    json_answer,
+    stream_ended,
 )
 
 
@@ -74,59 +73,31 @@ class OpenAIProvider(HTTPProvider):
         body = {**request.body, "stream": False}
         body.pop("stream_options", None)
         path = self._path("chat/completions", request.upstream_model)
-        content = await self._post(path, body, request.api_key, request.trace)
-        try:
-            completion = orjson.loads(content)
-        except orjson.JSONDecodeError:
-            raise ProviderMalformed("the upstream answered with invalid JSON") from None
-        if not isinstance(completion, dict) or not isinstance(completion.get("choices"), list):
-            raise ProviderMalformed("the upstream answer is not a chat completion")
+        content = await self._post(path, body, request)
+        completion = json_answer(content, "a chat completion", "choices")
         return ProviderResult(completion=completion, usage=Usage.reported(completion.get("usage")))
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
         body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
-        produced = False
-        done = False
-        response: Response | None = None
-        try:
-            path = self._path("chat/completions", request.upstream_model)
-            response = await self._open_stream(path, body, request.api_key, request.trace)
-            rest = b""
-            async for piece in response.iter_body():
-                if done:
-                    continue  # read to its end, so the connection goes back to the pool
-                lines, rest = split_lines(rest, piece)
-                for line in lines:
-                    chunk = sse_data(line)
-                    if chunk is None:
-                        continue
-                    if chunk is DONE:
-                        done = True
-                        break
-                    if "error" in chunk and not chunk.get("choices"):
-                        secrets = self._secrets(request.api_key)
-                        message, usage = explanation(orjson.dumps(chunk), secrets)
-                        raise ProviderDropped(message, usage=usage)
-                    passed = self._passed_on(chunk)
-                    if passed is None:
-                        continue
-                    produced = True
-                    yield passed
-            if not done and sse_data(rest) is DONE:
-                done = True  # the last line, without its line break
-        except HTTPFailure as exc:
-            if done:
-                return
-            raise stream_failure(exc, produced) from None
-        finally:
-            if response is not None:
-                await response.aclose()
-        if done:
-            return
-        if produced:
-            # the upstream closed the stream without [DONE]: the connection was lost
-            raise ProviderDropped("the stream ended without [DONE]")
-        raise ProviderUnreachable("the upstream closed the stream before any output")
+        progress = StreamProgress()
+        path = self._path("chat/completions", request.upstream_model)
+        chunks = self._sse(path, body, request, progress)
+        async with aclosing(chunks):
+            async for chunk in chunks:
+                if chunk is DONE:
+                    progress.done = True
+                    continue
+                if "error" in chunk and not chunk.get("choices"):
+                    secrets = self._secrets(request.api_key)
+                    message, usage = explanation(orjson.dumps(chunk), secrets)
+                    raise ProviderDropped(message, usage=usage)
+                passed = self._passed_on(chunk)
+                if passed is None:
+                    continue
+                progress.produced = True
+                yield passed
+        if not progress.done:
+            raise stream_ended(progress.produced, "without [DONE]")
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         body: dict[str, Any] = {
@@ -137,7 +108,7 @@ class OpenAIProvider(HTTPProvider):
         if request.dimensions is not None:
             body["dimensions"] = request.dimensions
         path = self._path("embeddings", request.upstream_model)
-        content = await self._post(path, body, request.api_key, request.trace)
+        content = await self._post(path, body, request)
         try:
             data = orjson.loads(content)
             rows = sorted(data["data"], key=lambda row: row["index"])

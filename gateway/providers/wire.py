@@ -1,7 +1,7 @@
 """What every HTTP provider kind shares: its pooled client and credentials
-and its calls (:class:`HTTPProvider`: one JSON ``POST`` mapped into the provider error
-tree, a stream opened the same way), an upstream's error status mapped, and SSE's line
-framing.
+and its calls (:class:`HTTPProvider`: one JSON ``POST`` opened as a stream, its status
+mapped into the provider error tree, read whole when no stream is wanted), an upstream's
+error status mapped, and SSE's line framing.
 
     upstream answer / client failure             raised
     -------------------------------------------  --------------------------------------
@@ -21,8 +21,9 @@ cut out of it (:func:`redact_secrets`). OpenAI, Azure, Gemini and Anthropic
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import orjson
 
@@ -32,6 +33,7 @@ from gateway.observe.tracing import TraceContext
 from gateway.providers.base import (
     ProviderDropped,
     ProviderError,
+    ProviderMalformed,
     ProviderRateLimited,
     ProviderRefused,
     ProviderServerError,
@@ -42,6 +44,28 @@ from gateway.providers.base import (
 from gateway.providers.http1 import HTTP1Pool, HTTPFailure, Response, TimedOut
 
 REFUSAL_STATUSES = frozenset({400, 401, 403, 404, 413, 422})
+
+
+class Caller(Protocol):
+    """What an upstream call is sent with, read from its request (a chat, embeddings or
+    Messages request): the key to send (none: the kind's own) and the call's trace."""
+
+    @property
+    def api_key(self) -> str | None: ...
+
+    @property
+    def trace(self) -> TraceContext | None: ...
+
+
+@dataclass
+class StreamProgress:
+    """How far a streamed answer has come, as its reader tells :meth:`HTTPProvider._sse`."""
+
+    #: output has started: a connection lost from now on is dropped, not unreachable
+    produced: bool = False
+    #: the answer is whole (or failed): the rest is read but not used, and a connection
+    #: lost from now on loses nothing
+    done: bool = False
 
 
 class HTTPProvider:
@@ -73,33 +97,27 @@ class HTTPProvider:
         return [*self.secrets(), *([api_key] if api_key else [])]
 
     async def _post(
-        self,
-        path: str,
-        body: Any,
-        api_key: str | None,
-        trace: TraceContext | None,
-        extra: dict[str, str] | None = None,
+        self, path: str, body: Any, caller: Caller, extra: dict[str, str] | None = None
     ) -> bytes:
         """One non-streamed upstream call: the body of a 200 answer, or the provider
-        error it maps to. ``extra``: headers of this call besides the kind's own."""
-        headers = {**self._headers(api_key, trace), **(extra or {})}
-        response, content = await exchange(self.pool, path, headers, orjson.dumps(body))
-        if response.status != 200:
-            raise with_retry_after(self._status_error(response.status, content, api_key), response)
-        return content
+        error it maps to (a connection that fails included). ``extra``: headers of this
+        call besides the kind's own."""
+        try:
+            response = await self._open_stream(path, body, caller, extra)
+            try:
+                return await response.read()
+            finally:
+                await response.aclose()
+        except HTTPFailure as exc:
+            raise stream_failure(exc, produced=False) from None
 
     async def _open_stream(
-        self,
-        path: str,
-        body: Any,
-        api_key: str | None,
-        trace: TraceContext | None,
-        extra: dict[str, str] | None = None,
+        self, path: str, body: Any, caller: Caller, extra: dict[str, str] | None = None
     ) -> Response:
         """A streamed call's answer, its head read (the caller closes it); a status other
         than 200 raised as its provider error. The client's failures are the caller's to
         map (whether output had started decides)."""
-        headers = {**self._headers(api_key, trace), **(extra or {})}
+        headers = {**self._headers(caller.api_key, caller.trace), **(extra or {})}
         response = await self.pool.post(path, headers, orjson.dumps(body))
         if response.status == 200:
             return response
@@ -107,7 +125,43 @@ class HTTPProvider:
             content = await response.read()
         finally:
             await response.aclose()
-        raise with_retry_after(self._status_error(response.status, content, api_key), response)
+        error = self._status_error(response.status, content, caller.api_key)
+        raise with_retry_after(error, response)
+
+    async def _sse(
+        self,
+        path: str,
+        body: Any,
+        caller: Caller,
+        progress: StreamProgress,
+        extra: dict[str, str] | None = None,
+    ) -> AsyncGenerator[Any, None]:
+        """The data of each ``data:`` line of a streamed call (:func:`sse_data`: a JSON
+        object or :data:`DONE`) as it arrives, the last line's too (without its line
+        break), until the reader sets ``progress.done``; the rest is read to its end, so
+        the connection goes back to the pool. A connection that fails before then is
+        raised as its provider error. Read it under ``aclosing``."""
+        response: Response | None = None
+        try:
+            response = await self._open_stream(path, body, caller, extra)
+            rest = b""
+            async for piece in response.iter_body():
+                lines, rest = split_lines(rest, piece)
+                for line in lines:
+                    if progress.done:
+                        break  # read to its end, so the connection goes back to the pool
+                    data = sse_data(line)
+                    if data is not None:
+                        yield data
+            tail = None if progress.done else sse_data(rest)
+            if tail is not None:
+                yield tail
+        except HTTPFailure as exc:
+            if not progress.done:
+                raise stream_failure(exc, progress.produced) from None
+        finally:
+            if response is not None:
+                await response.aclose()
 
     def _status_error(self, status: int, content: bytes, api_key: str | None) -> ProviderError:
         """The provider error of an answer with another status than 200 (a kind may read
@@ -195,6 +249,29 @@ def stream_failure(exc: HTTPFailure, produced: bool) -> ProviderError:
     if produced:
         return ProviderDropped(str(exc))
     return ProviderUnreachable(str(exc))
+
+
+def stream_ended(produced: bool, how: str, usage: Usage | None = None) -> ProviderError:
+    """The provider error of a stream the upstream closed before its end marker (``how``:
+    "without [DONE]", ...): the connection was lost after output (``produced``), or the
+    upstream never answered."""
+    if produced:
+        return ProviderDropped(f"the stream ended {how}", usage=usage)
+    return ProviderUnreachable("the upstream closed the stream before any output")
+
+
+def json_answer(content: bytes, what: str, member: str | None = None) -> dict[str, Any]:
+    """A 200 answer's JSON object (with a list as ``member``, when named); anything else
+    is :class:`ProviderMalformed` ("the upstream answer is not {what}")."""
+    try:
+        answer = orjson.loads(content)
+    except orjson.JSONDecodeError:
+        raise ProviderMalformed("the upstream answered with invalid JSON") from None
+    if not isinstance(answer, dict) or (
+        member is not None and not isinstance(answer.get(member), list)
+    ):
+        raise ProviderMalformed(f"the upstream answer is not {what}")
+    return answer
 
 
 def split_lines(rest: bytes, piece: bytes) -> tuple[list[bytes], bytes]:

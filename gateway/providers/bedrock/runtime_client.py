@@ -47,14 +47,12 @@ from gateway.providers.base import (
     EmbeddingResult,
     ProviderDropped,
     ProviderError,
-    ProviderMalformed,
     ProviderRateLimited,
     ProviderRefused,
     ProviderRequest,
     ProviderResult,
     ProviderServerError,
     ProviderTimedOut,
-    ProviderUnreachable,
 )
 from gateway.providers.bedrock import converse
 from gateway.providers.bedrock.aws_auth import (
@@ -66,7 +64,14 @@ from gateway.providers.bedrock.aws_auth import (
 )
 from gateway.providers.bedrock.converse_stream import ChunkReader, StreamException
 from gateway.providers.http1 import HTTPFailure, Response
-from gateway.providers.wire import error_for_status, exchange, pool_for, stream_failure
+from gateway.providers.wire import (
+    error_for_status,
+    exchange,
+    json_answer,
+    pool_for,
+    stream_ended,
+    stream_failure,
+)
 
 EVENT_STREAM = "application/vnd.amazon.eventstream"
 _RATE_LIMITS = frozenset({"ThrottlingException", "ServiceQuotaExceededException"})
@@ -138,12 +143,7 @@ class BedrockProvider:
         response, content = await exchange(self.pool, path, headers, body)
         if response.status != 200:
             raise _status_error(response, content, self._secrets(request))
-        try:
-            answer = orjson.loads(content)
-        except orjson.JSONDecodeError:
-            raise ProviderMalformed("the upstream answered with invalid JSON") from None
-        if not isinstance(answer, dict):
-            raise ProviderMalformed("the Converse answer is not an object")
+        answer = json_answer(content, "an object")
         completion, usage = converse.completion(
             answer, **self._identity(request), answer_tool=call.answer_tool
         )
@@ -178,9 +178,7 @@ class BedrockProvider:
             if response is not None:
                 await response.aclose()
         if not reader.stopped:
-            if produced:
-                raise ProviderDropped("the stream ended before messageStop", usage=reader.usage)
-            raise ProviderUnreachable("the upstream closed the stream before any output")
+            raise stream_ended(produced, "before messageStop", reader.usage)
 
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResult:
         raise ProviderRefused(

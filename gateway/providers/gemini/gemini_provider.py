@@ -40,7 +40,6 @@ from gateway.providers.base import (
     ProviderRefused,
     ProviderRequest,
     ProviderResult,
-    ProviderUnreachable,
     Usage,
 )
 from gateway.providers.gemini.gemini_answer import ChunkTranslator, Unreadable, completion
@@ -55,6 +54,7 @@ from gateway.providers.wire import (
     explanation,
     split_lines,
     sse_data,
+    stream_ended,
     stream_failure,
 )
 
@@ -78,7 +78,7 @@ class GeminiProvider(HTTPProvider):
     async def complete(self, request: ProviderRequest) -> ProviderResult:
         body = self._request(request)
         path = self._path(request.upstream_model, "generateContent")
-        content = await self._post(path, body, request.api_key, request.trace)
+        content = await self._post(path, body, request)
         try:
             answer = orjson.loads(content)
             result, usage = completion(answer, request.request_id, request.upstream_model)
@@ -92,7 +92,7 @@ class GeminiProvider(HTTPProvider):
         response: Response | None = None
         try:
             path = self._path(request.upstream_model, "streamGenerateContent?alt=sse")
-            response = await self._open_stream(path, body, request.api_key, request.trace)
+            response = await self._open_stream(path, body, request)
             rest = b""
             failure: ProviderError | None = None
             async for piece in response.iter_body():
@@ -121,9 +121,7 @@ class GeminiProvider(HTTPProvider):
             for chunk in translator.end():
                 yield chunk
             return
-        if translator.started:
-            raise ProviderDropped("the stream ended before its finishReason")
-        raise ProviderUnreachable("the upstream closed the stream before any output")
+        raise stream_ended(translator.started, "before its finishReason")
 
     def _event(
         self, line: bytes, translator: ChunkTranslator, api_key: str | None
@@ -160,7 +158,7 @@ class GeminiProvider(HTTPProvider):
                 item["outputDimensionality"] = dimensions
             requests.append(item)
         path = self._path(upstream_model, "batchEmbedContents")
-        content = await self._post(path, {"requests": requests}, request.api_key, request.trace)
+        content = await self._post(path, {"requests": requests}, request)
         try:
             data = orjson.loads(content)
             vectors = [[float(x) for x in row["values"]] for row in data["embeddings"]]
