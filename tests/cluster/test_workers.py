@@ -131,9 +131,8 @@ async def test_a_daily_cap_and_an_orgs_credits_admit_exactly_k_over_two_workers(
         f" WHERE amount_nanos < 0 AND org_id = '{org}'",
     )
     assert spent["debited"] <= (K + 0.5) * WORST_CASE
-    # the two races were spread over both workers (over 2K served calls: the kernel may
-    # hand one worker every connection of one race on a loaded machine)
-    assert set(served_by(db)) == BOTH
+    # which worker admitted is not asserted: the kernel hands out the connections, and a
+    # worker whose lease holds the headroom may admit every call a race can have
 
 
 async def test_a_keys_rpm_admits_exactly_rpm_over_two_workers(
