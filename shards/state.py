@@ -252,7 +252,10 @@ class ShardState:
                 return ReserveRefusal.build(code=KEY_CAP_EXCEEDED, scope="parent", limit=over)
         org = self.orgs.get(req.org_id)
         org.roll_month(month)
-        if req.check_credits and org.debited + org.pending + org_cost > org.credits:
+        # with leases a cost's credits are the lease's (granted out of the database's
+        # balance): this node's view of the balance may predate credits bought elsewhere
+        credits_here = req.check_credits and (needs is None or not org_cost)
+        if credits_here and org.debited + org.pending + org_cost > org.credits:
             return ReserveRefusal.build(code=INSUFFICIENT_CREDITS, scope="org", limit="credits")
         if org.budget is not None and org.month_billed + org.month_pending + org_cost > org.budget:
             return ReserveRefusal.build(code=BUDGET_EXCEEDED, scope="org", limit="budget_month")

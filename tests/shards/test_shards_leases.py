@@ -130,6 +130,20 @@ def test_a_local_refusal_takes_no_lease() -> None:
     assert sum(node.book.balance.values()) == USD
 
 
+def test_with_leases_the_credits_are_the_leases_not_this_nodes_view() -> None:
+    """Credits bought through another node: this node's view of the balance (0 here)
+    predates them, the database's grant does not; the credits lease decides."""
+    node = Node(clock())
+    node.orgs.set_org(ORG, 0, None, 0, month_window(node.clock.now()))
+    short = node.reserve(check_credits=True)
+    assert isinstance(short, LeaseShort)
+    assert [n.kind for n in short.needs] == ["c"]
+    node.book.grant(short.needs[0].limit_id, USD, node.clock.now())
+    assert isinstance(node.reserve(check_credits=True), Reservation)
+    short = node.reserve(check_credits=True)  # the lease is spent: short again, not admitted
+    assert isinstance(short, LeaseShort)
+
+
 def test_lease_size() -> None:
     assert lease_size(headroom=100, deficit=10, nodes=3, unit=10) == 10  # 100 // 6 = 16 → 10
     assert lease_size(headroom=1000, deficit=10, nodes=3, unit=10) == 160
