@@ -100,6 +100,7 @@ class Node:
         self._admit_until = 0.0
         self._refilling: defaultdict[str, trio.Lock] = defaultdict(trio.Lock)
         self._version = 0
+        self._catching_up = trio.Lock()
         #: keys made on other nodes, met before the poll brought them
         self.keys = KeyLookup(runtime.store, runtime.keyring, self.know_org)
         #: time.monotonic() of the first renewal after the database was last unreachable
@@ -278,12 +279,26 @@ class Node:
         while True:
             await trio.sleep(POLL_S)
             try:
-                version = await self.rt.store.read(ops.version)
-                if version != self._version:
-                    self._version = version
-                    await self.reload()
+                await self.catch_up()
             except StoreError:
                 continue
+
+    async def catch_up(self) -> None:
+        """The change poll's step, now: reload if the change counter moved since the
+        last one. Also run by an admin call that missed an organisation or a key by id
+        (:mod:`gateway.edge.routes.admin`): made through another node or worker a moment
+        ago, it is answered, not a 404 until the next poll. StoreError if the database
+        is away.
+
+        One at a time (the poll's and the admin calls'): a miss that came while a reload
+        ran waits for that reload, whose version it would read as current. The version
+        is read before the rows (they are at least that new) and taken as seen once they
+        are loaded (a reload cut short by the database is run again)."""
+        async with self._catching_up:
+            version = await self.rt.store.read(ops.version)
+            if version != self._version:
+                await self.reload()
+                self._version = version
 
     async def reload(self) -> None:
         """What other nodes changed: keys, organisations (policy, budget), credits

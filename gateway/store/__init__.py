@@ -83,6 +83,7 @@ class Backend(Protocol):
     def open_writer(self) -> Conn: ...
     def reconnect_writer(self) -> Conn: ...
     def open_reader(self) -> Conn: ...
+    def open_transactions(self) -> Conn: ...
     def begin(self, conn: Conn) -> object: ...
     def in_transaction(self, conn: Conn) -> bool: ...
     def lost(self, conn: Conn, exc: BaseException) -> bool: ...
@@ -262,17 +263,20 @@ class Store:
                         _pause(conflicts)
             raise StoreError(CONFLICT)
 
-        return self._on_own_conn("_own_conn", run)
+        return self._on_own_conn("_own_conn", run, self.backend.open_transactions)
 
-    def _on_own_conn(self, slot: str, run: Callable[[Conn], T]) -> T:
-        """``run`` on the connection kept in attribute ``slot`` (opened when missing, at
-        most every READ_RETRY_S after a failure); a lost database is a StoreError."""
+    def _on_own_conn(
+        self, slot: str, run: Callable[[Conn], T], opener: Callable[[], Conn] | None = None
+    ) -> T:
+        """``run`` on the connection kept in attribute ``slot`` (opened by ``opener``, the
+        backend's reader by default, when missing, at most every READ_RETRY_S after a
+        failure); a lost database is a StoreError."""
         conn: Conn | None = getattr(self, slot)
         if conn is None:
             if time.monotonic() < self._retry_at.get(slot, 0.0):
                 raise StoreError(UNAVAILABLE)
             try:
-                conn = self.backend.open_reader()
+                conn = (opener or self.backend.open_reader)()
             except StoreError:
                 self._retry_at[slot] = time.monotonic() + READ_RETRY_S
                 raise StoreError(UNAVAILABLE) from None

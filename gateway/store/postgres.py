@@ -123,6 +123,8 @@ class PostgresBackend:
     def open_reader(self) -> Conn:
         return self._connect()
 
+    open_transactions = open_reader
+
     def begin(self, conn: Conn) -> str:
         """Open the batch's transaction; returns its id (see :meth:`committed`)."""
         cursor = conn.raw.execute("BEGIN; SELECT pg_current_xact_id()::text AS xid")

@@ -6,6 +6,7 @@ With :mod:`gateway.store.postgres`, the only importer of a database driver in th
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 
 from sqlite_utils import Database
@@ -13,6 +14,14 @@ from sqlite_utils import Database
 from gateway.store.migrations import migrate
 from gateway.store.sql import Conn, Dialect
 from gateway.store.store_error import StoreError
+
+#: how long a writer waits for the file's write lock (another process's transaction)
+LOCK_WAIT_S = 5.0
+#: the pauses between tries for the write lock, doubling from the first to the last:
+#: another worker's batch holds it for a millisecond or two. (SQLite's own busy handler
+#: sleeps 1, 2, 5, 10, 15, 20, 25, 25, 25, 50, 50, then 100 ms: a writer that met the
+#: lock twice slept through several batches of the others, the lock free meanwhile.)
+LOCK_PAUSES_S = (0.0002, 0.002)
 
 DIALECT = Dialect(
     name="sqlite",
@@ -50,6 +59,7 @@ def connect(path: str) -> Conn:
         raw.execute("PRAGMA busy_timeout=5000")
         raw.execute("PRAGMA foreign_keys=ON")
         migrate(Database(raw))
+        raw.execute("PRAGMA busy_timeout=0")  # begin() waits for the write lock itself
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"cannot use database {path}: {exc}") from None
     return _wrap(raw)
@@ -77,8 +87,38 @@ class SqliteBackend:
         )
         return _wrap(raw)
 
+    def open_transactions(self) -> Conn:
+        """The connection of :meth:`gateway.store.Store.transact` (a lease refill): only
+        write transactions, so it waits for the write lock as the writer does
+        (:meth:`begin`), not in SQLite's handler."""
+        conn = self.open_reader()
+        conn.execute("PRAGMA busy_timeout=0", ())
+        return conn
+
     def begin(self, conn: Conn) -> None:
-        conn.execute("BEGIN IMMEDIATE", ())
+        """``BEGIN IMMEDIATE``: the file's write lock, tried again after short pauses
+        while another process (a worker of ``serve --workers``) holds it, for up to
+        :data:`LOCK_WAIT_S`; then "database is locked" (:meth:`retryable`). The writer's
+        and the transactions' connections have no busy timeout of their own; the
+        reader keeps SQLite's (a read must not fail on a brief lock)."""
+        raw = conn.raw
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+            return
+        except sqlite3.OperationalError as exc:
+            if not self.retryable(exc):
+                raise
+        deadline = time.monotonic() + LOCK_WAIT_S
+        pause, longest = LOCK_PAUSES_S
+        while True:
+            time.sleep(pause)
+            pause = min(pause * 2, longest)
+            try:
+                raw.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                if not self.retryable(exc) or time.monotonic() > deadline:
+                    raise
 
     def in_transaction(self, conn: Conn) -> bool:
         return bool(conn.raw.in_transaction)

@@ -155,16 +155,10 @@ def db_of(nodes: list[Server]) -> str:
 
 
 async def admin(server: Reachable, method: str, path: str, **body: Any) -> dict[str, Any]:
-    """An admin call; a 404 is asked again (bounded): behind one port of ``serve
-    --workers``, the worker reached may not know an organisation made through the other
-    one until its poll (tests/cluster/test_workers.py)."""
-
-    async def once() -> httpx.Response | None:
-        async with httpx.AsyncClient(base_url=server.url, headers=ADMIN) as client:
-            response = await client.request(method, path, json=body or None)
-        return None if response.status_code == 404 else response
-
-    response = await until(once, within=5)
+    """An admin call (behind one port of ``serve --workers``, an organisation made
+    through one worker is found through the other at once: no 404 to ask again)."""
+    async with httpx.AsyncClient(base_url=server.url, headers=ADMIN) as client:
+        response = await client.request(method, path, json=body or None)
     assert response.status_code in (200, 201), response.text
     return dict(response.json())
 

@@ -40,7 +40,7 @@ async def create_user() -> Response:
 
 
 async def list_users() -> Response:
-    rows = await runtime().store.read(ops.list_users, authorized_org_filter())
+    rows = await runtime().store.read(ops.list_users, await authorized_org_filter())
     return list_response([users.user_view(row) for row in rows])
 
 

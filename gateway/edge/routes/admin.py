@@ -10,6 +10,7 @@ before routing) is answered "no such organization/key", not "no such endpoint".
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import re
 from collections.abc import Awaitable, Callable, Iterable
@@ -26,7 +27,7 @@ from gateway.edge.auth import bearer_token
 from gateway.edge.http import json_response, read_json_object, runtime
 from gateway.errors import GatewayError
 from gateway.observe.alerts import check_webhook_url
-from gateway.store import node_leases, records
+from gateway.store import StoreError, node_leases, records
 
 
 def authorize_admin() -> None:
@@ -40,8 +41,22 @@ def authorize_admin() -> None:
         raise GatewayError("invalid_api_key", "The admin token is invalid.")
 
 
-def org_or_404(org_id: str) -> Org:
-    org = runtime().orgs.get(org_id)
+async def caught_up() -> None:
+    """Before an admin call answers 404 for an id: with several nodes (or workers behind
+    one port), the organisation or key may have been made through another one since
+    this one's last change poll; the poll's step runs now (one read of the change
+    counter; a reload if it moved). A database away leaves the 404."""
+    cluster = runtime().cluster
+    if cluster is not None:
+        with contextlib.suppress(StoreError):
+            await cluster.catch_up()
+
+
+async def org_or_404(org_id: str) -> Org:
+    orgs = runtime().orgs
+    if org_id not in orgs:
+        await caught_up()
+    org = orgs.get(org_id)
     if org is None:
         raise GatewayError("not_found", f"No organization {org_id}.")
     return org
@@ -52,16 +67,16 @@ async def authorized_create() -> tuple[dict[str, Any], Org]:
     organisation its ``org_id`` names (a 404 if there is none)."""
     authorize_admin()
     body = await read_json_object()
-    return body, org_or_404(str(body.get("org_id", "")))
+    return body, await org_or_404(str(body.get("org_id", "")))
 
 
-def authorized_org_filter() -> str | None:
+async def authorized_org_filter() -> str | None:
     """A list call of the admin API: the admin bearer checked, then its ``org_id`` query
     parameter, if any (an unknown organisation is a 404, not an empty list)."""
     authorize_admin()
     org_id = request.args.get("org_id")
     if org_id is not None:
-        org_or_404(org_id)
+        await org_or_404(org_id)
     return org_id
 
 
@@ -69,8 +84,11 @@ def list_response(data: list[Any]) -> Response:
     return json_response({"object": "list", "data": data})
 
 
-def _key(key_id: str) -> KeyRecord:
-    record = runtime().keyring.get(key_id)
+async def _key(key_id: str) -> KeyRecord:
+    keyring = runtime().keyring
+    if keyring.get(key_id) is None:
+        await caught_up()
+    record = keyring.get(key_id)
     if record is None:
         raise GatewayError("not_found", f"No key {key_id}.")
     return record
@@ -125,7 +143,7 @@ async def _add_credits(org: Org, nanos: int) -> None:
 
 async def add_credits(org_id: str) -> Response:
     authorize_admin()
-    org = org_or_404(org_id)
+    org = await org_or_404(org_id)
     body = await read_json_object()
     refuse_unknown_fields(body, ("add_usd",), "a credits body")
     amount = number(body, "add_usd")
@@ -137,7 +155,7 @@ async def add_credits(org_id: str) -> Response:
 
 async def set_policy(org_id: str) -> Response:
     authorize_admin()
-    org = org_or_404(org_id)
+    org = await org_or_404(org_id)
     policy = validate_policy(await read_json_object("policy"))
     rt = runtime()
     await rt.store.write(records.set_org_policy, org.id, policy)
@@ -149,7 +167,7 @@ async def set_policy(org_id: str) -> Response:
 
 async def set_byok(org_id: str) -> Response:
     authorize_admin()
-    org = org_or_404(org_id)
+    org = await org_or_404(org_id)
     body = await read_json_object()
     refuse_unknown_fields(body, ("provider", "api_key_env"), "a BYOK body")
     provider, env = body.get("provider"), body.get("api_key_env")
@@ -178,7 +196,7 @@ async def set_byok(org_id: str) -> Response:
 async def set_webhook(org_id: str) -> Response:
     """Spend alerts of the organisation go to ``url``; the signing secret is shown once."""
     authorize_admin()
-    org = org_or_404(org_id)
+    org = await org_or_404(org_id)
     body = await read_json_object()
     refuse_unknown_fields(body, ("url",), "a webhook body")
     url = check_webhook_url(body.get("url"))
@@ -202,7 +220,7 @@ async def create_key() -> Response:
 
 
 async def list_keys() -> Response:
-    org_id = authorized_org_filter()
+    org_id = await authorized_org_filter()
     rt = runtime()
     now = rt.clock.now()
     return list_response(
@@ -213,7 +231,7 @@ async def list_keys() -> Response:
 async def change_key(key_id: str, action: str) -> Response:
     authorize_admin()
     rt = runtime()
-    record, token = await key_action(rt, _key(key_id), action)
+    record, token = await key_action(rt, await _key(key_id), action)
     if token is not None:
         return json_response(_with_token(record, token), 201)
     return json_response(record.public(rt.clock.now()))
@@ -222,7 +240,7 @@ async def change_key(key_id: str, action: str) -> Response:
 async def change_caps(key_id: str) -> Response:
     """PATCH /admin/keys/{id}/caps: the caps fields given replace the key's."""
     authorize_admin()
-    record = _key(key_id)
+    record = await _key(key_id)
     rt = runtime()
     record = await set_caps(rt, record, await read_json_object("caps"))
     return json_response(record.public(rt.clock.now()))
