@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 import orjson
 import trio
@@ -57,8 +57,17 @@ FINAL_SEND_S = 5.0
 
 
 def sse(data: Any, event: str | None = None) -> bytes:
-    head = f"event: {event}\n".encode() if event else b""
-    return head + b"data: " + orjson.dumps(plain_amounts(data)) + b"\n\n"
+    """One server-sent event. ``data`` is written as it is: the events of an answer hold
+    no USD amount (walking each chunk for one cost a fifth of a chunk's CPU); an error's
+    body may, and goes through :func:`error_sse`."""
+    if event is None:
+        return b"data: " + orjson.dumps(data) + b"\n\n"
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(data) + b"\n\n"
+
+
+def error_sse(body: dict[str, Any], event: str | None = None) -> bytes:
+    """An error event: its amounts (in the svc block's details) in plain decimals."""
+    return sse(plain_amounts(body), event)
 
 
 #: the Messages streams' keep-alive: Anthropic's ``ping`` event
@@ -98,11 +107,9 @@ class StreamFormat(Protocol):
         """A fallback model serves the call (before its first chunk): the answer names it."""
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
-    data: bytes = b""
-    #: a failure before anything was sent: the handler answers it as an HTTP error
-    error: GatewayError | None = None
+#: what the pump hands the body: bytes of the stream, or a failure before anything was
+#: sent (the handler answers it as an HTTP error); no object around the bytes of each chunk
+Frame: TypeAlias = bytes | GatewayError
 
 
 #: opens the upstream stream of the attempt under way (its deployment's provider, the
@@ -123,15 +130,6 @@ async def _first_chunk(
     except BaseException:
         await _close(chunks)
         raise
-
-
-async def _from(
-    head: dict[str, Any] | None, rest: AsyncIterator[dict[str, Any]]
-) -> AsyncIterator[dict[str, Any]]:
-    if head is not None:
-        yield head
-        async for chunk in rest:
-            yield chunk
 
 
 async def pump(
@@ -161,29 +159,33 @@ async def pump(
                 #: the served attempt's stream, and it after its first item: closed here
                 opened: list[AsyncIterator[dict[str, Any]]] = []
                 try:
-                    head, rest = await attempts.run(partial(_first_chunk, open_stream))
-                    chunks = _from(head, rest)
-                    opened += [chunks, rest]
+                    chunk, rest = await attempts.run(partial(_first_chunk, open_stream))
+                    opened.append(rest)
                     attempt = call.attempt  # the served attempt's span
                     if call.fallback_from is not None:
                         fmt.served_by(call.held.model.id)
-                    async for chunk in chunks:
+                    # the first item, then the rest (no generator around both: a layer
+                    # of them cost a few µs of every chunk)
+                    while chunk is not None:
                         if attempt is not None:
                             model, named = fmt.answered(chunk)
                             answered_by = answered_by or model
                             reasons += named
                         usage = fmt.usage(chunk) or usage
-                        if not fmt.output(chunk):
-                            continue
-                        produced = True
-                        for data in fmt.chunk(chunk):
-                            try:
-                                # no checkpoint per chunk: the chunks of one upstream read
-                                # go out together (the body sends what it finds queued)
-                                send.send_nowait(Frame(data))
-                            except trio.WouldBlock:
-                                await send.send(Frame(data))
-                            sent = True
+                        if fmt.output(chunk):
+                            produced = True
+                            for data in fmt.chunk(chunk):
+                                try:
+                                    # no checkpoint per chunk: the chunks of one upstream
+                                    # read go out together (the body sends what is queued)
+                                    send.send_nowait(data)
+                                except trio.WouldBlock:
+                                    await send.send(data)
+                                sent = True
+                        try:
+                            chunk = await rest.__anext__()
+                        except StopAsyncIteration:
+                            chunk = None
                 except ProviderError as exc:
                     failure, failed_as = map_provider_error(exc, byok=call.record.byok)
                     usage = usage or exc.usage  # reported in the stream before it failed
@@ -217,10 +219,10 @@ async def pump(
         )
         if call.client_gone:
             return
-        frames = (
-            [Frame(error=failure)]
+        frames: list[Frame] = (
+            [failure]
             if failure and not in_stream
-            else [Frame(f) for f in (fmt.error(failure) if failure else fmt.finish())]
+            else [*(fmt.error(failure) if failure else fmt.finish())]
         )
         with trio.move_on_after(FINAL_SEND_S):
             try:
@@ -290,7 +292,7 @@ async def _body(
 
 def _frame_bytes(frame: Frame, fmt: StreamFormat) -> list[bytes]:
     """A new list: the caller may extend it."""
-    return fmt.error(frame.error) if frame.error is not None else [frame.data]
+    return fmt.error(frame) if isinstance(frame, GatewayError) else [frame]
 
 
 @dataclass(frozen=True, slots=True)
@@ -330,13 +332,13 @@ async def start_stream(
         scope.cancel()
         receive.close()
         raise
-    if first and first[0].error is not None:
+    if first and isinstance(first[0], GatewayError):
         receive.close()
-        raise first[0].error
+        raise first[0]
     if not first:
         # a keep-alive interval passed without a byte: the body opens with a keep-alive,
         # else the first one would come only after a second interval
-        first.append(Frame(fmt.keepalive))
+        first.append(fmt.keepalive)
     answered.set()
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return EventStream(_body(call, receive, fmt, scope, first), headers)
@@ -377,7 +379,8 @@ class ChatFormat(ChatChunks):
         self.svc = svc
 
     def chunk(self, chunk: dict[str, Any]) -> list[bytes]:
-        out = {name: value for name, value in chunk.items() if name != "usage"}
+        out = chunk.copy()
+        out.pop("usage", None)
         out["model"], out["svc"] = self.model_id, self.svc
         return [sse(out)]
 
@@ -390,7 +393,7 @@ class ChatFormat(ChatChunks):
         return frames
 
     def error(self, error: GatewayError) -> list[bytes]:
-        return [sse({"error": in_band(error)}), DONE]
+        return [error_sse({"error": in_band(error)}), DONE]
 
     def served_by(self, model_id: str) -> None:
         self.model_id = model_id
@@ -456,7 +459,7 @@ class MessagesFormat(ChatChunks):
         return self._frames(events + self.translator.finish())
 
     def error(self, error: GatewayError) -> list[bytes]:
-        return [*self._frames([]), sse(error.anthropic_body(), "error")]
+        return [*self._frames([]), error_sse(error.anthropic_body(), "error")]
 
     def served_by(self, model_id: str) -> None:
         self.translator.served_by(model_id)
@@ -519,7 +522,7 @@ class NativeMessagesFormat:
         ]
 
     def error(self, error: GatewayError) -> list[bytes]:
-        return [sse(error.anthropic_body(), "error")]
+        return [error_sse(error.anthropic_body(), "error")]
 
     def served_by(self, model_id: str) -> None:
         self.model_id = model_id

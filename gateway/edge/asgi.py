@@ -22,3 +22,25 @@ Message = Any
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+#: the scope extension (``scope["extensions"][DISCONNECT_WATCH]``) through which the
+#: server tells the app that its client has gone, instead of a task per request waiting
+#: for the ``http.disconnect`` message: a :data:`Watch`. Set by the server
+#: (``gateway/serving/patches/hypercorn_worker.py``); a wrapper that holds back or
+#: consumes the disconnect (``bodies.BodyGateMiddleware``, the final-send guard) puts its
+#: own watch in its place for the app it wraps; Quart-Trio's connection
+#: (``gateway/serving/patches/quart_trio_connection.py``) cancels the request with it.
+DISCONNECT_WATCH = "svc.disconnect_watch"
+#: ``watch(callback)``: ``callback()`` once, when the client has gone (at once if it has)
+Watch = Callable[[Callable[[], None]], None]
+
+
+def disconnect_watch(scope: Scope) -> Watch | None:
+    """The request's :data:`Watch`; None when the server offers none."""
+    watch: Watch | None = scope.get("extensions", {}).get(DISCONNECT_WATCH)
+    return watch
+
+
+def set_disconnect_watch(scope: Scope, watch: Watch) -> None:
+    """Offer ``watch`` to the app that gets ``scope``."""
+    scope["extensions"][DISCONNECT_WATCH] = watch

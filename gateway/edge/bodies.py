@@ -27,11 +27,21 @@ real link has the whole ``body_timeout_s``.
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import trio
 
-from gateway.edge.asgi import App, Message, Receive, Scope, Send
+from gateway.edge.asgi import (
+    App,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    Watch,
+    disconnect_watch,
+    set_disconnect_watch,
+)
 from gateway.errors import GatewayError
 
 if TYPE_CHECKING:
@@ -116,6 +126,8 @@ class BodyGate:
         self.reserved = 0
         self._settled = trio.Event()
         self._ended_for_app = False
+        #: the app's disconnect callback, held until the body is settled
+        self._on_gone: Callable[[], None] | None = None
 
     # -- the handler's side ----------------------------------------------------------------
 
@@ -205,8 +217,27 @@ class BodyGate:
     def _settle(self, state: BodyState) -> None:
         self.state = state
         self._settled.set()
+        on_gone, self._on_gone = self._on_gone, None
+        if on_gone is not None:
+            on_gone()
 
     # -- the framework's side --------------------------------------------------------------
+
+    def watch(self, server_watch: Watch) -> Watch:
+        """The app's :data:`~gateway.edge.asgi.Watch`: as :meth:`app_receive` hands over
+        the disconnect, it tells of a client gone only once the body is settled (a
+        client that leaves mid-body is the reader's to see: the body is cut off)."""
+
+        def watch(callback: Callable[[], None]) -> None:
+            def gone() -> None:
+                if self._settled.is_set():
+                    callback()
+                else:
+                    self._on_gone = callback
+
+            server_watch(gone)
+
+        return watch
 
     async def app_receive(self) -> Message:
         """What Quart's receiving task sees: nothing until the body is settled, then an
@@ -283,6 +314,9 @@ class BodyGateMiddleware:
             return
         gate = BodyGate(receive, self.server, self.budget, announced)
         scope[SCOPE_KEY] = gate
+        server_watch = disconnect_watch(scope)
+        if server_watch is not None:
+            set_disconnect_watch(scope, gate.watch(server_watch))
         try:
             await self.app(scope, gate.app_receive, send)
         finally:

@@ -16,6 +16,7 @@ traces off they hold None and do nothing more.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 from collections.abc import Sequence
@@ -31,6 +32,8 @@ _ZERO_PARENT = "0" * 16
 #: new trace and span ids: unique, not secret (W3C asks for random, not unguessable), so
 #: a seeded PRNG instead of ``secrets`` (a getrandom system call per id on the hot path)
 _ids = random.Random()
+# a forked worker must not repeat its parent's (and its siblings') sequence
+os.register_at_fork(after_in_child=_ids.seed)
 #: the W3C limit on tracestate: 32 members of at most 256 characters, so 512 is generous
 MAX_TRACESTATE = 512
 

@@ -139,20 +139,25 @@ class AnthropicProvider(HTTPProvider):
         progress = StreamProgress()
         #: an ``error`` event's failure, raised once the stream was read to its end
         failure: ProviderError | None = None
-        events = self._sse(PATH, body, caller, progress, extra)
-        async with aclosing(events):
-            async for event in events:
-                if not isinstance(event, dict):
-                    continue
-                kind = event.get("type")
-                if kind == "error":
-                    failure = self._failure(event.get("error"), progress.produced, caller.api_key)
-                    progress.done = True
-                    continue
-                progress.produced = progress.produced or kind != "ping"
-                yield event
-                if kind == "message_stop":
-                    progress.done = True
+        batches = self._sse(PATH, body, caller, progress, extra)
+        async with aclosing(batches):
+            async for batch in batches:
+                for event in batch:
+                    if progress.done:
+                        break
+                    if not isinstance(event, dict):
+                        continue
+                    kind = event.get("type")
+                    if kind == "error":
+                        failure = self._failure(
+                            event.get("error"), progress.produced, caller.api_key
+                        )
+                        progress.done = True
+                        continue
+                    progress.produced = progress.produced or kind != "ping"
+                    yield event
+                    if kind == "message_stop":
+                        progress.done = True
         if failure is not None:
             raise failure
         if not progress.done:

@@ -81,21 +81,22 @@ class OpenAIProvider(HTTPProvider):
         body = {**request.body, "stream": True, "stream_options": {"include_usage": True}}
         progress = StreamProgress()
         path = self._path("chat/completions", request.upstream_model)
-        chunks = self._sse(path, body, request, progress)
-        async with aclosing(chunks):
-            async for chunk in chunks:
-                if chunk is DONE:
-                    progress.done = True
-                    continue
-                if "error" in chunk and not chunk.get("choices"):
-                    secrets = self._secrets(request.api_key)
-                    message, usage = explanation(orjson.dumps(chunk), secrets)
-                    raise ProviderDropped(message, usage=usage)
-                passed = self._passed_on(chunk)
-                if passed is None:
-                    continue
-                progress.produced = True
-                yield passed
+        batches = self._sse(path, body, request, progress)
+        async with aclosing(batches):
+            async for batch in batches:
+                for chunk in batch:
+                    if chunk is DONE:
+                        progress.done = True
+                        break
+                    if "error" in chunk and not chunk.get("choices"):
+                        secrets = self._secrets(request.api_key)
+                        message, usage = explanation(orjson.dumps(chunk), secrets)
+                        raise ProviderDropped(message, usage=usage)
+                    passed = self._passed_on(chunk)
+                    if passed is None:
+                        continue
+                    progress.produced = True
+                    yield passed
         if not progress.done:
             raise stream_ended(progress.produced, "without [DONE]")
 

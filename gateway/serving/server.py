@@ -41,7 +41,7 @@ from gateway.edge.exchange import ExchangeRecorder
 from gateway.observe.logs import event
 from gateway.serving.patches import quart_trio_connection
 from gateway.serving.patches.asgi_guard import FinalSendGuard
-from gateway.serving.patches.hypercorn_worker import serve_http
+from gateway.serving.patches.hypercorn_worker import ServerConfig, serve_http
 from gateway.serving.readiness import Phase
 from gateway.serving.runtime import Runtime
 
@@ -55,7 +55,7 @@ SETTLE_WAIT_S = FINAL_SEND_S + 1.0
 
 def hypercorn_config(gateway_config: Config) -> HyperConfig:
     server = gateway_config.server
-    config = HyperConfig()
+    config = ServerConfig()
     host = f"[{server.host}]" if ":" in server.host else server.host
     config.bind = [f"{host}:{server.port}"]
     config.graceful_timeout = server.shutdown_grace_s + CUT_MARGIN_S

@@ -213,13 +213,14 @@ class Store:
         if not self.available and not must_land:
             raise StoreError(UNAVAILABLE)
         pending = _Pending(op, args, must_land)
-        with trio.CancelScope(shield=True):
+        # one scope, shielded and with its own deadline (which a shield does not block)
+        wait = trio.current_time() + MUST_LAND_WAIT_S if must_land else math.inf
+        with trio.CancelScope(shield=True, deadline=wait):
             try:
                 self._send.send_nowait(pending)  # no scheduler pass: the wait below is one
             except trio.WouldBlock:
                 await self._send.send(pending)
-            with trio.move_on_after(MUST_LAND_WAIT_S if must_land else math.inf):
-                await pending.done.wait()
+            await pending.done.wait()
         if not pending.done.is_set():
             raise StoreError(UNAVAILABLE)
         if pending.error is not None:

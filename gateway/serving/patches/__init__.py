@@ -2,7 +2,7 @@
 
 Each module here overrides, copies or reaches into code that its framework does not
 offer as an interface: ``hypercorn_worker`` (hypercorn's trio worker and its connection),
-``asgi_guard`` (the disconnect hypercorn hands Quart-Trio with an answer's last bytes),
+``asgi_guard`` (the disconnect hypercorn hands the app with an answer's last bytes),
 ``quart_trio_connection`` (Quart-Trio's HTTP connection) and ``trio_socket`` (the stdlib
 socket under trio's stream). Nowhere else in ``gateway/`` imports a framework's internals
 (``tests/serving/test_framework_patches.py``).

@@ -6,14 +6,19 @@ Patches hypercorn 0.18.0's trio worker:
   transport the gateway serves), over listeners that accept only while fewer than
   ``[server] max_connections`` are open (:class:`gateway.serving.connections.CappedListener`);
 - :class:`_Connection` is its ``TCPServer``, ended as soon as the client is gone, its
-  empty writes skipped;
+  empty writes skipped, its requests' messages handed over through an :class:`_Inbox`
+  (:class:`_TaskGroup`);
 - :class:`_IdleTimer` stands in for its per-connection ``TrioSingleTask`` idle timer,
-  and reaches its ``TaskGroup``'s private ``_nursery`` as that timer does.
+  and reaches its ``TaskGroup``'s private ``_nursery`` as that timer does;
+- :class:`ServerConfig` is its ``Config``, with the headers of every answer built once a
+  second.
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
@@ -22,12 +27,28 @@ import trio
 from hypercorn.config import Config as HyperConfig
 from hypercorn.config import Sockets
 from hypercorn.events import Closed, Event, RawData, Updated
+from hypercorn.protocol import ProtocolWrapper
 from hypercorn.trio.lifespan import Lifespan
-from hypercorn.trio.tcp_server import TCPServer
+from hypercorn.trio.task_group import TaskGroup, _handle
+from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
-from hypercorn.typing import ASGIFramework, ConnectionState
-from hypercorn.utils import ShutdownError, raise_shutdown, repr_socket_addr, wrap_app
+from hypercorn.typing import (
+    AppWrapper,
+    ASGIFramework,
+    ASGIReceiveEvent,
+    ASGISendEvent,
+    ConnectionState,
+    Scope,
+)
+from hypercorn.utils import (
+    ShutdownError,
+    parse_socket_addr,
+    raise_shutdown,
+    repr_socket_addr,
+    wrap_app,
+)
 
+from gateway.edge.asgi import set_disconnect_watch
 from gateway.serving.connections import CappedListener, acquire
 
 #: the upstream code this module was reviewed against (see gateway/serving/patches/):
@@ -38,13 +59,12 @@ REVIEWED: dict[str, tuple[str, str]] = {
         "0.18.0",
         "8dc8347a9fc357ca334f8c3e4bcf0368176510a96d434f21a5eb4c9ec4103726",
     ),
-    # _Connection's base: its idle_task replaced after __init__; run() restarts it with
-    # _idle_timeout, then reads; run() tells a plain stream (connections._CountedStream)
-    # from TLS by its missing do_handshake and reads its ``socket``
+    # _Connection's base: its idle_task replaced after __init__
     "hypercorn.trio.tcp_server.TCPServer.__init__": (
         "0.18.0",
         "4c1d42457bc197b22f41b54b7dd6a79e195cdc037f9cc55f50e3e4332ebf6988",
     ),
+    # copied by _Connection.run for plain HTTP, with a _TaskGroup
     "hypercorn.trio.tcp_server.TCPServer.run": (
         "0.18.0",
         "fd34b021d1a86c9859514de9472306ea47f4a6763732b26b7a5945278ded0e08",
@@ -54,7 +74,8 @@ REVIEWED: dict[str, tuple[str, str]] = {
         "0.18.0",
         "225856426bff7be02990c0badb90f51f801db14ac5db0f3d0c210cafbeb528ab",
     ),
-    # extended: its end marks the client gone and ends the idle timer
+    # copied by _Connection._read_data (no cancel scope per read without a read timeout);
+    # its end marks the client gone and ends the idle timer
     "hypercorn.trio.tcp_server.TCPServer._read_data": (
         "0.18.0",
         "7ca747d922c65cf1fb6bd7ceabe82b0b51bb9de218ce159d7b7e093ec279f728",
@@ -78,12 +99,38 @@ REVIEWED: dict[str, tuple[str, str]] = {
         "0.18.0",
         "aa59316c028b876ad16369d57fcf70a82969bfb76436df033de96541935c7212",
     ),
-    # its private _nursery holds _IdleTimer's task
+    # overridden by ServerConfig.response_headers: the same headers, built once a second
+    "hypercorn.config.Config.response_headers": (
+        "0.18.0",
+        "5a637c3d48180e55020523bbe601bbffbaae225baf265cd61f88efbe8171a9ca",
+    ),
+    # its private _nursery holds _IdleTimer's task; _TaskGroup.spawn_app is its
+    # spawn_app with an _Inbox instead of a memory channel, and runs its private _handle
+    "hypercorn.trio.task_group._handle": (
+        "0.18.0",
+        "06081a56a9930825919e01e08ad2b2ffaae5508f065bcfced89cd3082db2192f",
+    ),
     "hypercorn.trio.task_group.TaskGroup": (
         "0.18.0",
         "8467a3a16a7e8763079b8727fe73d7d2115d0cb99441984856ff1bfcb4fcfbf2",
     ),
 }
+
+
+class ServerConfig(HyperConfig):
+    """hypercorn 0.18.0's ``Config``, whose headers of every answer (``date``, ``server``)
+    are built once a second instead of once an answer: formatting the date was 2 % of a
+    call's CPU, and it changes once a second (``format_date_time`` drops the fraction)."""
+
+    _headers: tuple[int, str, list[tuple[bytes, bytes]]] = (-1, "", [])
+
+    def response_headers(self, protocol: str) -> list[tuple[bytes, bytes]]:
+        second = int(time.time())
+        cached_second, cached_protocol, headers = self._headers
+        if second != cached_second or protocol != cached_protocol:
+            headers = super().response_headers(protocol)
+            self._headers = (second, protocol, headers)
+        return list(headers)
 
 
 class _IdleTimer:
@@ -153,6 +200,82 @@ class _IdleTimer:
                 return
 
 
+class _Inbox:
+    """The messages of one request from hypercorn 0.18.0 to the app (its body, then the
+    disconnect), in place of the memory channel of its ``TaskGroup.spawn_app``.
+
+    The channel took a scheduler pass for each message put (in the connection's reading
+    task) and for each taken (in the request's task), and Quart-Trio ran a task per
+    request only to wait for the disconnect. Here a message is handed over without a
+    pass while there is room (at most ``limit`` wait, as in the channel, so a body the
+    app does not read holds the client back), and the app can be told of the disconnect
+    by a callback (:meth:`watch`, the scope's ``DISCONNECT_WATCH``) instead.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.messages: deque[ASGIReceiveEvent] = deque()
+        self._arrived = trio.lowlevel.ParkingLot()
+        self._room = trio.lowlevel.ParkingLot()
+        self.gone = False
+        self._watchers: list[Callable[[], None]] = []
+
+    async def put(self, message: ASGIReceiveEvent) -> None:
+        """hypercorn's ``app_put``."""
+        if message["type"] == "http.disconnect":
+            # never held back for room: nothing follows it
+            self.gone = True
+            self.messages.append(message)
+            self._arrived.unpark_all()
+            watchers, self._watchers = self._watchers, []
+            for callback in watchers:
+                callback()
+            return
+        while len(self.messages) >= self.limit:
+            await self._room.park()
+        self.messages.append(message)
+        self._arrived.unpark_all()
+
+    async def receive(self) -> ASGIReceiveEvent:
+        """The app's ``receive``."""
+        while not self.messages:
+            await self._arrived.park()
+        self._room.unpark()
+        return self.messages.popleft()
+
+    def watch(self, callback: Callable[[], None]) -> None:
+        if self.gone:
+            callback()
+        else:
+            self._watchers.append(callback)
+
+
+class _TaskGroup(TaskGroup):
+    """hypercorn 0.18.0's ``TaskGroup``, its requests' messages in an :class:`_Inbox`."""
+
+    async def spawn_app(
+        self,
+        app: AppWrapper,
+        config: HyperConfig,
+        scope: Scope,
+        send: Callable[[ASGISendEvent | None], Awaitable[None]],
+    ) -> Callable[[ASGIReceiveEvent], Awaitable[None]]:
+        inbox = _Inbox(config.max_app_queue_size)
+        set_disconnect_watch(scope, inbox.watch)
+        assert self._nursery is not None
+        self._nursery.start_soon(
+            _handle,
+            app,
+            config,
+            scope,
+            inbox.receive,
+            send,
+            trio.to_thread.run_sync,
+            trio.from_thread.run,
+        )
+        return inbox.put
+
+
 class _Connection(TCPServer):
     """hypercorn 0.18.0's connection, ended as soon as the client is gone, with a cheaper
     idle timer (:class:`_IdleTimer`).
@@ -171,8 +294,53 @@ class _Connection(TCPServer):
         super().__init__(*args, **kwargs)
         self.idle_task = _IdleTimer(self)  # type: ignore[assignment]  # not a TrioSingleTask
 
+    async def run(self) -> None:
+        """hypercorn's ``run`` for plain HTTP (a ``connections._CountedStream``, no TLS
+        handshake), its requests spawned by a :class:`_TaskGroup`."""
+        socket = self.stream.socket
+        try:
+            client = parse_socket_addr(socket.family, socket.getpeername())
+            server = parse_socket_addr(socket.family, socket.getsockname())
+            async with _TaskGroup() as task_group:
+                self._task_group = task_group
+                self.protocol = ProtocolWrapper(
+                    self.app,
+                    self.config,
+                    self.context,
+                    task_group,
+                    ConnectionState(self.state),
+                    False,
+                    client,
+                    server,
+                    self.protocol_send,
+                    "http/1.1",
+                )
+                await self.protocol.initiate()
+                await self.idle_task.restart(self._task_group, self._idle_timeout)
+                await self._read_data()
+        except OSError:
+            pass
+        finally:
+            await self._close()
+
     async def _read_data(self) -> None:
-        await super()._read_data()
+        """hypercorn's, without a cancel scope around each read when there is no read
+        timeout (the gateway sets none: the idle timer and the body's deadline bound a
+        client); then the client is gone and the idle timer ends."""
+        timeout = self.config.read_timeout
+        while True:
+            try:
+                if not timeout:
+                    data = await self.stream.receive_some(MAX_RECV)
+                else:
+                    with trio.fail_after(timeout):
+                        data = await self.stream.receive_some(MAX_RECV)
+            except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
+                break
+            await self.protocol.handle(RawData(bytes(data)))
+            if data == b"":
+                break
+        await self.protocol.handle(Closed())
         self.client_gone = True
         self.idle_task.end()  # type: ignore[attr-defined]  # the _IdleTimer of __init__
 

@@ -1,19 +1,27 @@
-"""Quart-Trio's HTTP connection with one task fewer per request.
+"""Quart-Trio's HTTP connection without a task per request.
 
 Patches Quart-Trio 0.12.0's ``TrioASGIHTTPConnection.__call__``, which spawns two tasks
 per request (one reads the client's messages, one handles the request) and waits for
-both: here the request is handled in the connection's own task, beside the task that
-watches for the client's disconnect (which cancels it, as before). Installed on the app
-through Quart's ``asgi_http_class`` (:func:`install`), so ``gateway/edge/`` builds a plain
-Quart-Trio app.
+both. Here the request is handled in the server's task for it, and the client's
+disconnect cancels it through the scope's ``DISCONNECT_WATCH`` (``gateway/edge/asgi.py``,
+offered by ``hypercorn_worker.py``), a callback, instead of a task reading messages until
+the disconnect. The request's body reaches the handlers through ``gateway.edge.bodies``
+(the gate), never through Quart's ``request.body``, which is complete and empty from the
+start. Installed on the app through Quart's ``asgi_http_class`` (:func:`install`), so
+``gateway/edge/`` builds a plain Quart-Trio app.
 """
 
 from __future__ import annotations
 
+from typing import cast
+
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
+from quart.wrappers import Response
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
+
+from gateway.edge.asgi import disconnect_watch
 
 #: the upstream code this module was reviewed against (see gateway/serving/patches/):
 #: qualified name → (version, SHA-256 of its source)
@@ -23,11 +31,13 @@ REVIEWED: dict[str, tuple[str, str]] = {
         "0.12.0",
         "98802020652fd68be29f99020c04c4c22d1f6d6ca2907e3cb2b68e40cdaf037e",
     ),
-    # called as __call__ calls them: each cancels the nursery when it is done
+    # replaced too (its nursery gone): the request's body is not read, its disconnect
+    # comes through the watch
     "quart_trio.asgi.TrioASGIHTTPConnection.handle_messages": (
         "0.12.0",
         "8d994a7d28dcac9d62dc483b2678e46b96529faa4d0e0d550b2daec36e56a1df",
     ),
+    # copied into __call__, without the nursery it cancels
     "quart_trio.asgi.TrioASGIHTTPConnection.handle_request": (
         "0.12.0",
         "93e58fe22209877b5739e23da890507e045e039bd6daf651e29802f1dd8f137f",
@@ -40,9 +50,21 @@ class HTTPConnection(TrioASGIHTTPConnection):
 
     async def __call__(self, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
         request = self._create_request_from_scope(send)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(self.handle_messages, nursery, request, receive)
-            await self.handle_request(nursery, request, send)
+        watch = disconnect_watch(self.scope)
+        assert watch is not None, "served by gateway.serving.patches.hypercorn_worker"
+        request.body.set_complete()
+        with trio.CancelScope() as scope:
+            watch(scope.cancel)
+            # TrioASGIHTTPConnection.handle_request without its nursery
+            response = await self.app.handle_request(request)
+            timeout = self.app.config["RESPONSE_TIMEOUT"]
+            if isinstance(response, Response) and response.timeout != Ellipsis:
+                timeout = cast(float | None, response.timeout)
+            if timeout is None:
+                await self._send_response(send, response)
+            else:
+                with trio.move_on_after(timeout):
+                    await self._send_response(send, response)
 
 
 def install(app: QuartTrio) -> None:
