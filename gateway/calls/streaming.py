@@ -261,12 +261,17 @@ async def _body(
                 yield data
         while True:
             frame: Frame | None = None
-            with trio.move_on_after(keepalive):
+            try:
                 try:
-                    frame = await receive.receive()
-                except trio.EndOfChannel:
-                    ended = True
-                    return
+                    # frames queued already: no timer, no scheduler pass (the send of
+                    # the last batch was one)
+                    frame = receive.receive_nowait()
+                except trio.WouldBlock:
+                    with trio.move_on_after(keepalive):
+                        frame = await receive.receive()
+            except trio.EndOfChannel:
+                ended = True
+                return
             if frame is None:
                 yield fmt.keepalive
                 continue
@@ -274,12 +279,16 @@ async def _body(
             out = _frame_bytes(frame, fmt)
             while True:
                 try:
-                    out += _frame_bytes(receive.receive_nowait(), fmt)
+                    frame = receive.receive_nowait()
                 except trio.WouldBlock:
                     break
                 except trio.EndOfChannel:
                     ended = True
                     break
+                if isinstance(frame, bytes):
+                    out.append(frame)
+                else:
+                    out += fmt.error(frame)
             yield out[0] if len(out) == 1 else b"".join(out)
             if ended:
                 return

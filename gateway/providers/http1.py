@@ -244,11 +244,14 @@ class Response:
         buffer = conn.buffer
         while True:
             pieces: list[bytes] = []
+            #: where the unparsed part of the buffer starts: the parsed chunks are cut
+            #: off the buffer once a read, not each (a read holds dozens of small ones)
+            at = 0
             while True:
-                line_end = buffer.find(b"\r\n")
+                line_end = buffer.find(b"\r\n", at)
                 if line_end < 0:
                     break
-                size_line = _CHUNK_SIZE.fullmatch(buffer, 0, line_end)
+                size_line = _CHUNK_SIZE.fullmatch(buffer, at, line_end)
                 if size_line is None:
                     conn.reusable = False
                     raise Lost("invalid chunk size")
@@ -270,7 +273,8 @@ class Response:
                     conn.reusable = False
                     raise Lost("a chunk longer than its size")
                 pieces.append(bytes(buffer[start:end]))
-                del buffer[: end + 2]
+                at = end + 2
+            del buffer[:at]
             if pieces:
                 yield b"".join(pieces) if len(pieces) > 1 else pieces[0]
             if len(buffer) > MAX_HEAD and buffer.find(b"\r\n") < 0:

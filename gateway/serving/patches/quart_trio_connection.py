@@ -37,6 +37,16 @@ REVIEWED: dict[str, tuple[str, str]] = {
         "0.12.0",
         "8d994a7d28dcac9d62dc483b2678e46b96529faa4d0e0d550b2daec36e56a1df",
     ),
+    # called by __call__ as Quart-Trio's connection calls them: the request built from
+    # the scope (its body left to the gate), the answer sent through ``send``
+    "quart.asgi.ASGIHTTPConnection._create_request_from_scope": (
+        "0.22.0",
+        "3476af7fd451af2809271eaac94a8592be541e6ea6bf6438f9da20a184f29aed",
+    ),
+    "quart.asgi.ASGIHTTPConnection._send_response": (
+        "0.22.0",
+        "2958216ed9d8d2ebf66be8a3fbcf2a2cb50a2e89a77b196a1f919e834f7c49c7",
+    ),
     # copied into __call__, without the nursery it cancels
     "quart_trio.asgi.TrioASGIHTTPConnection.handle_request": (
         "0.12.0",
