@@ -9,6 +9,9 @@ Run it from a clone, no install needed::
     python bench/live_upstream.py --kinds         # CPU per call, anthropic vs openai kind
                                                   # (prints only; --pairs N, default 8;
                                                   # --profile DIR: py-spy of each kind)
+    python bench/live_upstream.py --portkey       # CPU per call and per chunk against
+                                                  # Portkey, a pure proxy (prints only;
+                                                  # --pairs N, default 8; needs node, npm)
     python bench/live_upstream.py --profile DIR   # py-spy of the gateway under load
                                                   # (pip install -e '.[bench]')
 
@@ -55,6 +58,14 @@ and the gateway's CPU time is read around each round: CPU per call for each kind
 ratio anthropic ÷ openai (the median of the per-pair ratios, and their range). The fakes
 differ, but they run in processes of their own: only the gateway's CPU is counted.
 Bounded: no pair starts after 70 s.
+
+``--portkey`` (issue 34) runs this tree's gateway and the Portkey OSS gateway (Node.js,
+installed once from npm, pinned: ``bench/portkey.py``) on the same fake upstream, both
+pinned to the same core; Portkey relays each call where its headers say, so it is the
+cost of a proxy that keeps no accounts. Pair after pair, each gets a round of 16 callers'
+non-streamed calls then 200-chunk streams (which goes first alternates): calls/s, and each
+server process's CPU time per call and per chunk, with the ratio svc-gateway ÷ Portkey
+(the median of the per-pair ratios, and their range). Bounded: no pair starts after 60 s.
 """
 
 from __future__ import annotations
@@ -71,10 +82,10 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import httpx
 import orjson
@@ -83,6 +94,7 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench import portkey  # noqa: E402
 from bench.raw_http import RawConnection  # noqa: E402
 from bench.streaming import (  # noqa: E402
     ADMIN_TOKEN,
@@ -107,14 +119,26 @@ KINDS_CALLS_EACH = 15
 KINDS_STREAMS_EACH = 8
 #: ``--kinds``: no pair of rounds starts after this many seconds (bounded on a busy machine)
 KINDS_BUDGET_S = 70.0
+PORTKEY_SECTION = "## Against Portkey, a pure proxy (issue 34)"
+PORTKEY_PAIRS = 8
+#: ``--portkey``: one side's round: 16 callers × this many non-streamed calls, then
+#: 16 × this many long streams
+PORTKEY_CALLS_EACH = 25
+PORTKEY_STREAMS_EACH = 4
+#: ``--portkey``: no pair of rounds starts after this many seconds
+PORTKEY_BUDGET_S = 60.0
 COST_PAIRS = 10
 COST_CALLS = 300
 COST_STREAMS = 60
 UPSTREAM_KEY = "sk-bench-upstream"
+#: the upstream's name of the gateway's model (calls through Portkey name it: it maps no names)
+UPSTREAM_MODEL = "up-chat"
 #: words per long stream: the upstream sends one chunk per word
 CHUNKS = 200
+#: the gateway's model, on the upstream's ``UPSTREAM_MODEL``
+MODEL = "live-chat"
 BODY = {
-    "model": "live-chat",
+    "model": MODEL,
     "messages": [{"role": "user", "content": "Tell me about gateways."}],
     "max_tokens": 16,
 }
@@ -204,11 +228,14 @@ class Figures:
 
 @dataclass
 class Target:
-    """A gateway under test: its process, and a live key on it."""
+    """A gateway under test: its process, and a live key on it; ``model``: the model its
+    calls name; ``route``: more headers for every call (a proxy's routing, ``--portkey``)."""
 
     name: str
     server: Server
     token: str
+    model: str = MODEL
+    route: dict[str, str] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -220,7 +247,8 @@ class Target:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        auth = {"Authorization": f"Bearer {self.token}", "Content-Type": "application/json"}
+        return {**auth, **self.route}
 
     def connection(self) -> RawConnection:
         """A new keep-alive connection of the load phases, with this target's key."""
@@ -242,9 +270,9 @@ api_key_env = "BENCH_UPSTREAM_KEY"
 max_connections = {OPEN_STREAMS + 100}
 
 [[models]]
-id = "live-chat"
+id = "{MODEL}"
 provider = "upstream"
-upstream_id = "up-chat"
+upstream_id = "{UPSTREAM_MODEL}"
 kind = "chat"
 input_usd_per_mtok = 0.15
 output_usd_per_mtok = 0.60
@@ -321,7 +349,7 @@ async def live_key(url: str) -> str:
         }
         response = await client.post("/admin/keys", json=body)
         response.raise_for_status()
-        return response.json()["token"]
+        return str(response.json()["token"])
 
 
 async def start_target(
@@ -482,25 +510,16 @@ async def one_round(
             directs.append(await whole(direct, plain))
             wholes.append(await whole(client, plain))
         firsts = [await first_chunk(client, short) for _ in range(sizes.sequential // 2)]
-        seconds, cpu, _ = await at_once(
-            target,
-            partial(raw_call, payload=plain),
-            sizes.calls_each,
-            profile / "calls.txt" if profile else None,
+        calls_per_s, cpu_per_call = await calls_at_once(
+            target, plain, sizes.calls_each, profile / "calls.txt" if profile else None
         )
-        calls = CONCURRENCY * sizes.calls_each
-        calls_per_s, cpu_ms_per_call = calls / seconds, cpu * 1000 / calls
         seconds, _, _ = await at_once(
             target, partial(raw_chunks, payload=short), sizes.short_streams_each
         )
         streams_per_s = CONCURRENCY * sizes.short_streams_each / seconds
-        _, cpu, counts = await at_once(
-            target,
-            partial(raw_chunks, payload=long),
-            sizes.long_streams_each,
-            profile / "chunks.txt" if profile else None,
+        cpu_per_chunk, chunks_per_stream = await chunks_at_once(
+            target, long, sizes.long_streams_each, profile / "chunks.txt" if profile else None
         )
-        chunks = sum(counts)
     return Figures(
         whole_median_ms=statistics.median(wholes),
         whole_p99_ms=percentile(wholes, 0.99),
@@ -509,11 +528,31 @@ async def one_round(
         ttfc_median_ms=statistics.median(firsts),
         ttfc_p99_ms=percentile(firsts, 0.99),
         calls_per_s=calls_per_s,
-        cpu_ms_per_call=cpu_ms_per_call,
+        cpu_ms_per_call=cpu_per_call * 1000,
         streams_per_s=streams_per_s,
-        cpu_us_per_chunk=cpu * 1e6 / chunks,
-        chunks_per_stream=chunks / (CONCURRENCY * sizes.long_streams_each),
+        cpu_us_per_chunk=cpu_per_chunk * 1e6,
+        chunks_per_stream=chunks_per_stream,
     )
+
+
+async def calls_at_once(
+    target: Target, payload: bytes, each: int, profile: Path | None = None
+) -> tuple[float, float]:
+    """16 callers, ``each`` non-streamed calls each: calls/s, and the gateway's CPU
+    seconds per call."""
+    seconds, cpu, _ = await at_once(target, partial(raw_call, payload=payload), each, profile)
+    calls = CONCURRENCY * each
+    return calls / seconds, cpu / calls
+
+
+async def chunks_at_once(
+    target: Target, payload: bytes, each: int, profile: Path | None = None
+) -> tuple[float, float]:
+    """16 callers, ``each`` streams each: the gateway's CPU seconds per chunk relayed
+    (``data:`` chunks the clients received), and the chunks per stream."""
+    _, cpu, counts = await at_once(target, partial(raw_chunks, payload=payload), each, profile)
+    chunks = sum(counts)
+    return cpu / chunks, chunks / (CONCURRENCY * each)
 
 
 def rss_mib(pid: int) -> float:
@@ -626,10 +665,15 @@ async def measure_against(rev: str, sizes: Sizes, pairs: int, open_streams: int)
                 )
             return Against(rev, results, rss)
     finally:
-        for target in targets:
-            await trio.to_thread.run_sync(target.server.stop)
-        upstream.kill()
-        upstream.wait(timeout=5)
+        await stop_all([target.server for target in targets], upstream)
+
+
+async def stop_all(servers: list[Server], upstream: subprocess.Popen[str]) -> None:
+    """Stop the servers, then the fake upstream they call."""
+    for server in servers:
+        await trio.to_thread.run_sync(server.stop)
+    upstream.kill()
+    upstream.wait(timeout=5)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -660,7 +704,7 @@ async def measure_cost() -> list[tuple[float, float]]:
     alternates too)."""
     deadline = trio.current_time() + 4 * HARD_LIMIT_S
     upstream, upstream_url = await trio.to_thread.run_sync(start_upstream)
-    servers: list[Any] = []
+    servers: list[Server] = []
     try:
         with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
             targets = []
@@ -670,8 +714,11 @@ async def measure_cost() -> list[tuple[float, float]]:
                 config = workdir / "gateway.toml"
                 config.write_text(config_toml(upstream_url, metrics))
                 server = await trio.to_thread.run_sync(
-                    lambda w=workdir, c=config: start_server(
-                        w, ("--config", str(c)), {"BENCH_UPSTREAM_KEY": UPSTREAM_KEY}
+                    partial(
+                        start_server,
+                        workdir,
+                        ("--config", str(config)),
+                        {"BENCH_UPSTREAM_KEY": UPSTREAM_KEY},
                     )
                 )
                 servers.append(server)
@@ -683,10 +730,7 @@ async def measure_cost() -> list[tuple[float, float]]:
                     pairs.append(await in_turn(on, off, swap=index % 2 == 1))
             return pairs
     finally:
-        for server in servers:
-            await trio.to_thread.run_sync(server.stop)
-        upstream.kill()
-        upstream.wait(timeout=5)
+        await stop_all(servers, upstream)
 
 
 async def in_turn(
@@ -906,6 +950,111 @@ def kinds_report(
     )
 
 
+@dataclass(frozen=True)
+class ProxyRound:
+    """``--portkey``: one side's round of 16 callers: non-streamed calls/s and the server's
+    CPU seconds per call, then its CPU seconds per chunk of long streams."""
+
+    calls_per_s: float
+    cpu_per_call: float
+    cpu_per_chunk: float
+    chunks_per_stream: float
+
+
+async def proxy_round(target: Target) -> ProxyRound:
+    plain, long = (orjson.dumps({**b, "model": target.model}) for b in (BODY, LONG_STREAM))
+    calls_per_s, cpu_per_call = await calls_at_once(target, plain, PORTKEY_CALLS_EACH)
+    cpu_per_chunk, chunks_per_stream = await chunks_at_once(target, long, PORTKEY_STREAMS_EACH)
+    return ProxyRound(calls_per_s, cpu_per_call, cpu_per_chunk, chunks_per_stream)
+
+
+async def measure_portkey(pairs: int) -> list[tuple[ProxyRound, ProxyRound]]:
+    """``--portkey``: this tree's gateway and Portkey (:mod:`bench.portkey`), both pinned
+    to the same core, on the same fake upstream; a warm-up round each (connections to the
+    upstream, V8's compiler), then pairs of rounds in turn (which goes first alternates):
+    (svc-gateway, Portkey) per pair."""
+    started = trio.current_time()
+    script = await trio.to_thread.run_sync(portkey.install)
+    cpus = pin_cores()
+    upstream, upstream_url = await trio.to_thread.run_sync(start_upstream)
+    servers: list[Server] = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
+            this = await start_target("this", Path(tmp) / "this", config_toml(upstream_url), cpus)
+            servers.append(this.server)
+            server = await portkey.start(script, Path(tmp) / "portkey", cpus)
+            servers.append(server)
+            route = portkey.route_headers(upstream_url)
+            proxy = Target("portkey", server, UPSTREAM_KEY, UPSTREAM_MODEL, route)
+            with trio.fail_after(PHASE_LIMIT_S):
+                for target in (this, proxy):
+                    await proxy_round(target)
+            results = []
+            for index in range(pairs):
+                if trio.current_time() - started > PORTKEY_BUDGET_S:
+                    print(f"out of time after {index} pairs", file=sys.stderr)
+                    break
+                with trio.fail_after(PHASE_LIMIT_S):
+                    svc, other = partial(proxy_round, this), partial(proxy_round, proxy)
+                    results.append(await in_turn(svc, other, swap=index % 2 == 1))
+                elapsed = trio.current_time() - started
+                print(f"pair {index + 1} done at {elapsed:.1f} s", file=sys.stderr)
+            portkey.check_alone(server.proc.pid)
+            return results
+    finally:
+        await stop_all(servers, upstream)
+
+
+def portkey_report(
+    pairs: list[tuple[ProxyRound, ProxyRound]],
+    runtime_s: float,
+    load: tuple[float, float],
+    command: str,
+) -> str:
+    def paired(figure: Callable[[ProxyRound], float]) -> list[tuple[float, float]]:
+        return [(figure(svc), figure(proxy)) for svc, proxy in pairs]
+
+    svc_chunks, proxy_chunks = (
+        statistics.median(pair[side].chunks_per_stream for pair in pairs) for side in (0, 1)
+    )
+    return "\n".join(
+        [
+            PORTKEY_SECTION,
+            "",
+            "| measure | svc-gateway (median) | Portkey (median) | svc ÷ Portkey: median of "
+            "pairs (range) |",
+            "|---|---|---|---|",
+            paired_row(
+                "server CPU per non-streamed call, 16 callers (ms)",
+                paired(lambda r: r.cpu_per_call),
+            ),
+            paired_row(
+                f"server CPU per chunk, {CHUNKS}-chunk streams, 16 callers (µs)",
+                paired(lambda r: r.cpu_per_chunk),
+                scale=1e6,
+            ),
+            paired_row(
+                "calls/s, 16 callers, not streamed", paired(lambda r: r.calls_per_s), scale=1
+            ),
+            "",
+            run_line(command, runtime_s, load),
+            "",
+            f"{portkey.describe()}, a pure proxy: it routes each call by its headers "
+            "(`x-portkey-provider: openai`, `x-portkey-custom-host`: the fake upstream) and "
+            "keeps no accounts. svc-gateway (this tree) with a live key of an organisation with "
+            "credits: it authenticates, admits, meters and settles each call. Both servers "
+            "pinned to the same core, this client and the fake upstream on the other. After a "
+            f"warm-up round each, {len(pairs)} pairs of rounds in turn (which goes first "
+            f"alternates); a round is {CONCURRENCY} callers × {PORTKEY_CALLS_EACH} non-streamed "
+            f"calls, then {CONCURRENCY} × {PORTKEY_STREAMS_EACH} streams of {svc_chunks:.0f} "
+            f"(svc-gateway) / {proxy_chunks:.0f} (Portkey) `data:` chunks to the client. CPU is "
+            "each server process's CPU time (user + system, all threads) over the phase; the "
+            "ratio column is the median of the per-pair ratios and their range.",
+            "",
+        ]
+    )
+
+
 #: (label, figure, target ratio this ÷ base, whether lower is better)
 ROWS: list[tuple[str, Callable[[Figures], float], str, bool]] = [
     ("CPU per non-streamed call, 16 callers (ms)", lambda f: f.cpu_ms_per_call, "≤ 0.50", True),
@@ -1002,7 +1151,13 @@ def main() -> None:
     parser.add_argument("--short", action="store_true", help="one short round")
     parser.add_argument("--against", metavar="REV", help="alternate with REV, print ratios")
     parser.add_argument(
-        "--pairs", type=int, help=f"pairs of rounds (--against: {PAIRS}, --kinds: {KINDS_PAIRS})"
+        "--pairs",
+        type=int,
+        help=f"pairs of rounds (--against: {PAIRS}, --kinds: {KINDS_PAIRS}, "
+        f"--portkey: {PORTKEY_PAIRS})",
+    )
+    parser.add_argument(
+        "--portkey", action="store_true", help="CPU per call and per chunk against Portkey"
     )
     parser.add_argument(
         "--kinds", action="store_true", help="CPU per call, anthropic against openai provider"
@@ -1032,6 +1187,11 @@ def main() -> None:
         print(kinds_report(kinds, time.monotonic() - started, load, command.strip()))
         for kind in KINDS if args.profile else ():
             print(profile_summary(args.profile / f"{kind}.txt"), end="\n\n")
+        return
+    elif args.portkey:
+        proxy_pairs = trio.run(measure_portkey, args.pairs or PORTKEY_PAIRS)
+        load = (load_before, os.getloadavg()[0])
+        print(portkey_report(proxy_pairs, time.monotonic() - started, load, command.strip()))
         return
     elif args.against:
         count = args.pairs or PAIRS

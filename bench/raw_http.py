@@ -81,7 +81,7 @@ class RawConnection:
         return status, headers
 
     async def _chunked(self) -> bytes:
-        parts = []
+        parts: list[bytes] = []
         while True:
             size = int((await self._line()).split(b";", 1)[0], 16)
             if size == 0:

@@ -181,7 +181,7 @@ def start_server(
             stdout=subprocess.PIPE,
             stderr=stderr,
             text=True,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
+            preexec_fn=pinned(cpus),
         )
     lines: queue.Queue[str | None] = queue.Queue()
 
@@ -207,6 +207,12 @@ def start_server(
     raise SystemExit(f"the server did not start:\n{stderr_path.read_text()}")
 
 
+def pinned(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` keeping a child process (and every thread it starts) on ``cpus``;
+    None (no pinning) for None."""
+    return (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+
+
 async def bench_key(url: str) -> str:
     """A sandbox key whose limits the benchmark cannot reach."""
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -220,7 +226,7 @@ async def bench_key(url: str) -> str:
         }
         response = await client.post("/admin/keys", json=body)
         response.raise_for_status()
-        return response.json()["token"]
+        return str(response.json()["token"])
 
 
 # -- measuring -------------------------------------------------------------------------------
