@@ -279,9 +279,9 @@ class Call:
         (:meth:`start_provider_call`); a later one, a retry before any byte reached the
         client, keeps the pending row and the reservation and opens its own span."""
         hold = self.held
-        self.hold = replace(
-            hold, model=route.model, provider=self.parts.provider_for(self.record, route.model)
-        )
+        provider = self.parts.provider_for(self.record, route.model)
+        if route.model is not hold.model or provider is not hold.provider:
+            self.hold = replace(hold, model=route.model, provider=provider)
         if self.state is CallState.RESERVED:
             await self.start_provider_call()
         elif self.attempts:

@@ -8,12 +8,12 @@ from gateway.calls import pipeline
 from gateway.calls.lifecycle import Call
 from gateway.calls.parse import EmbeddingCall
 from gateway.calls.pipeline import EMBEDDINGS, Endpoint
-from gateway.edge.http import json_response
+from gateway.edge.http import call_answer
 from gateway.edge.routes.model_calls import serve_call
 
 
 async def _embed(call: Call, _: Endpoint, parsed: EmbeddingCall) -> Response:
-    return json_response(await pipeline.embed(call, parsed))
+    return call_answer(await pipeline.embed(call, parsed))
 
 
 async def embeddings() -> Response:

@@ -21,7 +21,7 @@ from gateway.calls.pipeline import CHAT, RESPONSES, Endpoint
 from gateway.edge import idempotency
 from gateway.edge.auth import admit_request, authenticate, carry_rate_headers, require_scope
 from gateway.edge.exchange import ExchangeReport
-from gateway.edge.http import json_response, read_json_object, request_id, runtime
+from gateway.edge.http import call_answer, read_json_object, request_id, runtime
 from gateway.errors import GatewayError
 from gateway.serving.runtime import Runtime
 from gateway.store.claims import Claim
@@ -73,7 +73,7 @@ async def run_chat_shaped(call: Call, endpoint: Endpoint, chat: Any) -> Response
         return Response(
             events.body, status=200, headers=events.headers, content_type="text/event-stream"
         )
-    return json_response(await pipeline.complete(call, endpoint, chat))
+    return call_answer(await pipeline.complete(call, endpoint, chat))
 
 
 async def chat_completions() -> Response:
