@@ -27,6 +27,7 @@ from tests.support.fake_client import (
     status_of,
     trickle,
 )
+from tests.support.waiting import until
 
 
 @pytest.fixture
@@ -175,3 +176,27 @@ async def test_bodies_past_the_budget_wait_then_are_refused_503(
     assert error_of(answer)["code"] == "service_unavailable"
     assert b"retry-after: 1" in answer.lower()
     assert wait - 0.2 <= took < wait + 2
+
+
+async def test_a_client_that_leaves_mid_body_is_recorded_as_leaving(
+    gateway: Gateway, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The body is cut off by the client closing its connection: the request ends as the
+    client leaving (its disconnect, held until the body is settled, ends it), and nothing
+    of the call is left in flight."""
+
+    def chat_requests() -> list[dict[str, object]]:
+        return [
+            record.svc_fields
+            for record in caplog.records
+            if getattr(record, "svc_event", None) == "request"
+            and record.svc_fields["path"] == "/v1/chat/completions"
+        ]
+
+    with caplog.at_level("INFO", logger="gateway.request"):
+        stream = await connect(gateway.url)
+        async with stream:
+            await stream.send_all(head(gateway.url, 1000, gateway.token) + b'{"model": "mock')
+        (line,) = await until(chat_requests, within=10)
+    assert (line["status"], line["code"]) == (499, "client_closed"), line
+    assert len(gateway.runtime.inflight) == 0
