@@ -13,11 +13,8 @@ start. Installed on the app through Quart's ``asgi_http_class`` (:func:`install`
 
 from __future__ import annotations
 
-from typing import cast
-
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
-from quart.wrappers import Response
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 
@@ -67,9 +64,10 @@ class HTTPConnection(TrioASGIHTTPConnection):
             watch(scope.cancel)
             # TrioASGIHTTPConnection.handle_request without its nursery
             response = await self.app.handle_request(request)
-            timeout = self.app.config["RESPONSE_TIMEOUT"]
-            if isinstance(response, Response) and response.timeout != Ellipsis:
-                timeout = cast(float | None, response.timeout)
+            # Quart's Response has a timeout (Ellipsis: the app's); werkzeug's has none
+            timeout = getattr(response, "timeout", Ellipsis)
+            if timeout is Ellipsis:
+                timeout = self.app.config["RESPONSE_TIMEOUT"]
             if timeout is None:
                 await self._send_response(send, response)
             else:
