@@ -222,7 +222,7 @@ async def pump(
         frames: list[Frame] = (
             [failure]
             if failure and not in_stream
-            else [*(fmt.error(failure) if failure else fmt.finish())]
+            else list(fmt.error(failure) if failure else fmt.finish())
         )
         with trio.move_on_after(FINAL_SEND_S):
             try:
@@ -285,10 +285,7 @@ async def _body(
                 except trio.EndOfChannel:
                     ended = True
                     break
-                if isinstance(frame, bytes):
-                    out.append(frame)
-                else:
-                    out += fmt.error(frame)
+                out += _frame_bytes(frame, fmt)
             yield out[0] if len(out) == 1 else b"".join(out)
             if ended:
                 return
