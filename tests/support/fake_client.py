@@ -86,6 +86,20 @@ async def read_answer(stream: trio.SocketStream, seconds: float = 15) -> bytes:
     return data
 
 
+async def early_answer(stream: trio.SocketStream, seconds: float = 15) -> bytes:
+    """What the server answered before it closed a connection whose upload it did not
+    read (the client's send failed): read as httpx reads it; empty when the reset came
+    first and took the answer with it."""
+    data = b""
+    with trio.fail_after(seconds):
+        try:
+            while not complete(data) and (chunk := await stream.receive_some(65536)):
+                data += chunk
+        except trio.BrokenResourceError:
+            pass
+    return data if complete(data) else b""
+
+
 def status_of(answer: bytes) -> int:
     return int(answer.split(b" ", 2)[1])
 
