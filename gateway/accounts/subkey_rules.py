@@ -31,15 +31,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from typing import Any
 
-from gateway.accounts.key_fields import (
-    MODEL_LIST,
-    model_list_name,
-    parse_caps,
-    parse_expiry,
-    parse_name,
-    refuse_unknown_fields,
-    string_list,
-)
+from gateway.accounts import key_fields
 from gateway.accounts.key_record import CAP_FIELDS, DATA_MODES, SCOPES, Caps, KeyRecord
 from gateway.accounts.tag_rules import check_tag_map
 from gateway.errors import GatewayError
@@ -53,7 +45,7 @@ FIELDS = (
     "scopes",
     "caps",
     "data_mode",
-    MODEL_LIST,
+    key_fields.MODEL_LIST,
     "required_tags",
     "default_tags",
     "expires_at",
@@ -72,8 +64,8 @@ def child_settings(
 
     ``catalog`` holds the ids of the models of the organisation's API catalog.
     """
-    refuse_unknown_fields(body, FIELDS, "a sub-key body")
-    name = parse_name(body)
+    key_fields.refuse_unknown_fields(body, FIELDS, "a sub-key body")
+    name = key_fields.parse_name(body)
     for field in INHERITED:
         inherited = getattr(parent, field)
         # the parent's value, of its type: 0 is not false (nor 1.0 true)
@@ -102,7 +94,7 @@ def child_settings(
 
 
 def _scopes(parent: KeyRecord, body: dict[str, Any]) -> tuple[str, ...]:
-    scopes = string_list(body, "scopes")
+    scopes = key_fields.string_list(body, "scopes")
     if scopes is None:
         return tuple(s for s in parent.scopes if s in SUB_KEY_SCOPES)
     for scope in scopes:
@@ -121,7 +113,7 @@ def _scopes(parent: KeyRecord, body: dict[str, Any]) -> tuple[str, ...]:
 
 def child_caps(parent: Caps, raw: Any) -> Caps:
     """Caps from ``raw`` over the parent's, each at most the parent's (rule 5)."""
-    caps = parse_caps(raw, parent)
+    caps = key_fields.parse_caps(raw, parent)
     for field in CAP_FIELDS:
         limit, value = getattr(parent, field), getattr(caps, field)
         if limit is not None and (value is None or value > limit):
@@ -145,8 +137,8 @@ def _data_mode(parent: str, body: dict[str, Any]) -> str:
 def _allowed_models(
     parent: tuple[str, ...] | None, body: dict[str, Any], catalog: Collection[str]
 ) -> tuple[str, ...] | None:
-    name = model_list_name(body)
-    models = string_list(body, name)
+    name = key_fields.model_list_name(body)
+    models = key_fields.string_list(body, name)
     if models is None:
         return parent
     if not models:
@@ -187,7 +179,7 @@ def _default_tags(parent: dict[str, str], body: dict[str, Any]) -> dict[str, str
 def _expiry(parent: float | None, body: dict[str, Any], now: float) -> float | None:
     if "expires_at" not in body:
         return parent
-    expires_at = parse_expiry(body["expires_at"])
+    expires_at = key_fields.parse_expiry(body["expires_at"])
     if expires_at is not None and expires_at <= now:
         raise GatewayError("invalid_request", "expires_at must be in the future.", "expires_at")
     if parent is not None and (expires_at is None or expires_at > parent):

@@ -25,16 +25,7 @@ from collections.abc import Iterable
 
 from gateway.calls.settlement import Ending
 from gateway.errors import GatewayError
-from gateway.providers.base import (
-    ProviderDropped,
-    ProviderError,
-    ProviderMalformed,
-    ProviderRateLimited,
-    ProviderRefused,
-    ProviderServerError,
-    ProviderTimedOut,
-    ProviderUnreachable,
-)
+from gateway.providers import base
 
 REFUSED_PHRASE = "The provider refused the request: "
 PROVIDER_RETRY_AFTER = 30
@@ -86,33 +77,33 @@ def clean_explanation(text: str) -> str:
 OVERLOADED = frozenset({529})
 
 
-def retry_reason(exc: ProviderError, *, byok: bool) -> str | None:
+def retry_reason(exc: base.ProviderError, *, byok: bool) -> str | None:
     """Why a failure before the first byte may be tried on another deployment, or None
     when it may not (docs/decisions/routing.md): a refusal as written (400, 404, 413,
     422) would be refused again, a BYOK credential is the organisation's own, an answer
     that came (unreadable) or a stream cut after output did work."""
-    if isinstance(exc, ProviderUnreachable):
+    if isinstance(exc, base.ProviderUnreachable):
         return "connect"
-    if isinstance(exc, ProviderTimedOut):
+    if isinstance(exc, base.ProviderTimedOut):
         return "first_byte_timeout"
-    if isinstance(exc, ProviderRateLimited):
+    if isinstance(exc, base.ProviderRateLimited):
         return "rate_limited"
-    if isinstance(exc, ProviderServerError) and exc.status >= 500:
+    if isinstance(exc, base.ProviderServerError) and exc.status >= 500:
         return "overloaded" if exc.status in OVERLOADED else "server_error"
-    if isinstance(exc, ProviderRefused) and exc.status in (401, 403) and not byok:
+    if isinstance(exc, base.ProviderRefused) and exc.status in (401, 403) and not byok:
         return "credential"
     return None
 
 
-def map_provider_error(exc: ProviderError, *, byok: bool) -> tuple[GatewayError, Ending]:
+def map_provider_error(exc: base.ProviderError, *, byok: bool) -> tuple[GatewayError, Ending]:
     """The answer and the settlement row of a provider failure that reported no usage
     (:func:`gateway.calls.settlement.ending_for` decides when it did)."""
-    if isinstance(exc, ProviderRefused):
+    if isinstance(exc, base.ProviderRefused):
         if byok and exc.status in (401, 403):
             return GatewayError("byok_credential_rejected"), Ending.PROVIDER_REFUSED
         message = REFUSED_PHRASE + clean_explanation(exc.message)
         return GatewayError("invalid_request", message), Ending.PROVIDER_REFUSED
-    if isinstance(exc, ProviderRateLimited):
+    if isinstance(exc, base.ProviderRateLimited):
         error = GatewayError(
             "rate_limited",
             "The model's provider is limiting this model; retry later.",
@@ -120,18 +111,18 @@ def map_provider_error(exc: ProviderError, *, byok: bool) -> tuple[GatewayError,
         )
         return error, Ending.PROVIDER_REFUSED
     unreachable = GatewayError("service_unavailable", "The model's provider could not be reached.")
-    if isinstance(exc, ProviderUnreachable):
+    if isinstance(exc, base.ProviderUnreachable):
         return unreachable, Ending.SERVER_ERROR
-    if isinstance(exc, ProviderServerError):
+    if isinstance(exc, base.ProviderServerError):
         failed = GatewayError("service_unavailable", "The model's provider failed.")
         return failed, Ending.SERVER_ERROR if exc.status >= 500 else Ending.FULL_RESERVATION
-    if isinstance(exc, ProviderTimedOut):
+    if isinstance(exc, base.ProviderTimedOut):
         late = GatewayError("request_timeout", "The model's provider did not answer in time.")
         return late, Ending.FULL_RESERVATION
-    if isinstance(exc, ProviderMalformed):
+    if isinstance(exc, base.ProviderMalformed):
         unreadable = GatewayError("service_unavailable", "The provider's answer was unreadable.")
         return unreadable, Ending.FULL_RESERVATION
-    if isinstance(exc, ProviderDropped):
+    if isinstance(exc, base.ProviderDropped):
         return GatewayError("service_unavailable", "The model's provider dropped the call."), (
             Ending.FULL_RESERVATION
         )

@@ -814,14 +814,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         raise ConfigError("models: at most one model of kind embedding is served")
     _check_fallbacks(models)
     _check_mock_deployments(models, {p.name: p.kind for p in providers})
-    return Config(
-        server=server,
-        cluster=cluster,
-        observability=observability,
-        providers=providers,
-        models=models,
-        source=source,
-    )
+    return Config(server, cluster, observability, providers, models, source)
 
 
 def _env_workers(value: str) -> int:

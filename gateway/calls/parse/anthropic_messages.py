@@ -135,10 +135,10 @@ def parse_messages(body: Any, max_output_tokens: int, *, counting: bool = False)
         translation.dropped.add("cache_control")
     budget = _budget(body, max_output_tokens, counting)
     return ChatCall(
-        model=model,
-        messages=messages,
-        max_tokens=budget,
-        stream=stream,
+        model,
+        messages,
+        budget,
+        stream,
         params=params,
         needs=needs,
         endpoint="messages",

@@ -111,10 +111,10 @@ def parse_chat(body: Any, max_output_tokens: int) -> ChatCall:
         "max_tokens",
     )
     return ChatCall(
-        model=model,
-        messages=messages,
-        max_tokens=budget,
-        stream=stream,
+        model,
+        messages,
+        budget,
+        stream,
         include_usage=stream_options.get("include_usage") is True,
         params=params,
         needs=needs,

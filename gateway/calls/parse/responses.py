@@ -31,27 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.calls.parse import ChatCall
-from gateway.calls.parse.fields import (
-    COMMON_FIELDS,
-    common_params,
-    flag,
-    forward_capabilities,
-    invalid,
-    obj,
-    output_budget,
-    positive_int,
-    refuse_present,
-    refuse_session_fields,
-    refuse_unknown,
-    require_model,
-    require_object,
-    string,
-    tool_choice,
-    tool_params,
-    unsupported,
-    without_nulls,
-)
+from gateway.calls.parse import ChatCall, fields
 from gateway.calls.parse.translate import ResponseStreamTranslator, chat_to_response
 from gateway.errors import GatewayError
 
@@ -59,7 +39,7 @@ __all__ = ["ResponseStreamTranslator", "chat_to_response", "parse_responses"]
 
 # Refused whatever their value (a null is not sent).
 REFUSED = ("previous_response_id", "top_logprobs", "stream_options")
-RESPONSES_FIELDS = COMMON_FIELDS | {
+RESPONSES_FIELDS = fields.COMMON_FIELDS | {
     "input",
     "instructions",
     "max_output_tokens",
@@ -80,42 +60,36 @@ STRUCTURED_OUTPUT = "text.format with type json_schema"
 
 def parse_responses(body: Any, max_output_tokens: int) -> ChatCall:
     """Validate a responses body; ``max_output_tokens`` is the key's cap."""
-    body = without_nulls(require_object(body))
-    refuse_unknown(body, RESPONSES_FIELDS)
-    model = require_model(body, missing="invalid_request")
+    body = fields.without_nulls(fields.require_object(body))
+    fields.refuse_unknown(body, RESPONSES_FIELDS)
+    model = fields.require_model(body, missing="invalid_request")
     messages = input_messages(body.get("input"))
-    refuse_session_fields(body)
-    refuse_present(body, REFUSED)
-    flag(body, "store", refused=True)
-    flag(body, "background", refused=True)
+    fields.refuse_session_fields(body)
+    fields.refuse_present(body, REFUSED)
+    fields.flag(body, "store", refused=True)
+    fields.flag(body, "background", refused=True)
     truncation = body.get("truncation")
     if truncation == "auto":
-        raise unsupported("truncation", "truncation auto is not supported.")
+        raise fields.unsupported("truncation", "truncation auto is not supported.")
     if truncation not in (None, "disabled"):
-        raise invalid("truncation", "truncation must be auto or disabled.")
+        raise fields.invalid("truncation", "truncation must be auto or disabled.")
     _include(body.get("include"))
-    choice = tool_choice(body, STRUCTURED_OUTPUT)
-    params = common_params(body)
-    instructions = string(body, "instructions")
+    choice = fields.tool_choice(body, STRUCTURED_OUTPUT)
+    params = fields.common_params(body)
+    instructions = fields.string(body, "instructions")
     if instructions is not None:
         messages.insert(0, {"role": "system", "content": instructions})
-    stream = flag(body, "stream")
-    obj(body, "reasoning")  # accepted, not forwarded: nested members are not ours to check
+    stream = fields.flag(body, "stream")
+    fields.obj(body, "reasoning")  # accepted, not forwarded: nested members are not ours to check
     response_format = _text_format(body)
     tools, web_search = _tools(body.get("tools"))
-    params.update(tool_params(body, tools, choice))
-    needs = forward_capabilities(params, messages, tools, response_format, web_search)
-    budget = output_budget(
-        (positive_int(body, "max_output_tokens"),), max_output_tokens, "max_output_tokens"
+    params.update(fields.tool_params(body, tools, choice))
+    needs = fields.forward_capabilities(params, messages, tools, response_format, web_search)
+    budget = fields.output_budget(
+        (fields.positive_int(body, "max_output_tokens"),), max_output_tokens, "max_output_tokens"
     )
     return ChatCall(
-        model=model,
-        messages=messages,
-        max_tokens=budget,
-        stream=stream,
-        params=params,
-        needs=needs,
-        endpoint="responses",
+        model, messages, budget, stream, params=params, needs=needs, endpoint="responses"
     )
 
 
@@ -127,9 +101,11 @@ def _include(value: Any) -> None:
     if value is None:
         return
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise invalid("include", "include must be an array of strings.")
+        raise fields.invalid("include", "include must be an array of strings.")
     if "message.output_text.logprobs" in value:
-        raise unsupported("include", "include message.output_text.logprobs is not supported.")
+        raise fields.unsupported(
+            "include", "include message.output_text.logprobs is not supported."
+        )
 
 
 def input_messages(value: Any) -> list[dict[str, Any]]:
@@ -145,7 +121,7 @@ def input_messages(value: Any) -> list[dict[str, Any]]:
             raise _unreadable(f"input[{index}] must be an object.")
         kind = item.get("type", "message")
         if kind in UNSUPPORTED_INPUTS:
-            raise unsupported("input", f"{kind} inputs are not supported.")
+            raise fields.unsupported("input", f"{kind} inputs are not supported.")
         if kind == "message":
             messages.append(_message(item, index))
         elif kind == "function_call":
@@ -178,7 +154,7 @@ def _parts(value: Any, index: int) -> list[dict[str, Any]]:
     for part in value:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in UNSUPPORTED_INPUTS:
-            raise unsupported("input", f"{kind} inputs are not supported.")
+            raise fields.unsupported("input", f"{kind} inputs are not supported.")
         if kind in TEXT_PARTS and isinstance(part.get("text"), str):
             parts.append({"type": "text", "text": part["text"]})
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
@@ -194,7 +170,9 @@ def _parts(value: Any, index: int) -> list[dict[str, Any]]:
 def _image(part: dict[str, Any]) -> dict[str, Any]:
     url = part.get("image_url")
     if not isinstance(url, str):
-        raise unsupported("input", "input_image needs image_url; file ids are not supported.")
+        raise fields.unsupported(
+            "input", "input_image needs image_url; file ids are not supported."
+        )
     image: dict[str, Any] = {"url": url}
     if isinstance(part.get("detail"), str):
         image["detail"] = part["detail"]
@@ -232,7 +210,7 @@ def _unreadable(message: str) -> GatewayError:
 def _text_format(body: dict[str, Any]) -> dict[str, Any] | None:
     """``text.format`` as a chat response_format (errors name response_format); type
     text is the default and means none. text.verbosity and unknown members are ignored."""
-    text = obj(body, "text") or {}
+    text = fields.obj(body, "text") or {}
     fmt = text.get("format")
     if fmt is None:
         return None
@@ -248,7 +226,7 @@ def _text_format(body: dict[str, Any]) -> dict[str, Any] | None:
     ):
         keep = ("name", "schema", "description", "strict")
         return {"type": "json_schema", "json_schema": {k: fmt[k] for k in keep if k in fmt}}
-    raise invalid(
+    raise fields.invalid(
         "response_format",
         "text.format must be text, json_object, or json_schema with a name and a schema.",
     )
@@ -259,20 +237,20 @@ def _tools(value: Any) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     if value is None:
         return [], None
     if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
-        raise invalid("tools", "tools must be an array of objects.")
+        raise fields.invalid("tools", "tools must be an array of objects.")
     tools: list[dict[str, Any]] = []
     web_search: dict[str, Any] | None = None
     for tool in value:
         kind = tool.get("type")
         if kind == "function":
             if not isinstance(tool.get("name"), str):
-                raise invalid("tools", "A function tool needs a name.")
+                raise fields.invalid("tools", "A function tool needs a name.")
             keep = ("name", "description", "parameters", "strict")
             tools.append({"type": "function", "function": {k: tool[k] for k in keep if k in tool}})
         elif kind == "web_search":
             web_search = _web_search_options(tool)
         else:
-            raise unsupported("tools", "Only function and web_search tools are supported.")
+            raise fields.unsupported("tools", "Only function and web_search tools are supported.")
     return tools, web_search
 
 
