@@ -6,6 +6,7 @@ buffer): only a handler that has authenticated the request reads one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import parse_qsl
@@ -18,6 +19,7 @@ from gateway.accounts.key_record import new_id
 from gateway.accounts.usd_json import plain_amounts
 from gateway.edge.bodies import gate_of
 from gateway.errors import GatewayError
+from gateway.store import StoreError
 
 if TYPE_CHECKING:
     from gateway.serving.runtime import Runtime
@@ -34,6 +36,18 @@ def new_request_id() -> str:
 
 def runtime() -> Runtime:
     return cast("Runtime", current_app.config["RUNTIME"])
+
+
+async def caught_up() -> None:
+    """Before a lookup by id answers 404, and before a list: with several nodes (or
+    workers behind one port), what it looks for may have been made through another one
+    since this one's last change poll; the poll's step runs now (one read of the change
+    counter; a reload if it moved), so a client reads its own writes whichever node it
+    reaches. A database away leaves what this node holds."""
+    cluster = runtime().cluster
+    if cluster is not None:
+        with contextlib.suppress(StoreError):
+            await cluster.catch_up()
 
 
 def request_id() -> str:

@@ -313,6 +313,40 @@ async def test_an_admin_call_by_id_right_after_its_create_finds_it_on_either_wor
     assert nowhere["error"]["code"] == "not_found"
 
 
+async def test_a_sub_key_right_after_its_create_is_found_and_listed_on_either_worker(
+    workers: Server,
+) -> None:
+    """The sub-key API reads its own writes across workers as the admin API does: a
+    sub-key made through the port is changed, listed and revoked at once, each call on a
+    new connection (either worker), not a 404 or a list without it until the other
+    worker's change poll. An id that is nowhere is still the 404."""
+    parent = await live_key([workers], await org_id(workers))
+    answers: Counter[tuple[str, int]] = Counter()
+
+    async def call(method: str, path: str, **json: object) -> Any:
+        async with httpx.AsyncClient(
+            base_url=workers.url, headers={"Authorization": f"Bearer {parent}"}
+        ) as http:
+            response = await http.request(method, path, json=json or None)
+        answers[(method, response.status_code)] += 1
+        return response.json()
+
+    async def made_then_used(i: int) -> None:
+        child = (await call("POST", "/v1/keys", name=f"child {i}"))["id"]
+        listed = await call("GET", "/v1/keys?limit=100")
+        assert child in [row["id"] for row in listed["data"]]
+        await call("PATCH", f"/v1/keys/{child}", disabled=True)
+        await call("DELETE", f"/v1/keys/{child}")
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for i in range(12):
+                nursery.start_soon(made_then_used, i)
+    assert answers == {("POST", 201): 12, ("GET", 200): 12, ("PATCH", 200): 12, ("DELETE", 200): 12}
+    nowhere = await call("DELETE", "/v1/keys/key_nowhere")
+    assert nowhere["error"]["code"] == "not_found"
+
+
 def test_several_workers_on_an_in_memory_database_are_refused(tmp_path: Path) -> None:
     result = run_cli("serve", "--workers", "2", "--port", "0", "--db", ":memory:", cwd=tmp_path)
     assert result.returncode == 2

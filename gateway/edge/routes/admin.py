@@ -10,7 +10,6 @@ before routing) is answered "no such organization/key", not "no such endpoint".
 
 from __future__ import annotations
 
-import contextlib
 import hmac
 import re
 from collections.abc import Awaitable, Callable, Iterable
@@ -24,10 +23,10 @@ from gateway.accounts.key_fields import number, refuse_unknown_fields
 from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.orgs import Org, validate_policy
 from gateway.edge.auth import bearer_token
-from gateway.edge.http import json_response, read_json_object, runtime
+from gateway.edge.http import caught_up, json_response, read_json_object, runtime
 from gateway.errors import GatewayError
 from gateway.observe.alerts import check_webhook_url
-from gateway.store import StoreError, node_leases, records
+from gateway.store import node_leases, records
 
 
 def authorize_admin() -> None:
@@ -39,17 +38,6 @@ def authorize_admin() -> None:
     token = bearer_token() or ""
     if not hmac.compare_digest(token.encode(), expected.encode()):
         raise GatewayError("invalid_api_key", "The admin token is invalid.")
-
-
-async def caught_up() -> None:
-    """Before an admin call answers 404 for an id: with several nodes (or workers behind
-    one port), the organisation or key may have been made through another one since
-    this one's last change poll; the poll's step runs now (one read of the change
-    counter; a reload if it moved). A database away leaves the 404."""
-    cluster = runtime().cluster
-    if cluster is not None:
-        with contextlib.suppress(StoreError):
-            await cluster.catch_up()
 
 
 async def org_or_404(org_id: str) -> Org:
@@ -132,6 +120,7 @@ async def create_org() -> Response:
 
 async def list_orgs() -> Response:
     authorize_admin()
+    await caught_up()
     return list_response([_org_view(org) for org in runtime().orgs.values()])
 
 
@@ -221,6 +210,7 @@ async def create_key() -> Response:
 
 async def list_keys() -> Response:
     org_id = await authorized_org_filter()
+    await caught_up()
     rt = runtime()
     now = rt.clock.now()
     return list_response(

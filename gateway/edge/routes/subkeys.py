@@ -19,7 +19,7 @@ from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.subkey_rules import child_settings
 from gateway.calls.policy import callable_models
 from gateway.edge.auth import admit_reader
-from gateway.edge.http import json_response, read_json_object, runtime
+from gateway.edge.http import caught_up, json_response, read_json_object, runtime
 from gateway.errors import GatewayError
 
 DEFAULT_LIMIT = 20
@@ -33,8 +33,11 @@ async def _manager() -> KeyRecord:
     return rt.keyring.successor(caller)
 
 
-def _own_child(manager: KeyRecord, key_id: str) -> KeyRecord:
-    record = runtime().keyring.get(key_id)
+async def _own_child(manager: KeyRecord, key_id: str) -> KeyRecord:
+    keyring = runtime().keyring
+    if keyring.get(key_id) is None:
+        await caught_up()
+    record = keyring.get(key_id)
     if record is None or record.parent_id != manager.id:
         raise GatewayError("not_found", f"No sub-key {key_id} for this key.", param="key_id")
     return record
@@ -55,6 +58,7 @@ async def list_sub_keys() -> Response:
     """Oldest first; ``after`` is the id of the last sub-key of the previous page."""
     manager = await _manager()
     limit = _limit()
+    await caught_up()
     rt = runtime()
     children = sorted(rt.keyring.children(manager.id), key=lambda r: (r.created_at, r.id))
     after = request.args.get("after")
@@ -91,7 +95,7 @@ def _disabled(body: dict[str, Any]) -> bool:
 
 async def change_sub_key(key_id: str) -> Response:
     manager = await _manager()
-    record = _own_child(manager, key_id)
+    record = await _own_child(manager, key_id)
     disabled = _disabled(await read_json_object())
     rt = runtime()
     record = await rt.keyring.change(record, status="disabled" if disabled else "active")
@@ -101,7 +105,7 @@ async def change_sub_key(key_id: str) -> Response:
 async def revoke_sub_key(key_id: str) -> Response:
     manager = await _manager()
     rt = runtime()
-    record = await rt.keyring.revoke(_own_child(manager, key_id))
+    record = await rt.keyring.revoke(await _own_child(manager, key_id))
     view = record.public(rt.clock.now())
     view["deleted"] = True
     return json_response(view)
