@@ -12,9 +12,12 @@ Portkey has no configuration of providers here: it routes each request by its he
 (:func:`route_headers`): ``x-portkey-provider: openai`` and ``x-portkey-custom-host`` (the
 fake upstream's ``/v1`` URL; 127.0.0.1 is among its default trusted custom hosts), with the
 upstream's key as the ``Authorization`` bearer. It maps no model names: calls name the
-upstream's model. Its ``build/start-server.js`` takes the port as ``--port=N`` (and listens
-on every interface: it has no host option); ``--headless`` and ``NODE_ENV=production``
-leave out its logs UI and the log stream behind it.
+upstream's model. Its ``build/start-server.js`` takes the port as ``--port=N`` but has no
+host option: it listens on every interface. The bench runs a copy of it beside
+``node_modules`` whose one call to ``serve`` also names ``hostname: "127.0.0.1"``
+(:func:`loopback_copy`: the call must be found exactly once, else the run stops), so
+that nothing of the bench is reachable from outside the machine. ``--headless`` and
+``NODE_ENV=production`` leave out its logs UI and the log stream behind it.
 """
 
 from __future__ import annotations
@@ -37,15 +40,20 @@ VERSION = "1.15.2"
 #: every package pinned, the gateway's own dependencies included (npm ``overrides``)
 PINS = {"@portkey-ai/gateway": VERSION, "@hono/node-server": "1.13.5", "hono": "4.9.7"}
 START_TIMEOUT_S = 30.0
+#: the call of @hono/node-server's ``serve`` in start-server.js 1.15.2 (minified), and
+#: what the loopback copy makes of it
+SERVE_CALL = "port:Ku})"
+SERVE_LOOPBACK = 'port:Ku,hostname:"127.0.0.1"})'
 
 
 def install() -> Path:
-    """Portkey's ``start-server.js``, installed by npm on first use (then reused)."""
+    """Portkey's server, installed by npm on first use (then reused): the loopback copy
+    of its ``start-server.js`` (:func:`loopback_copy`)."""
     if shutil.which("node") is None or shutil.which("npm") is None:
         raise SystemExit("--portkey needs node and npm on the PATH (Portkey runs on Node.js)")
     home = Path(tempfile.gettempdir()) / f"svc-bench-portkey-{VERSION}"
-    script = home / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js"
-    if (home / "ready").exists():
+    script = home / "start-server-loopback.mjs"
+    if (home / "ready").exists() and script.exists():
         return script
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
@@ -67,8 +75,20 @@ def install() -> Path:
         found = json.loads((home / "node_modules" / name / "package.json").read_text())["version"]
         if found != pin:
             raise SystemExit(f"npm installed {name} {found}, not {pin}: see {home}")
+    loopback_copy(
+        home / "node_modules" / "@portkey-ai" / "gateway" / "build" / "start-server.js", script
+    )
     (home / "ready").touch()
     return script
+
+
+def loopback_copy(original: Path, copy: Path) -> None:
+    """``original`` (Portkey's start-server.js) as ``copy``, listening on 127.0.0.1 only;
+    the copy sits beside ``node_modules``, where its imports resolve as the original's."""
+    source = original.read_text()
+    if source.count(SERVE_CALL) != 1:
+        raise SystemExit(f"{original}: its serve() call is not the one this bench patches")
+    copy.write_text(source.replace(SERVE_CALL, SERVE_LOOPBACK))
 
 
 def describe() -> str:
