@@ -1,0 +1,153 @@
+"""Instructions per call and per relayed chunk, this tree against a revision (issue 34).
+
+Run it from a clone (valgrind installed: ``apt-get install valgrind``)::
+
+    python bench/instructions.py --against 9088f64            # 2 rounds of each tree
+    python bench/instructions.py --against 9088f64 --rounds 3 --calls-each 10
+
+Why: CPU time on a shared virtual machine moves by up to 2× within minutes (see
+bench/RESULTS.md), so a ratio of CPU seconds needs many alternating pairs and still
+spans ±10 %. The instructions a process executes do not depend on how fast the machine
+runs them: counted by valgrind's callgrind (``Ir``), the same work gives the same count
+to about 1 %, and a change of a few percent shows in one round. It is a proxy of CPU
+time, not the same thing: it weighs every instruction alike (a cache miss or a system
+call's time in the kernel is not counted), so the bench's CPU-time figures
+(``bench/live_upstream.py --against``) stay the ones the issue names; this one says which
+way and how far the code moved.
+
+What runs: the live-call bench's parts (``bench/live_upstream.py``): its fake upstream,
+and each gateway as a ``svc-gateway serve`` process of its tree with the same config,
+started under ``valgrind --tool=callgrind --instr-atstart=no`` (counting off: start-up
+and warm-up are not counted). Per round and tree: a warm-up, then counting on
+(``callgrind_control -i on``) for 16 callers × ``--calls-each`` non-streamed calls, a
+dump, the same for 16 × ``--streams-each`` long streams (200 chunks), a dump. Every
+thread of the gateway process counts (the store's writer too). The trees take turns
+(REV, this, REV, this, ...); figures are the medians over the rounds, the ratio this ÷
+REV. Under valgrind a gateway runs some 50× slower, so calls queue more than at full
+speed; both trees meet the same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import orjson
+import trio
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench import live_upstream as live  # noqa: E402
+from bench import streaming  # noqa: E402
+
+#: a gateway under valgrind starts some 10× slower
+streaming.START_TIMEOUT_S = 600.0
+
+
+def under_callgrind(python: str, out: Path) -> str:
+    """An executable that runs ``python`` under callgrind, counting off, dumps to ``out``."""
+    wrapper = Path(tempfile.mkdtemp(prefix="svc-ir-")) / "python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f"exec valgrind -q --tool=callgrind --instr-atstart=no --callgrind-out-file={out}"
+        f' {python} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return str(wrapper)
+
+
+def dumped_ir(out: Path) -> int:
+    """The instructions of the dumps of ``out`` (``totals:``; ``summary:`` miscounts across
+    a toggle of the counting), and the dumps removed."""
+    total = 0
+    for name in glob.glob(f"{out}.*"):
+        with open(name) as dump:
+            total += sum(int(line.split()[1]) for line in dump if line.startswith("totals:"))
+        os.remove(name)
+    return total
+
+
+def control(*args: str) -> None:
+    subprocess.run(["callgrind_control", *args], check=True, stdout=subprocess.DEVNULL)
+
+
+async def counted(target: live.Target, out: Path, kind: str, each: int) -> float:
+    """Instructions per call (``calls``) or per chunk the clients received (``chunks``)."""
+    payload = orjson.dumps(live.BODY if kind == "calls" else live.LONG_STREAM)
+    work = live.raw_call if kind == "calls" else live.raw_chunks
+    await live.at_once(target, partial(work, payload=payload), 1)  # warm, not counted
+    dumped_ir(out)
+    pid = str(target.pid)
+    await trio.to_thread.run_sync(control, "-i", "on", pid)
+    _, _, results = await live.at_once(target, partial(work, payload=payload), each)
+    await trio.to_thread.run_sync(control, "-d", pid)
+    await trio.to_thread.run_sync(control, "-i", "off", pid)
+    units = live.CONCURRENCY * each if kind == "calls" else sum(results)
+    return dumped_ir(out) / units
+
+
+async def one_round(
+    name: str, tree: Path, python: str, upstream_url: str, args: argparse.Namespace
+) -> tuple[float, float]:
+    work = Path(tempfile.mkdtemp(prefix="svc-ir-"))
+    out = work / "callgrind.out"
+    target = await live.start_target(
+        name, work / "gw", live.config_toml(upstream_url), None, tree, under_callgrind(python, out)
+    )
+    try:
+        per_call = await counted(target, out, "calls", args.calls_each)
+        per_chunk = await counted(target, out, "chunks", args.streams_each)
+    finally:
+        target.server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"{name}: {per_call:,.0f} per call, {per_chunk:,.0f} per chunk", flush=True)
+    return per_call, per_chunk
+
+
+async def run(args: argparse.Namespace) -> None:
+    base_tree, base_python = live.build_revision(args.against)
+    sides = {args.against: (base_tree, base_python), "this tree": (live.ROOT, sys.executable)}
+    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    upstream, url = live.start_upstream()
+    try:
+        for _ in range(args.rounds):
+            for name, (tree, python) in sides.items():
+                figures[name].append(await one_round(name, tree, python, url, args))
+    finally:
+        upstream.kill()
+    medians = {
+        name: tuple(statistics.median(f[i] for f in rows) for i in (0, 1))
+        for name, rows in figures.items()
+    }
+    base, this = medians[args.against], medians["this tree"]
+    print(
+        f"\ninstructions (callgrind Ir), medians of {args.rounds} rounds:\n"
+        f"| | {args.against} | this tree | this ÷ {args.against} |\n|---|---|---|---|\n"
+        f"| per non-streamed call | {base[0]:,.0f} | {this[0]:,.0f} | {this[0] / base[0]:.3f} |\n"
+        f"| per relayed chunk | {base[1]:,.0f} | {this[1]:,.0f} | {this[1] / base[1]:.3f} |"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", metavar="REV", required=True, help="the base revision")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of each tree (2)")
+    parser.add_argument("--calls-each", type=int, default=10, help="calls per caller (10)")
+    parser.add_argument("--streams-each", type=int, default=2, help="streams per caller (2)")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        raise SystemExit("this bench needs valgrind (apt-get install valgrind)")
+    trio.run(run, args)
+
+
+if __name__ == "__main__":
+    main()
