@@ -39,6 +39,7 @@ from tests.cluster.test_cluster import (
     race,
     rows,
 )
+from tests.edge.test_dashboard_auth import PASSWORD, csrf_in
 from tests.money.test_durable_money import CONFIG, OUT_PRICE, WORST_CASE
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster
@@ -345,6 +346,54 @@ async def test_a_sub_key_right_after_its_create_is_found_and_listed_on_either_wo
     assert answers == {("POST", 201): 12, ("GET", 200): 12, ("PATCH", 200): 12, ("DELETE", 200): 12}
     nowhere = await call("DELETE", "/v1/keys/key_nowhere")
     assert nowhere["error"]["code"] == "not_found"
+
+
+async def test_a_key_made_on_the_dashboard_is_listed_and_found_on_either_worker(
+    workers: Server,
+) -> None:
+    """The dashboard reads its own writes across workers too: a key made through the port
+    is on the Keys page, and its revoke confirmation found, on new connections (either
+    worker) at once, not after the other worker's change poll."""
+    org = await org_id(workers)
+    await admin(
+        workers,
+        "POST",
+        "/admin/users",
+        org_id=org,
+        email="o@example.com",
+        role="owner",
+        password=PASSWORD,
+    )
+    async with httpx.AsyncClient(base_url=workers.url) as client:
+        login = await client.get("/dashboard/login")
+        signing_in = {"email": "o@example.com", "password": PASSWORD}
+        answer = await client.post(
+            "/dashboard/login", data={**signing_in, "csrf_token": csrf_in(login.text)}
+        )
+        assert answer.status_code == 303, answer.text
+        cookies = client.cookies
+
+    async def page(method: str, path: str, **form: str) -> httpx.Response:
+        async with httpx.AsyncClient(base_url=workers.url, cookies=cookies) as http:
+            return await http.request(method, path, data=form or None)
+
+    csrf = csrf_in((await page("GET", "/dashboard/keys/new")).text)
+
+    async def made_then_found(i: int) -> None:
+        form = {"name": f"dash {i}", "mode": "sandbox", "environment": "development"}
+        form |= {"data_mode": "standard", "scopes": "inference", "csrf_token": csrf}
+        made = await page("POST", "/dashboard/keys", **form)
+        assert made.status_code == 200 and "svc_test_" in made.text, made.text
+        listed = (await page("GET", "/dashboard/keys")).text
+        found = re.search(rf'dash {i}</.*?href="/dashboard/keys/(key_\w+)/rotate"', listed, re.S)
+        assert found is not None, f"dash {i} is not on the Keys page"
+        confirm = await page("GET", f"/dashboard/keys/{found[1]}/revoke")
+        assert confirm.status_code == 200 and f"dash {i}" in confirm.text
+
+    with trio.fail_after(60):
+        async with trio.open_nursery() as nursery:
+            for i in range(8):
+                nursery.start_soon(made_then_found, i)
 
 
 def test_several_workers_on_an_in_memory_database_are_refused(tmp_path: Path) -> None:

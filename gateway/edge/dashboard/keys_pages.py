@@ -12,7 +12,7 @@ from gateway.accounts.key_actions import ACTIONS, ROOT_SCOPES, create_root_key, 
 from gateway.accounts.key_record import DATA_MODES, ENVIRONMENTS, SCOPES, KeyRecord
 from gateway.edge.dashboard import audit, forms
 from gateway.edge.dashboard.web import User, bp, form_user, page, page_user, see_other
-from gateway.edge.http import runtime
+from gateway.edge.http import caught_up, runtime
 from gateway.edge.routes.key import key_view
 from gateway.errors import GatewayError
 
@@ -24,16 +24,22 @@ NOTICES = {
 }
 
 
-def org_key(user: User, key_id: str) -> KeyRecord:
-    """A key of the user's organisation; any other id (another organisation's too) is 404."""
-    record = runtime().keyring.get(key_id)
+async def org_key(user: User, key_id: str) -> KeyRecord:
+    """A key of the user's organisation; any other id (another organisation's too) is 404
+    (after catching up: the key may have been made through another worker or node)."""
+    keyring = runtime().keyring
+    if keyring.get(key_id) is None:
+        await caught_up()
+    record = keyring.get(key_id)
     if record is None or record.org_id != user.org_id:
         raise GatewayError("not_found", f"No key {key_id} in your organisation.")
     return record
 
 
-def org_keys(org_id: str) -> list[KeyRecord]:
-    """Root keys newest first, each followed by its sub-keys (oldest first)."""
+async def org_keys(org_id: str) -> list[KeyRecord]:
+    """Root keys newest first, each followed by its sub-keys (oldest first), as the
+    database has them (:func:`~gateway.edge.http.caught_up`)."""
+    await caught_up()
     keys = [r for r in runtime().keyring.all() if r.org_id == org_id]
     roots = sorted((r for r in keys if r.parent_id is None), key=lambda r: -r.created_at)
     ordered: list[KeyRecord] = []
@@ -50,7 +56,7 @@ async def keys() -> Response:
     show_all = request.args.get("show") == "all"
     rows: list[dict[str, Any]] = []
     hidden = 0
-    for record in org_keys(user.org_id):
+    for record in await org_keys(user.org_id):
         view = await key_view(record)
         if view["status"] == "revoked" and not show_all:
             hidden += 1
@@ -115,7 +121,7 @@ async def change_key(key_id: str, action: str) -> Response:
     if action not in ACTIONS:
         raise GatewayError("not_found", "No such action.")
     rt = runtime()
-    record, token = await key_action(rt, org_key(user, key_id), action)
+    record, token = await key_action(rt, await org_key(user, key_id), action)
     await audit.record(user, f"key.{action}d", record.name, record.prefix)
     if token is not None:
         old = rt.keyring.get(key_id)
@@ -132,7 +138,7 @@ def live_children(record: KeyRecord) -> list[KeyRecord]:
 async def confirm_action(key_id: str, action: str) -> Response:
     """Revoke and rotate each ask first: one click never ends or replaces a token."""
     user = await page_user()
-    record = org_key(user, key_id)
+    record = await org_key(user, key_id)
     return await page(f"key_{action}.html", nav="keys", key=record, children=live_children(record))
 
 
@@ -154,14 +160,14 @@ def _caps_context(record: KeyRecord, values: dict[str, Any], errors: dict[str, s
 @bp.get("/keys/<key_id>/caps")
 async def caps_form(key_id: str) -> Response:
     user = await page_user()
-    record = org_key(user, key_id)
+    record = await org_key(user, key_id)
     return await page("key_caps.html", **_caps_context(record, _caps_values(record), {}))
 
 
 @bp.post("/keys/<key_id>/caps")
 async def save_caps(key_id: str) -> Response:
     user, form = await form_user()
-    record = org_key(user, key_id)
+    record = await org_key(user, key_id)
     try:
         raw = forms.caps(form)
         await set_caps(runtime(), record, raw)

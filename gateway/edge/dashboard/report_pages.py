@@ -55,7 +55,7 @@ async def _usage(user: User, span: time_range.TimeRange) -> dict[str, Any]:
     (``records.usage_rows``, ``usage_totals``), over every key of the organisation."""
     rt = runtime()
     by, group, tag = _group()
-    names = {r.id: f"{r.name} ({r.prefix})" for r in org_keys(user.org_id)}
+    names = {r.id: f"{r.name} ({r.prefix})" for r in await org_keys(user.org_id)}
     key_ids = list(names) or [""]
     args = (key_ids, span.start.isoformat(), span.end.isoformat())
     total_rows = await rt.store.read(records.usage_rows, *args, None)
@@ -137,7 +137,7 @@ async def usage_csv() -> Response:
 async def requests_page() -> Response:
     user = await page_user()
     rt = runtime()
-    keys = org_keys(user.org_id)
+    keys = await org_keys(user.org_id)
     filters = {
         name: request.args.get(name, "").strip() for name in ("key_id", "model", "status", "tag")
     }
