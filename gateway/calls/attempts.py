@@ -53,12 +53,13 @@ class Attempts:
     tokens: int
     fallback: Fallback
 
-    def first_byte_timeout(self) -> float:
-        """``first_byte_timeout_s``, by default the call's time limit / max_attempts."""
-        config = self.model.config
-        if config.first_byte_timeout_s is not None:
-            return config.first_byte_timeout_s
-        return self.call.parts.request_timeout_s / config.max_attempts
+    def first_byte_timeout(self, model: Model) -> float:
+        """The attempt's model's ``first_byte_timeout_s`` (a fallback's own: it may be
+        slower to start than the model asked for), by default the call's time limit /
+        the requested model's ``max_attempts`` (the attempts' budget)."""
+        if model.config.first_byte_timeout_s is not None:
+            return model.config.first_byte_timeout_s
+        return self.call.parts.request_timeout_s / self.model.config.max_attempts
 
     def _routes(self, model: Model) -> list[Route]:
         call = self.call
@@ -103,7 +104,8 @@ class Attempts:
         router.started(route, self.tokens)  # before any checkpoint: the next plan sees it
         try:
             await call.start_attempt(route)
-            with trio.move_on_after(math.inf if final else self.first_byte_timeout()) as scope:
+            timeout = math.inf if final else self.first_byte_timeout(route.model)
+            with trio.move_on_after(timeout) as scope:
                 result = await ask(route)
             if scope.cancelled_caught:
                 raise ProviderTimedOut("no first byte within first_byte_timeout_s")

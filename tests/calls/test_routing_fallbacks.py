@@ -184,3 +184,36 @@ async def test_the_pending_row_holds_the_topped_up_reservation(
     with trio.fail_after(10):
         await done.wait()
     assert answered[0].status_code == 200, answered[0].text
+
+
+async def test_a_fallbacks_attempts_wait_for_its_own_first_byte_timeout(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    """The requested model gives up on a silent deployment after its 0.3 s; its fallback,
+    slower to start (1 s before its first byte) and configured for it (5 s), is waited
+    for by its own timeout, not the requested model's: its first deployment serves."""
+    a, b, c = [await nursery.start(FakeUpstream().serve) for _ in range(3)]
+    a.standing = "status=500"
+    b.standing = "delay=1"
+    providers = tuple(provider(name, up.url) for name, up in (("a", a), ("b", b), ("c", c)))
+    routed = routed_model(
+        "routed", DeploymentConfig("a", "up-a"), fallbacks=("backup",), first_byte_timeout_s=0.3
+    )
+    backup = routed_model(
+        "backup",
+        DeploymentConfig("b", "up-b"),
+        DeploymentConfig("c", "up-c"),
+        routing="ordered",
+        first_byte_timeout_s=5.0,
+    )
+    gw = await start_gateway(nursery, config_of(tmp_path, providers, (routed, backup)))
+    key = await gw.create_key(name="live", mode="live", caps={"usd_day": 10, "rpm": 1000})
+    pair = Pair(gw, key["token"], a, b)
+    response = await post(pair, chat())
+    assert response.status_code == 200, response.text
+    view = await record(pair, response.json()["svc"]["request_id"])
+    assert [(a["model"], a["provider"], a["status"]) for a in view["attempts"]] == [
+        ("routed", "a", 500),
+        ("backup", "b", 200),
+    ]
+    assert c.calls == 0
