@@ -1,11 +1,11 @@
 """Streamed model calls: a pump task per stream, and the server-sent-events body.
 
-    provider stream ──► pump (root nursery, deadline) ──► bounded channel ──► SSE body ──► client
-                        owns settlement                                     keep-alives
+    provider stream ──► pump (root nursery, deadline) ──► bounded outbox ──► SSE body ──► client
+                        owns settlement                                    keep-alives
 
 Why a separate task: the body must send ``: keep-alive`` every 15 s while the provider
 is silent, and an HTTP read cannot be cancelled for a keep-alive and resumed. So the
-pump reads the provider and the body waits on the channel with a keep-alive timeout
+pump reads the provider and the body waits on the outbox with a keep-alive timeout
 (each wait its own cancel scope: no scope is held across a ``yield``, PEP 789).
 
 Ownership: once handed to the pump, the call's slot and reservation are the pump's to
@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Protocol, TypeAlias, cast
 
 import orjson
 import trio
@@ -112,6 +112,90 @@ class StreamFormat(Protocol):
 Frame: TypeAlias = bytes | GatewayError
 
 
+class _Outbox:
+    """The frames from a stream's pump to its body (the answer's task), in the order put.
+
+    A list the pump appends to and the body empties, each side waking the other only
+    when it waits: a memory channel's ``send_nowait`` and ``receive_nowait`` cost ~4.6 k
+    instructions a frame, some 6 % of a relayed chunk (bench/RESULTS.md). At most
+    :data:`BUFFER` frames wait: the pump then waits for room, so a client that reads
+    slowly holds the upstream back.
+    """
+
+    __slots__ = ("_body", "_pump", "closed", "ended", "frames")
+
+    def __init__(self) -> None:
+        self.frames: list[Frame] = []
+        #: the pump is done: no frame follows those queued
+        self.ended = False
+        #: the body is done: no frame is taken any more
+        self.closed = False
+        self._body: trio.lowlevel.Task | None = None  # waiting for a frame
+        self._pump: trio.lowlevel.Task | None = None  # waiting for room
+
+    # -- the pump's side
+
+    def put(self, frame: Frame) -> bool:
+        """Queue ``frame``; True when the outbox is full (await :meth:`room`).
+        ``trio.BrokenResourceError`` once the body is closed."""
+        if self.closed:
+            raise trio.BrokenResourceError("the stream's body is closed")
+        self.frames.append(frame)
+        if self._body is not None:
+            self._wake_body()
+        return len(self.frames) >= BUFFER
+
+    async def room(self) -> None:
+        """Until the body has taken the queued frames (or closed: BrokenResourceError)."""
+        while len(self.frames) >= BUFFER and not self.closed:
+            self._pump = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abort_pump)
+        if self.closed:
+            raise trio.BrokenResourceError("the stream's body is closed")
+
+    def end(self) -> None:
+        self.ended = True
+        if self._body is not None:
+            self._wake_body()
+
+    # -- the body's side
+
+    async def wait(self) -> None:
+        """Until a frame is queued or the pump is done (no pass when one is already)."""
+        if not self.frames and not self.ended:
+            self._body = trio.lowlevel.current_task()
+            await trio.lowlevel.wait_task_rescheduled(self._abort_body)
+
+    def take(self) -> list[Frame]:
+        frames, self.frames = self.frames, []
+        if self._pump is not None:
+            self._wake_pump()
+        return frames
+
+    def close(self) -> None:
+        self.closed = True
+        if self._pump is not None:
+            self._wake_pump()
+
+    def _wake_body(self) -> None:
+        task, self._body = self._body, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    def _wake_pump(self) -> None:
+        task, self._pump = self._pump, None
+        if task is not None:
+            trio.lowlevel.reschedule(task)
+
+    def _abort_body(self, _: object) -> trio.lowlevel.Abort:
+        self._body = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+    def _abort_pump(self, _: object) -> trio.lowlevel.Abort:
+        self._pump = None
+        return trio.lowlevel.Abort.SUCCEEDED
+
+
 #: opens the upstream stream of the attempt under way (its deployment's provider, the
 #: call's trace): the provider's chat chunks, or a passthrough's own events
 OpenStream = Callable[[], AsyncIterator[dict[str, Any]]]
@@ -137,7 +221,7 @@ async def pump(
     attempts: Attempts,
     open_stream: OpenStream,
     fmt: StreamFormat,
-    send: trio.MemorySendChannel[Frame],
+    outbox: _Outbox,
     scope: trio.CancelScope,
     answered: trio.Event,
 ) -> None:
@@ -153,7 +237,7 @@ async def pump(
     #: what the provider said of its answer, for the attempt's span (traces on only)
     answered_by: object = None
     reasons: list[str] = []
-    async with send:
+    try:
         try:
             with scope:
                 #: the served attempt's stream, and it after its first item: closed here
@@ -175,12 +259,10 @@ async def pump(
                         if fmt.output(chunk):
                             produced = True
                             for data in fmt.chunk(chunk):
-                                try:
-                                    # no checkpoint per chunk: the chunks of one upstream
-                                    # read go out together (the body sends what is queued)
-                                    send.send_nowait(data)
-                                except trio.WouldBlock:
-                                    await send.send(data)
+                                # no checkpoint per chunk: the chunks of one upstream read
+                                # go out together (the body sends what is queued)
+                                if outbox.put(data):
+                                    await outbox.room()
                                 sent = True
                         try:
                             chunk = await rest.__anext__()
@@ -211,12 +293,19 @@ async def pump(
         # the spec: a streamed call's timeout is in-band, even with nothing sent yet (a
         # deadline shorter than the keep-alive interval): its frames open the stream
         in_stream = sent or (failure is not None and failure.code == "request_timeout")
-        await call.finish(
-            ending,
-            usage=usage,
-            http_status=failure.status if failure and not (in_stream or answered.is_set()) else 200,
-            error_code=failure.code if failure else None,
-        )
+        try:
+            await call.finish(
+                ending,
+                usage=usage,
+                http_status=failure.status
+                if failure and not (in_stream or answered.is_set())
+                else 200,
+                error_code=failure.code if failure else None,
+            )
+        except Exception:
+            # the shards stopped under it (a server cancelled whole) or did not answer
+            # in time: the settlement row is committed first, the memory is the shards'
+            log.exception("stream settlement failed")
         if call.client_gone:
             return
         frames: list[Frame] = (
@@ -224,12 +313,11 @@ async def pump(
             if failure and not in_stream
             else list(fmt.error(failure) if failure else fmt.finish())
         )
-        with trio.move_on_after(FINAL_SEND_S):
-            try:
-                for frame in frames:
-                    await send.send(frame)
-            except trio.BrokenResourceError:
-                pass
+        with suppress(trio.BrokenResourceError):
+            for frame in frames:  # a few: held without waiting for room
+                outbox.put(frame)
+    finally:
+        outbox.end()
 
 
 async def _close(chunks: AsyncIterator[dict[str, Any]]) -> None:
@@ -248,7 +336,7 @@ async def _close(chunks: AsyncIterator[dict[str, Any]]) -> None:
 
 async def _body(
     call: Call,
-    receive: trio.MemoryReceiveChannel[Frame],
+    outbox: _Outbox,
     fmt: StreamFormat,
     scope: trio.CancelScope,
     first: list[Frame],
@@ -256,44 +344,32 @@ async def _body(
     keepalive = call.parts.keepalive_s
     ended = False
     try:
-        for queued in first:
-            for data in _frame_bytes(queued, fmt):
-                yield data
+        frames = first
         while True:
-            frame: Frame | None = None
-            try:
-                try:
-                    # frames queued already: no timer, no scheduler pass (the send of
-                    # the last batch was one)
-                    frame = receive.receive_nowait()
-                except trio.WouldBlock:
-                    with trio.move_on_after(keepalive):
-                        frame = await receive.receive()
-            except trio.EndOfChannel:
+            if frames:
+                # every frame queued goes out in one write
+                yield _joined(frames, fmt)
+            elif outbox.ended:
                 ended = True
                 return
-            if frame is None:
-                yield fmt.keepalive
-                continue
-            # every frame already queued goes out in one write
-            out = _frame_bytes(frame, fmt)
-            while True:
-                try:
-                    frame = receive.receive_nowait()
-                except trio.WouldBlock:
-                    break
-                except trio.EndOfChannel:
-                    ended = True
-                    break
-                out += _frame_bytes(frame, fmt)
-            yield out[0] if len(out) == 1 else b"".join(out)
-            if ended:
-                return
+            if not outbox.frames and not outbox.ended:
+                with trio.move_on_after(keepalive) as waited:
+                    await outbox.wait()
+                if waited.cancelled_caught:
+                    yield fmt.keepalive
+            frames = outbox.take()
     finally:
         if not ended:
             call.client_left()
             scope.cancel()
-        receive.close()
+        outbox.close()
+
+
+def _joined(frames: list[Frame], fmt: StreamFormat) -> bytes:
+    try:
+        return b"".join(cast(list[bytes], frames))  # bytes, but for a failure (rare)
+    except TypeError:
+        return b"".join([data for frame in frames for data in _frame_bytes(frame, fmt)])
 
 
 def _frame_bytes(frame: Frame, fmt: StreamFormat) -> list[bytes]:
@@ -323,23 +399,23 @@ async def start_stream(
     """
     nursery = call.parts.nursery()
     assert nursery is not None
-    send, receive = trio.open_memory_channel[Frame](BUFFER)
+    outbox = _Outbox()
     await call.start_provider_call()
     scope = call.watch(trio.CancelScope(deadline=call.deadline))
     call.hand_off()
     answered = trio.Event()
-    nursery.start_soon(pump, call, attempts, open_stream, fmt, send, scope, answered)
-    first: list[Frame] = []
+    nursery.start_soon(pump, call, attempts, open_stream, fmt, outbox, scope, answered)
     try:
-        with trio.move_on_after(call.parts.keepalive_s), suppress(trio.EndOfChannel):
-            first.append(await receive.receive())
+        with trio.move_on_after(call.parts.keepalive_s):
+            await outbox.wait()
     except BaseException:
         call.client_left()
         scope.cancel()
-        receive.close()
+        outbox.close()
         raise
+    first = outbox.take()
     if first and isinstance(first[0], GatewayError):
-        receive.close()
+        outbox.close()
         raise first[0]
     if not first:
         # a keep-alive interval passed without a byte: the body opens with a keep-alive,
@@ -347,7 +423,7 @@ async def start_stream(
         first.append(fmt.keepalive)
     answered.set()
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return EventStream(_body(call, receive, fmt, scope, first), headers)
+    return EventStream(_body(call, outbox, fmt, scope, first), headers)
 
 
 class ChatChunks:

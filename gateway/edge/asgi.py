@@ -44,3 +44,23 @@ def disconnect_watch(scope: Scope) -> Watch | None:
 def set_disconnect_watch(scope: Scope, watch: Watch) -> None:
     """Offer ``watch`` to the app that gets ``scope``."""
     scope["extensions"][DISCONNECT_WATCH] = watch
+
+
+#: the scope extension (``scope["extensions"][RECEIVE_NOW]``) through which the server
+#: hands over the request's next message if it has arrived already, else None: no wait,
+#: no scheduler pass (a reader under a deadline needs the deadline's scope, ~50 function
+#: calls, only to wait). Set by the server beside :data:`DISCONNECT_WATCH`; it takes from
+#: the same queue as the ``receive`` the app is given.
+RECEIVE_NOW = "svc.receive_now"
+ReceiveNow = Callable[[], Message | None]
+
+
+def receive_now(scope: Scope) -> ReceiveNow | None:
+    """The request's :data:`ReceiveNow`; None when the server offers none."""
+    taker: ReceiveNow | None = scope.get("extensions", {}).get(RECEIVE_NOW)
+    return taker
+
+
+def set_receive_now(scope: Scope, taker: ReceiveNow) -> None:
+    """Offer ``taker`` to the app that gets ``scope``."""
+    scope["extensions"][RECEIVE_NOW] = taker

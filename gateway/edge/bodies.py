@@ -36,10 +36,12 @@ from gateway.edge.asgi import (
     App,
     Message,
     Receive,
+    ReceiveNow,
     Scope,
     Send,
     Watch,
     disconnect_watch,
+    receive_now,
     set_disconnect_watch,
 )
 from gateway.errors import GatewayError
@@ -115,8 +117,10 @@ class BodyGate:
         server: ServerConfig,
         budget: BodyBudget,
         announced: int | None,
+        receive_now: ReceiveNow | None = None,
     ) -> None:
         self._receive = receive
+        self._receive_now = receive_now
         self.max_bytes = server.max_body_bytes
         self.timeout_s = server.body_timeout_s
         self.budget = budget
@@ -278,9 +282,11 @@ class _Reader:
         gate = self.gate
         while not self.ended:
             allowance = min(gate.timeout_s, MIN_RATE_GRACE_S + self.received / MIN_RATE)
-            message = None
-            with trio.move_on_at(self.start + allowance):
-                message = await gate._receive()
+            # arrived already: no deadline to wait under
+            message = gate._receive_now() if gate._receive_now is not None else None
+            if message is None:
+                with trio.move_on_at(self.start + allowance):
+                    message = await gate._receive()
             if message is None:
                 gate._settle(BodyState.BROKEN)
                 raise GatewayError(
@@ -312,7 +318,7 @@ class BodyGateMiddleware:
         if announced == 0:
             await self.app(scope, receive, send)
             return
-        gate = BodyGate(receive, self.server, self.budget, announced)
+        gate = BodyGate(receive, self.server, self.budget, announced, receive_now(scope))
         scope[SCOPE_KEY] = gate
         server_watch = disconnect_watch(scope)
         if server_watch is not None:

@@ -77,6 +77,11 @@ def configure(log_format: str, level: str, stream: TextIO | None = None) -> None
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # neither format writes a record's thread or process: not looked up for each record
+    # (a few function calls of every request's line)
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
     for name in ("hypercorn.error", "hypercorn.access"):
         # hand their lines to the root handler, in the same format
         named = logging.getLogger(name)

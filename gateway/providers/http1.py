@@ -145,21 +145,36 @@ class Connection:
 
     async def receive(self, timeout: float) -> bytes:
         """The next bytes from the upstream; empty at the end of the connection."""
-        with trio.move_on_after(timeout) as scope:
-            try:
-                if self.raw is not None:
-                    data = await socket_io.receive_some(self.raw, READ_SIZE)
-                else:
-                    data = bytes(await self.stream.receive_some(READ_SIZE))  # no copy of bytes
-            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                raise Lost(type(exc).__name__) from None
-        if scope.cancelled_caught:
-            raise TimedOut("no data within the read timeout")
+        try:
+            # bytes already there need no timeout's scope (it costs ~50 calls), only the
+            # scheduler pass of every receive
+            data = socket_io.receive_now(self.raw, READ_SIZE) if self.raw is not None else None
+            if data is not None:
+                await trio.lowlevel.checkpoint()
+            else:
+                with trio.move_on_after(timeout) as scope:
+                    if self.raw is not None:
+                        data = await socket_io.receive_waiting(self.raw, READ_SIZE)
+                    else:
+                        data = bytes(await self.stream.receive_some(READ_SIZE))  # bytes: no copy
+                if scope.cancelled_caught:
+                    raise TimedOut("no data within the read timeout")
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            raise Lost(type(exc).__name__) from None
         if not data:
             self.reusable = False
+            return b""
         return data
 
-    async def send_all(self, data: bytes) -> None:
+    def send_now(self, data: bytes) -> bytes | memoryview:
+        """What of ``data`` the kernel did not take at once (empty: all went), for
+        :meth:`send_all`: the write timeout's scope is needed only for that."""
+        if self.raw is None:
+            return data
+        assert isinstance(self.stream, trio.SocketStream)
+        return memoryview(data)[socket_io.send_now(self.stream, self.raw, data) :]
+
+    async def send_all(self, data: bytes | memoryview) -> None:
         if self.raw is not None:
             assert isinstance(self.stream, trio.SocketStream)
             await socket_io.send_all(self.stream, self.raw, data)
@@ -418,13 +433,15 @@ class HTTP1Pool:
         conn: Connection | None = None
         try:
             conn = await self._take()
-            with trio.move_on_after(self.timeout) as scope:
-                try:
-                    await conn.send_all(request + body)
-                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
-                    raise Unreachable(type(exc).__name__) from None
-            if scope.cancelled_caught:
-                raise Unreachable("WriteTimeout")
+            try:
+                rest = conn.send_now(request + body)
+                if rest:
+                    with trio.move_on_after(self.timeout) as scope:
+                        await conn.send_all(rest)
+                    if scope.cancelled_caught:
+                        raise Unreachable("WriteTimeout")
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                raise Unreachable(type(exc).__name__) from None
             parser, _ = _told(_POST)
             return Response(self, conn, await _read_head(conn, parser, self.timeout))
         except BaseException:

@@ -117,7 +117,7 @@ def fit_descriptor_limit(config: Config, limit: int) -> Config:
     return replace(config, server=server, providers=providers)
 
 
-class _CountedStream(trio.abc.HalfCloseableStream):
+class CountedStream(trio.abc.HalfCloseableStream):
     """A client connection that gives its place back when closed (once).
 
     Its sends are serialised, EOF included: hypercorn sends answers under a lock but
@@ -148,6 +148,14 @@ class _CountedStream(trio.abc.HalfCloseableStream):
                 await self.stream.send_all(data)
         finally:
             self._sending.release()
+
+    def send_now(self, data: bytes) -> bytes | memoryview:
+        """What of ``data`` the kernel did not take at once (empty: all of it went), for
+        :meth:`send_all` to send; no wait, no scheduler pass. Nothing goes while another
+        send waits for room (its bytes come first)."""
+        if self._raw is None or self._sending.locked():
+            return data
+        return memoryview(data)[trio_socket.send_now(self.stream, self._raw, data) :]
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.stream.wait_send_all_might_not_block()
@@ -225,7 +233,7 @@ class CappedListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
         except BaseException:
             self.limiter.release_on_behalf_of(place)
             raise
-        return _CountedStream(stream, partial(self.limiter.release_on_behalf_of, place))
+        return CountedStream(stream, partial(self.limiter.release_on_behalf_of, place))
 
     async def aclose(self) -> None:
         await self.listener.aclose()

@@ -44,14 +44,23 @@ class ConnThread:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
 
-    async def run(self, fn: Callable[..., T], *args: Any, abandon_on_cancel: bool = False) -> T:
+    async def run(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        abandon_on_cancel: bool = False,
+        shielded: bool = False,
+    ) -> T:
         """``fn(*args)`` on the thread; its result or exception.
 
         Cancelled while the call runs: the caller waits for it to end (the default, as
         ``trio.to_thread.run_sync``), or with ``abandon_on_cancel`` returns at once and
         the result is dropped (the call still runs to its end on the thread).
+        ``shielded``: run even when the caller is cancelled already (as under a
+        shielded scope, without the scope's cost); the cancellation comes after.
         """
-        await trio.lowlevel.checkpoint_if_cancelled()
+        if not shielded:
+            await trio.lowlevel.checkpoint_if_cancelled()
         if self._thread is None:
             self._thread = threading.Thread(target=self._work, name=self._name, daemon=True)
             self._thread.start()

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import trio
 from hypercorn.config import Config as HyperConfig
@@ -48,8 +48,8 @@ from hypercorn.utils import (
     wrap_app,
 )
 
-from gateway.edge.asgi import set_disconnect_watch
-from gateway.serving.connections import CappedListener, acquire
+from gateway.edge.asgi import set_disconnect_watch, set_receive_now
+from gateway.serving.connections import CappedListener, CountedStream, acquire
 
 #: the upstream code this module was reviewed against (see gateway/serving/patches/):
 #: qualified name → (version, SHA-256 of its source)
@@ -89,7 +89,7 @@ REVIEWED: dict[str, tuple[str, str]] = {
         "0.18.0",
         "7c1b548a65adc8b1b1358fdacbc860be3070fe99d5b1bdcfcde4c5c73a9cce03",
     ),
-    # half-closes without the send lock: connections._CountedStream serialises its sends
+    # half-closes without the send lock: connections.CountedStream serialises its sends
     "hypercorn.trio.tcp_server.TCPServer._close": (
         "0.18.0",
         "bc73c4ae25a1ceec1d535639443b57b3d3dea8b03c5375d58bf9702b8056ee15",
@@ -243,6 +243,13 @@ class _Inbox:
         self._room.unpark()
         return self.messages.popleft()
 
+    def receive_now(self) -> ASGIReceiveEvent | None:
+        """The app's :data:`~gateway.edge.asgi.ReceiveNow`."""
+        if not self.messages:
+            return None
+        self._room.unpark()
+        return self.messages.popleft()
+
     def watch(self, callback: Callable[[], None]) -> None:
         if self.gone:
             callback()
@@ -262,6 +269,7 @@ class _TaskGroup(TaskGroup):
     ) -> Callable[[ASGIReceiveEvent], Awaitable[None]]:
         inbox = _Inbox(config.max_app_queue_size)
         set_disconnect_watch(scope, inbox.watch)
+        set_receive_now(scope, inbox.receive_now)
         assert self._nursery is not None
         self._nursery.start_soon(
             _handle,
@@ -295,7 +303,7 @@ class _Connection(TCPServer):
         self.idle_task = _IdleTimer(self)  # type: ignore[assignment]  # not a TrioSingleTask
 
     async def run(self) -> None:
-        """hypercorn's ``run`` for plain HTTP (a ``connections._CountedStream``, no TLS
+        """hypercorn's ``run`` for plain HTTP (a ``connections.CountedStream``, no TLS
         handshake), its requests spawned by a :class:`_TaskGroup`."""
         socket = self.stream.socket
         try:
@@ -353,8 +361,11 @@ class _Connection(TCPServer):
             await acquire(self.send_lock)
             try:
                 try:
-                    with trio.CancelScope(shield=True):
-                        await self.stream.send_all(event.data)
+                    # shielded only while it waits for room (a scope costs ~50 calls)
+                    rest = cast(CountedStream, self.stream).send_now(event.data)
+                    if rest:
+                        with trio.CancelScope(shield=True):
+                            await self.stream.send_all(rest)
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     await self.protocol.handle(Closed())
             finally:

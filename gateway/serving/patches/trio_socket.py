@@ -25,6 +25,7 @@ from __future__ import annotations
 import errno
 import socket
 from collections.abc import Awaitable, Callable
+from typing import TypeAlias
 
 import trio
 
@@ -47,6 +48,9 @@ REVIEWED: dict[str, tuple[str, str]] = {
     ),
 }
 
+#: what a send takes
+Buffer: TypeAlias = bytes | bytearray | memoryview
+
 #: trio's own default for ``receive_some()`` without a size
 DEFAULT_RECEIVE_SIZE = 65536
 
@@ -60,45 +64,64 @@ def raw_socket(stream: trio.abc.Stream) -> socket.socket | None:
     return raw if isinstance(raw, socket.socket) else None
 
 
-async def send_all(
-    stream: trio.SocketStream, raw: socket.socket, data: bytes | bytearray | memoryview
-) -> None:
-    """``stream.send_all(data)``, without a scheduler pass when nothing waits."""
+def send_now(stream: trio.SocketStream, raw: socket.socket, data: Buffer) -> int:
+    """How much of ``data`` the kernel takes at once (0: none): no wait, no pass.
+
+    A caller that sends under a cancel scope (a shield, a write timeout) needs the
+    scope only for what is left: on the hot path a send almost never waits, and a
+    scope entered and left costs about as much as fifty function calls.
+    """
     if stream.socket.did_shutdown_SHUT_WR:
         raise trio.ClosedResourceError("can't send data after sending EOF")
+    try:
+        return raw.send(data)
+    except BlockingIOError:
+        return 0
+    except OSError as exc:
+        raise _stream_error(exc) from exc
+
+
+async def send_all(stream: trio.SocketStream, raw: socket.socket, data: Buffer) -> None:
+    """``stream.send_all(data)``, without a scheduler pass when nothing waits."""
     with memoryview(data) as view:
-        total, sent = len(view), 0
+        total = len(view)
+        sent = send_now(stream, raw, view)
         while sent < total:
-            try:
-                sent += raw.send(view[sent:])
-            except BlockingIOError:
-                await _wait(trio.lowlevel.wait_writable, raw)
-            except OSError as exc:
-                raise _stream_error(exc) from exc
+            await _wait(trio.lowlevel.wait_writable, raw)
+            sent += send_now(stream, raw, view[sent:])
         if not total and raw.fileno() == -1:
             raise trio.ClosedResourceError("socket was already closed")
+
+
+def receive_now(raw: socket.socket, size: int) -> bytes | None:
+    """The bytes already received (empty: the peer closed), None when there are none
+    yet: no wait, no scheduler pass (the caller owes one, as :func:`receive_some`)."""
+    try:
+        return raw.recv(size)
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        raise _stream_error(exc) from exc
 
 
 async def receive_some(raw: socket.socket, max_bytes: int | None = None) -> bytes:
     """``stream.receive_some(max_bytes)`` with exactly one scheduler pass."""
     size = DEFAULT_RECEIVE_SIZE if max_bytes is None else max_bytes
-    try:
-        data = raw.recv(size)
-    except BlockingIOError:
-        pass
-    except OSError as exc:
-        raise _stream_error(exc) from exc
-    else:
+    data = receive_now(raw, size)
+    if data is not None:
         await trio.lowlevel.checkpoint()
         return data
+    return await receive_waiting(raw, size)
+
+
+async def receive_waiting(raw: socket.socket, size: int) -> bytes:
+    """The next bytes once some arrive, for a caller that found none (:func:`receive_now`):
+    the wait is its scheduler pass."""
     while True:
         await _wait(trio.lowlevel.wait_readable, raw)
-        try:
-            return raw.recv(size)
-        except BlockingIOError:
-            continue
-        except OSError as exc:
-            raise _stream_error(exc) from exc
+        data = receive_now(raw, size)
+        if data is not None:
+            return data
 
 
 def idle_and_open(raw: socket.socket) -> bool:
