@@ -19,7 +19,7 @@ from werkzeug.exceptions import HTTPException, MethodNotAllowed
 
 from gateway.edge import dashboard, exchange
 from gateway.edge.bodies import BodyGateMiddleware, gate_of
-from gateway.edge.http import new_request_id
+from gateway.edge.http import current_request, new_request_id, request_globals
 from gateway.edge.routes import (
     admin,
     api_document,
@@ -61,7 +61,7 @@ async def _discard_body() -> bool:
     hang of the client's next call). The bytes are read and dropped, never kept
     (gateway/edge/bodies.py); a body too large or too slow closes the connection instead.
     """
-    gate = gate_of(request)
+    gate = gate_of(current_request())
     return gate is None or await gate.discard()
 
 
@@ -121,12 +121,13 @@ def create_app(runtime: Runtime) -> QuartTrio:
 
     @app.before_request
     async def _assign_request_id() -> None:
-        g.request_id = new_request_id()
-        exchange.identified(g.request_id)
-        if request.method == "HEAD" and request.routing_exception is None:
+        request_globals().request_id = request_id = new_request_id()
+        exchange.identified(request_id)
+        current = current_request()
+        if current.method == "HEAD" and current.routing_exception is None:
             # Quart answers HEAD on every GET route; the spec: any other method is a 405
             raise GatewayError("method_not_allowed", _MESSAGES["method_not_allowed"])
-        if readiness.phase is Phase.STARTING and request.path not in health.PATHS:
+        if readiness.phase is Phase.STARTING and current.path not in health.PATHS:
             raise GatewayError("service_unavailable", "The gateway is starting; retry shortly.")
 
     @app.after_request
@@ -135,14 +136,15 @@ def create_app(runtime: Runtime) -> QuartTrio:
             response.headers["Connection"] = "close"
         if response.status_code == 405:
             response.headers["Allow"] = _allowed_methods()
-        request_id = getattr(g, "request_id", None)
+        globals_ = request_globals()
+        request_id = getattr(globals_, "request_id", None)
         if request_id is not None:
             response.headers["X-Request-Id"] = request_id
-            if request.path.startswith(MESSAGES_PATH):
+            if current_request().path.startswith(MESSAGES_PATH):
                 # the name the Anthropic SDKs read (a message's _request_id)
                 response.headers["request-id"] = request_id
-        exchange.identified(request_id, getattr(g, "key", None))
-        for name, value in getattr(g, "rate_headers", {}).items():
+        exchange.identified(request_id, getattr(globals_, "key", None))
+        for name, value in getattr(globals_, "rate_headers", {}).items():
             response.headers.setdefault(name, value)
         return response
 

@@ -14,6 +14,7 @@ from quart import g, request
 from gateway.accounts.key_record import KeyRecord
 from gateway.calls.admission import admit, count_request, rate_headers
 from gateway.edge import exchange
+from gateway.edge.http import request_globals
 from gateway.errors import GatewayError
 from shards import Admission
 
@@ -54,8 +55,9 @@ async def authenticate(rt: Runtime) -> KeyRecord:
             "invalid_api_key", X_API_KEY_MESSAGE if sent_elsewhere else INVALID_KEY_MESSAGE
         )
     record = rt.keyring.touch(record)
-    g.key = record  # the request's log line names its key
-    exchange.identified(g.request_id, record)
+    globals_ = request_globals()
+    globals_.key = record  # the request's log line names its key
+    exchange.identified(globals_.request_id, record)
     return record
 
 

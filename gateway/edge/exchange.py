@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import logging
 import time
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
-
-from quart import request
 
 from gateway.accounts.catalog import nanos_to_usd
 from gateway.edge.asgi import App, Message, Receive, Scope, Send
@@ -42,7 +41,10 @@ if TYPE_CHECKING:
     from gateway.calls.lifecycle import SettledCall
 
 log = logging.getLogger("gateway.request")
-SCOPE_KEY = "svc.exchange"
+#: the exchange of the request its task serves: set in the request's task, where
+#: hypercorn runs the app and Quart-Trio the handler (a context variable is one C call;
+#: the request's scope, read through Quart's ``request`` proxy, was five function calls)
+_CURRENT: ContextVar[Exchange | None] = ContextVar("svc_exchange", default=None)
 #: probes and scrapes, every few seconds each: no span (they would bury the calls' traces)
 UNTRACED = frozenset({"/healthz", "/readyz", "/metrics"})
 
@@ -87,8 +89,7 @@ class Exchange:
 
 def current() -> Exchange | None:
     """The exchange of the request being handled (None outside one)."""
-    found = request.scope.get(SCOPE_KEY)
-    return found if isinstance(found, Exchange) else None
+    return _CURRENT.get()
 
 
 def identified(request_id: str | None, key: KeyRecord | None = None) -> None:
@@ -186,7 +187,7 @@ class ExchangeRecorder:
         if self.spans is not None and exchange.path not in UNTRACED:
             span = self.spans.server(trace, exchange.method, endpoint_of(exchange.path))
             exchange.span, exchange.trace = span, span.context
-        scope[SCOPE_KEY] = exchange
+        _CURRENT.set(exchange)
 
         async def timed_send(message: Message) -> None:
             if message["type"] == "http.response.start":

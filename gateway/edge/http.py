@@ -22,12 +22,25 @@ from gateway.errors import GatewayError
 from gateway.store import StoreError
 
 if TYPE_CHECKING:
+    from quart import Request
+
     from gateway.serving.runtime import Runtime
 
 
 #: output budgets: an integer too large for 64 bits is still an integer, only over any limit
 OUTPUT_BUDGETS = ("max_tokens", "max_completion_tokens", "max_output_tokens")
 INT64_MAX = 2**63 - 1
+
+
+def current_request() -> Request:
+    """Quart's ``request`` itself, for a function that reads it several times: each read
+    through the proxy costs four function calls (werkzeug's ``LocalProxy``)."""
+    return cast("Request", cast(Any, request)._get_current_object())
+
+
+def request_globals() -> Any:
+    """Quart's ``g`` itself (its ``_AppCtxGlobals``), as :func:`current_request`."""
+    return cast(Any, g)._get_current_object()
 
 
 def new_request_id() -> str:
@@ -94,10 +107,11 @@ async def read_json_object(param: str | None = None, *, empty_ok: bool = False) 
     """The request body as a JSON object, or 400 invalid_request (408, 413, 503 when it
     cannot be read: see gateway/edge/bodies.py). Read once; later calls get the same object.
     ``empty_ok``: a body of nothing but whitespace is an empty object."""
-    if "body" not in g:
+    globals_ = request_globals()
+    if "body" not in globals_:
         raw = await _read_body()
-        g.body = {} if empty_ok and not raw.strip() else _json_object(raw, param)
-    return cast(dict[str, Any], g.body)
+        globals_.body = {} if empty_ok and not raw.strip() else _json_object(raw, param)
+    return cast(dict[str, Any], globals_.body)
 
 
 def _json_object(raw: bytes | bytearray, param: str | None) -> dict[str, Any]:
