@@ -39,6 +39,7 @@ from gateway.accounts.catalog import Model
 from gateway.accounts.key_record import KeyRecord
 from gateway.calls import admission
 from gateway.calls.inflight import STOPPING_MESSAGE, InFlight
+from gateway.calls.keepalive import KeepaliveClock
 from gateway.calls.policy import PolicySource
 from gateway.calls.routing import Route, Router
 from gateway.calls.settlement import Ending, Settlement, ending_for, settle_amounts
@@ -141,6 +142,8 @@ class CallParts:
     node_id: str | None
     request_timeout_s: float
     keepalive_s: float
+    #: when a stream's body has waited ``keepalive_s`` (run by the server)
+    keepalives: KeepaliveClock
     #: the server's root nursery, where stream pumps and idempotent calls outlive requests
     nursery: Callable[[], trio.Nursery | None]
     #: which deployment an attempt goes to, and their health on this node

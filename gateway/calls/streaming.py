@@ -5,8 +5,9 @@
 
 Why a separate task: the body must send ``: keep-alive`` every 15 s while the provider
 is silent, and an HTTP read cannot be cancelled for a keep-alive and resumed. So the
-pump reads the provider and the body waits on the outbox with a keep-alive timeout
-(each wait its own cancel scope: no scope is held across a ``yield``, PEP 789).
+pump reads the provider and the body waits on the outbox, woken for a keep-alive by one
+clock task of the server's (:mod:`gateway.calls.keepalive`; no scope is held across a
+``yield``, PEP 789).
 
 Ownership: once handed to the pump, the call's slot and reservation are the pump's to
 settle, exactly once, whatever happens:
@@ -38,6 +39,7 @@ import trio
 from gateway.accounts.usd_json import plain_amounts
 from gateway.calls.attempts import Attempts
 from gateway.calls.inflight import STOPPING_MESSAGE
+from gateway.calls.keepalive import KeepaliveClock
 from gateway.calls.lifecycle import Call, finish_reasons
 from gateway.calls.parse.messages_answer import MessageStreamTranslator
 from gateway.calls.parse.translate import ResponseStreamTranslator
@@ -122,7 +124,7 @@ class _Outbox:
     slowly holds the upstream back.
     """
 
-    __slots__ = ("_body", "_pump", "closed", "ended", "frames")
+    __slots__ = ("_body", "_due", "_pump", "closed", "ended", "frames", "since")
 
     def __init__(self) -> None:
         self.frames: list[Frame] = []
@@ -132,6 +134,9 @@ class _Outbox:
         self.closed = False
         self._body: trio.lowlevel.Task | None = None  # waiting for a frame
         self._pump: trio.lowlevel.Task | None = None  # waiting for room
+        #: the keep-alive clock's tick when the body parked, and whether it woke the body
+        self.since = 0
+        self._due = False
 
     # -- the pump's side
 
@@ -165,6 +170,28 @@ class _Outbox:
         if not self.frames and not self.ended:
             self._body = trio.lowlevel.current_task()
             await trio.lowlevel.wait_task_rescheduled(self._abort_body)
+
+    async def wait_or_keepalive(self, clock: KeepaliveClock, interval_s: float) -> bool:
+        """:meth:`wait`, at most a keep-alive interval: True when it passed first."""
+        if self.frames or self.ended:
+            return False
+        if not clock.running:
+            with trio.move_on_after(interval_s) as waited:
+                await self.wait()
+            return waited.cancelled_caught
+        self.since, self._due = clock.tick, False
+        clock.parked.add(self)
+        try:
+            await self.wait()
+        finally:
+            clock.parked.discard(self)
+        return self._due
+
+    def keepalive_due(self) -> None:
+        """The keep-alive clock's: the body waited an interval (:meth:`wait_or_keepalive`)."""
+        if self._body is not None:
+            self._due = True
+            self._wake_body()
 
     def take(self) -> list[Frame]:
         frames, self.frames = self.frames, []
@@ -341,7 +368,7 @@ async def _body(
     scope: trio.CancelScope,
     first: list[Frame],
 ) -> AsyncIterator[bytes]:
-    keepalive = call.parts.keepalive_s
+    keepalive, clock = call.parts.keepalive_s, call.parts.keepalives
     ended = False
     try:
         frames = first
@@ -352,11 +379,8 @@ async def _body(
             elif outbox.ended:
                 ended = True
                 return
-            if not outbox.frames and not outbox.ended:
-                with trio.move_on_after(keepalive) as waited:
-                    await outbox.wait()
-                if waited.cancelled_caught:
-                    yield fmt.keepalive
+            if await outbox.wait_or_keepalive(clock, keepalive):
+                yield fmt.keepalive
             frames = outbox.take()
     finally:
         if not ended:

@@ -31,6 +31,7 @@ from gateway.accounts.key_record import KeyRecord, new_id
 from gateway.accounts.keyring import Keyring
 from gateway.accounts.orgs import Org
 from gateway.calls.inflight import InFlight
+from gateway.calls.keepalive import KeepaliveClock
 from gateway.calls.lifecycle import CallParts
 from gateway.calls.routing import Router
 from gateway.config.settings import Config
@@ -124,6 +125,7 @@ class Runtime:
             node_id=self.cluster.node_id if self.cluster is not None else None,
             request_timeout_s=self.config.server.request_timeout_s,
             keepalive_s=self.config.server.keepalive_s,
+            keepalives=KeepaliveClock(self.config.server.keepalive_s),
             nursery=lambda: self.nursery,
             router=Router(metrics=self.metrics),
             spans=self.spans,

@@ -169,6 +169,7 @@ async def serve(
             await readiness.start_up()
             await root.start(runtime.store.run)
             await root.start(runtime.pool.run)
+            await root.start(runtime.call_parts.keepalives.run)
             await root.start(runtime.alerts.run)
             if runtime.cluster is not None:
                 await root.start(runtime.cluster.run)
