@@ -205,6 +205,24 @@ async def test_failures_before_and_after_the_answer() -> None:
         await pool("http://exämple.test/v1").post("/x", {}, b"")
 
 
+async def test_a_silent_upstream_is_ended_by_the_nearer_of_two_deadlines() -> None:
+    """A read takes its timeout's scope only when that timeout could end it first: under
+    a nearer deadline (a call's) the caller's scope ends it; under a farther one the read
+    timeout does (TimedOut) while the caller's deadline is still ahead."""
+
+    async def silent(stream: trio.SocketStream, request: bytes) -> bool:
+        await trio.sleep_forever()
+        return False
+
+    async with server(silent) as (url, _, _):
+        with trio.move_on_after(0.2) as nearer:
+            await pool(url, timeout=30.0).post("/x", {}, b"")
+        assert nearer.cancelled_caught
+        with trio.move_on_after(30.0) as farther, pytest.raises(TimedOut):
+            await pool(url, timeout=0.2).post("/x", {}, b"")
+        assert not farther.cancelled_caught
+
+
 @pytest.mark.parametrize("length", [b"1_0", b"+5", b"-5", b"\x0b5", b"5\x0c", b"5, 6"])
 async def test_a_content_length_of_anything_but_digits_is_refused(length: bytes) -> None:
     """``int()`` took "1_0", "+5" and whitespace of any kind; h11 takes digits only."""

@@ -238,10 +238,9 @@ class _Inbox:
 
     async def receive(self) -> ASGIReceiveEvent:
         """The app's ``receive``."""
-        while not self.messages:
+        while (message := self.receive_now()) is None:
             await self._arrived.park()
-        self._room.unpark()
-        return self.messages.popleft()
+        return message
 
     def receive_now(self) -> ASGIReceiveEvent | None:
         """The app's :data:`~gateway.edge.asgi.ReceiveNow`."""
