@@ -134,8 +134,8 @@ class _Done:
     async def wait(self, *, cancellable: bool) -> None:
         """Until :meth:`set` (at once if it was); ``cancellable``: a cancellation (of a
         scope of the caller's) ends the wait too."""
-        if self._set:
-            await trio.lowlevel.checkpoint()
+        if self._set:  # the write is done: its caller sees it (the pass cannot cancel)
+            await trio.lowlevel.cancel_shielded_checkpoint()
             return
         self._task = trio.lowlevel.current_task()
 
