@@ -436,12 +436,13 @@ async def at_once(
     work: Callable[[RawConnection], Awaitable[T]],
     each: int,
     profile: Path | None = None,
+    callers: int = CONCURRENCY,
 ) -> tuple[float, float, list[T]]:
-    """``work`` ``each`` times in each of 16 callers, each on a kept-alive connection of
-    its own (:mod:`bench.raw_http`): (seconds, CPU seconds of the gateway, what the
-    calls returned); ``profile``: py-spy's samples of the gateway."""
+    """``work`` ``each`` times in each of ``callers`` (16) callers, each on a kept-alive
+    connection of its own (:mod:`bench.raw_http`): (seconds, CPU seconds of the gateway,
+    what the calls returned); ``profile``: py-spy's samples of the gateway."""
     results: list[T] = []
-    connections = [target.connection() for _ in range(CONCURRENCY)]
+    connections = [target.connection() for _ in range(callers)]
 
     async def caller(conn: RawConnection) -> None:
         for _ in range(each):

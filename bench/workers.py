@@ -3,19 +3,23 @@ workers, and the open-loop latency tail.
 
 Run it from a clone, no install needed::
 
-    python bench/workers.py --cpu          # 1 vs 2 workers, alternating rounds
+    python bench/workers.py --cpu          # 1 vs 2 workers, rounds in turn
     python bench/workers.py --open-loop    # 50 calls/s: the gateway against the upstream
     python bench/workers.py --open-loop --trace DIR   # and what stalled the slow calls
 
 ``--cpu``: two gateways on one fake upstream (``tests/support/fake_upstream.py``), one
-with ``[server] workers = 1``, one with 2, each on its own SQLite file; rounds of 16
-callers on kept-alive connections (:mod:`bench.raw_http`), non-streamed calls, taken in
-turn (which goes first alternates). Per round: calls/s, and the CPU time of the whole
-process group (the parent and its workers, from the kernel's CPU clock of each) per
-call. Twice: with the gateways pinned to the first core (the load and the upstream on the
-other: CPU per call, each side's rate on one core), and unpinned (every process on both
-cores: what a second worker buys on this machine, where the load and the upstream need
-CPU too).
+with ``[server] workers = 1``, one with 2, each on its own SQLite file, and four sides
+(``SIDES``) taken in turn, the order rotating from round to round: the reference (1
+worker, 16 callers); 2 workers with 16 callers each (32: what a worker added costs per
+call, at the same load per worker); 2 workers with 16 callers in all (each worker half
+as busy); and the reference with 8 callers (what being half as busy costs one process,
+workers aside). Callers are on kept-alive connections (:mod:`bench.raw_http`), calls
+non-streamed, 400 a round. Per round: calls/s, and the CPU time of the whole process
+group (the parent and its workers, from the kernel's CPU clock of each) per call,
+against the reference's of the same round. Twice: with the gateways pinned to the first
+core (the load and the upstream on the other: CPU per call, each side's rate on one
+core), and unpinned (every process on both cores: what a second worker buys on this
+machine, where the load and the upstream need CPU too).
 
 ``--open-loop``: one gateway (one worker, pinned to the first core as in
 ``bench/live_upstream.py``) and the fake upstream. Calls are sent on a fixed schedule,
@@ -67,7 +71,7 @@ from bench.stores import children  # noqa: E402
 from bench.streaming import machine, percentile  # noqa: E402
 
 CALLS_EACH = 25
-PAIRS = 6
+ROUNDS = 8
 RATE = 50.0
 SLICE_S = 10.0
 SLICES = 6
@@ -82,33 +86,64 @@ def group_cpu(pid: int) -> float:
     return sum(cpu_seconds(p) for p in (pid, *children(pid)))
 
 
-async def cpu_round(target: Target) -> tuple[float, float]:
-    """16 callers, non-streamed calls: (calls/s, CPU ms per call of the process group)."""
+@dataclass(frozen=True)
+class Side:
+    """One side of the ``--cpu`` comparison: a gateway and how many callers load it."""
+
+    name: str
+    workers: int
+    callers: int
+
+
+#: the reference first; then 2 workers with the reference's callers per worker (what a
+#: worker added costs), with its callers in all (each worker half as busy), and the
+#: reference with half its callers (what half as busy costs one process, workers aside)
+SIDES = (
+    Side("1 worker, 16 callers", 1, 16),
+    Side("2 workers, 32 callers (16 each)", 2, 32),
+    Side("2 workers, 16 callers (8 each)", 2, 16),
+    Side("1 worker, 8 callers", 1, 8),
+)
+
+
+async def cpu_round(target: Target, callers: int) -> tuple[float, float]:
+    """``callers`` callers, non-streamed calls: (calls/s, CPU ms per call of the process
+    group)."""
     payload = orjson.dumps(BODY)
+    each = CALLS_EACH * 16 // callers  # the same number of calls in every round
     before = group_cpu(target.pid)
-    seconds, _, _ = await at_once(target, partial(raw_call, payload=payload), CALLS_EACH)
-    calls = 16 * CALLS_EACH
+    seconds, _, _ = await at_once(target, partial(raw_call, payload=payload), each, None, callers)
+    calls = callers * each
     return calls / seconds, (group_cpu(target.pid) - before) * 1000 / calls
 
 
-async def measure_cpu(pinned: bool, pairs: int) -> list[tuple[tuple[float, float], ...]]:
+async def measure_cpu(pinned: bool, count: int) -> list[list[tuple[float, float]]]:
+    """Rounds of every side in turn (the order rotates from round to round): per round,
+    each side's (calls/s, CPU ms per call)."""
     cpus = pin_cores() if pinned else None
     upstream, upstream_url = await trio.to_thread.run_sync(start_upstream)
-    targets: list[Target] = []
+    targets: dict[int, Target] = {}
     try:
         with tempfile.TemporaryDirectory(prefix="svc-bench-") as tmp:
             for workers in (1, 2):
                 config = with_workers(config_toml(upstream_url), workers)
-                targets.append(
-                    await start_target(f"w{workers}", Path(tmp) / f"w{workers}", config, cpus)
+                targets[workers] = await start_target(
+                    f"w{workers}", Path(tmp) / f"w{workers}", config, cpus
                 )
-            one, two = (partial(cpu_round, t) for t in targets)
-            for _ in range(2):  # warm: connections, leases, the caches
-                await one()
-                await two()
-            return [await in_turn(one, two, swap=i % 2 == 1) for i in range(pairs)]
+            rounds = [partial(cpu_round, targets[s.workers], s.callers) for s in SIDES]
+            for side in rounds:  # warm: connections, leases, the caches
+                await side()
+            results = []
+            for i in range(count):
+                turn = i % len(rounds)
+                order = list(range(len(rounds)))[turn:] + list(range(len(rounds)))[:turn]
+                figures: dict[int, tuple[float, float]] = {}
+                for k in order:
+                    figures[k] = await rounds[k]()
+                results.append([figures[k] for k in range(len(rounds))])
+            return results
     finally:
-        for target in targets:
+        for target in targets.values():
             await trio.to_thread.run_sync(target.server.stop)
         upstream.kill()
         upstream.wait(timeout=5)
@@ -116,26 +151,20 @@ async def measure_cpu(pinned: bool, pairs: int) -> list[tuple[tuple[float, float
             os.sched_setaffinity(0, range(os.cpu_count() or 1))
 
 
-def cpu_report(label: str, pairs: list[tuple[tuple[float, float], ...]], load: float) -> str:
-    rate = [(a[0], b[0]) for a, b in pairs]
-    cpu = [(a[1], b[1]) for a, b in pairs]
-
-    def row(name: str, values: list[tuple[float, float]], fmt: str) -> str:
-        ratios = sorted(b / a for a, b in values)
-        one = statistics.median(a for a, _ in values)
-        two = statistics.median(b for _, b in values)
-        return (
-            f"| {label}: {name} | {one:{fmt}} | {two:{fmt}} | {statistics.median(ratios):.3f}"
-            f" ({ratios[0]:.3f} to {ratios[-1]:.3f}) |"
+def cpu_report(label: str, rounds: list[list[tuple[float, float]]], load: float) -> str:
+    """One row per side: calls/s and CPU per call (medians), and the CPU per call against
+    the first side's in the same round (median of the rounds, and their range)."""
+    lines = []
+    for k, side in enumerate(SIDES):
+        rate = statistics.median(r[k][0] for r in rounds)
+        cpu = statistics.median(r[k][1] for r in rounds)
+        ratios = sorted(r[k][1] / r[0][1] for r in rounds)
+        against = (
+            f"{statistics.median(ratios):.3f} ({ratios[0]:.3f} to {ratios[-1]:.3f})" if k else ""
         )
-
-    return "\n".join(
-        [
-            row("calls/s, 16 callers", rate, ",.0f"),
-            row("CPU per call (ms)", cpu, ".3f"),
-            f"| {label}: load (1 min) after | {load:.2f} | | |",
-        ]
-    )
+        lines.append(f"| {label}: {side.name} | {rate:,.0f} | {cpu:.3f} | {against} |")
+    lines.append(f"| {label}: load (1 min) after | {load:.2f} | | |")
+    return "\n".join(lines)
 
 
 # -- the open loop ------------------------------------------------------------------------
@@ -305,7 +334,7 @@ def stalls(sides: Sides, trace: Path, pid: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cpu", action="store_true")
-    parser.add_argument("--pairs", type=int, default=PAIRS)
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--open-loop", action="store_true")
     parser.add_argument("--rate", type=float, default=RATE)
     parser.add_argument("--slice", type=float, default=SLICE_S)
@@ -314,12 +343,12 @@ def main() -> None:
     args = parser.parse_args()
     print(machine(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     if args.cpu:
-        print("| measure | 1 worker | 2 workers | 2 ÷ 1, median of pairs (range) |")
+        print("| side | calls/s | CPU per call (ms) | ÷ the first side, median (range) |")
         print("|---|---|---|---|")
         for pinned in (True, False):
-            pairs = trio.run(measure_cpu, pinned, args.pairs)
+            rounds = trio.run(measure_cpu, pinned, args.rounds)
             label = "gateways on core 0" if pinned else "unpinned"
-            print(cpu_report(label, pairs, os.getloadavg()[0]), flush=True)
+            print(cpu_report(label, rounds, os.getloadavg()[0]), flush=True)
     if args.open_loop:
         if args.trace:
             args.trace.mkdir(parents=True, exist_ok=True)
