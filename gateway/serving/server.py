@@ -51,6 +51,11 @@ LAST_USED_FLUSH_S = 30.0
 CUT_MARGIN_S = FINAL_SEND_S + 1.0
 #: once HTTP is closed: how long the calls still in flight (pumps) have to settle
 SETTLE_WAIT_S = FINAL_SEND_S + 1.0
+#: connections the kernel completes and holds until the server accepts them (Linux caps
+#: it at net.core.somaxconn, 4096 by default). hypercorn's 100 overflowed under a burst
+#: of 250 connects while the loop was busy: the kernel fell back to SYN cookies and reset
+#: some of those clients before a byte was read (TcpExtSyncookiesFailed, TcpOutRsts)
+LISTEN_BACKLOG = 4096
 
 
 def hypercorn_config(gateway_config: Config) -> HyperConfig:
@@ -58,6 +63,7 @@ def hypercorn_config(gateway_config: Config) -> HyperConfig:
     config = ServerConfig()
     host = f"[{server.host}]" if ":" in server.host else server.host
     config.bind = [f"{host}:{server.port}"]
+    config.backlog = LISTEN_BACKLOG
     config.graceful_timeout = server.shutdown_grace_s + CUT_MARGIN_S
     config.keep_alive_max_requests = 1_000_000
     config.keep_alive_timeout = server.connection_idle_s
