@@ -135,10 +135,8 @@ async def measure_cpu(pinned: bool, count: int) -> list[list[tuple[float, float]
                 await side()
             results = []
             for i in range(count):
-                turn = i % len(rounds)
-                order = list(range(len(rounds)))[turn:] + list(range(len(rounds)))[:turn]
                 figures: dict[int, tuple[float, float]] = {}
-                for k in order:
+                for k in ((i + j) % len(rounds) for j in range(len(rounds))):
                     figures[k] = await rounds[k]()
                 results.append([figures[k] for k in range(len(rounds))])
             return results
