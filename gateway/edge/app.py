@@ -14,8 +14,10 @@ from types import FunctionType
 from typing import ParamSpec, TypeVar, cast
 
 from quart import Response, current_app, g, request
+from quart.routing import QuartRule
 from quart_trio import QuartTrio
 from werkzeug.exceptions import HTTPException, MethodNotAllowed
+from werkzeug.routing import Rule
 
 from gateway.edge import dashboard, exchange
 from gateway.edge.bodies import BodyGateMiddleware, gate_of
@@ -104,8 +106,12 @@ class _App(QuartTrio):
         return cast("Callable[P, Awaitable[T]]", ensured)
 
 
-def create_app(runtime: Runtime) -> QuartTrio:
+def create_app(runtime: Runtime, rule_mixin: type[Rule] | None = None) -> QuartTrio:
+    """The app and its routes; ``rule_mixin``, when given, goes in front of Quart's URL
+    rule class (the server's compiles URL builders on first use)."""
     app = _App("svc-gateway")
+    if rule_mixin is not None:
+        app.url_rule_class = cast("type[QuartRule]", type("Rule", (rule_mixin, QuartRule), {}))
     app.config.update(
         RUNTIME=runtime,
         # Quart cuts any answer after RESPONSE_TIMEOUT (60 s) silently; we own deadlines.

@@ -39,7 +39,7 @@ from gateway.config.settings import Config
 from gateway.edge.app import create_app
 from gateway.edge.exchange import ExchangeRecorder
 from gateway.observe.logs import event
-from gateway.serving.patches import quart_trio_connection
+from gateway.serving.patches import quart_trio_connection, werkzeug_rules
 from gateway.serving.patches.asgi_guard import FinalSendGuard
 from gateway.serving.patches.hypercorn_worker import ServerConfig, serve_http
 from gateway.serving.readiness import Phase
@@ -130,7 +130,7 @@ async def serve(
     config = hypercorn_config(runtime.config)
     if sockets is None:
         sockets = bind_sockets(config)
-    quart_app = create_app(runtime)
+    quart_app = create_app(runtime, werkzeug_rules.LazyBuilders)
     quart_trio_connection.install(quart_app)
     app = ExchangeRecorder(FinalSendGuard(quart_app), runtime.metrics, runtime.spans)
     readiness = runtime.readiness

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes
+
 REPO = Path(__file__).resolve().parents[2]
 #: the whole run, gateway start included
 RUN_TIMEOUT_S = 240

@@ -25,6 +25,8 @@ from tests.conftest import Gateway
 from tests.providers.test_mock_provider import HUGE_NUMBER_SCHEMAS, RECURSIVE_SCHEMAS
 from tests.support.procs import assert_one_line_error, base_env, run_cli, start_server
 
+pytestmark = pytest.mark.processes
+
 PROVIDER_MOCK = '[[providers]]\nname = "mock"\nkind = "mock"\n'
 
 # (id, config file text, expected exit status, text the error line must contain)

@@ -31,6 +31,8 @@ from tests.support.procs import (
     start_server,
 )
 
+pytestmark = pytest.mark.processes
+
 # (verb words, a word its description must contain)
 VERBS: list[tuple[tuple[str, ...], str]] = [
     (("serve",), r"run"),

@@ -16,6 +16,8 @@ from tests.support.procs import (
     start_server,
 )
 
+pytestmark = pytest.mark.processes
+
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:

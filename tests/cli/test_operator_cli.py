@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gateway import __version__
 from tests.support.procs import (
@@ -23,6 +24,8 @@ from tests.support.procs import (
     run_cli,
     start_server,
 )
+
+pytestmark = pytest.mark.processes
 
 
 def test_version() -> None:

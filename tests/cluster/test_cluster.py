@@ -41,7 +41,7 @@ from tests.support.pg_cluster import Cluster, free_port
 from tests.support.procs import ADMIN_TOKEN, Server, base_env, start_server
 from tests.support.waiting import until
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(150)]
 
 K = 7
 CALLS = 300

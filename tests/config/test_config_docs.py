@@ -145,6 +145,7 @@ def free_port() -> int:
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.processes
 def test_the_readme_operator_blocks_work_as_typed(tmp_path: Path) -> None:
     """The operator block, the Claude Code block, then the configuration block, typed into
     a fresh bash in a checkout whose ``.venv`` holds this test's interpreter and the

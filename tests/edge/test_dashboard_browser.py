@@ -29,6 +29,8 @@ import pytest
 
 from tests.support.procs import ADMIN_TOKEN, REPO_ROOT, Server, base_env, cli_json, start_server
 
+pytestmark = pytest.mark.browser
+
 playwright_sync = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = os.environ.get("SVC_CHROMIUM", "/usr/bin/chromium")

@@ -8,8 +8,12 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
+import pytest
+
 from tests.edge import test_dashboard_browser as first_round
 from tests.edge.test_dashboard_browser import Site, ask, shot, sign_in
+
+pytestmark = pytest.mark.browser
 
 # the first round's fixtures: its server with two organisations, the browser, new pages
 site, browser, new_page = first_round.site, first_round.browser, first_round.new_page

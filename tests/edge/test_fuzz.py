@@ -25,6 +25,8 @@ from gateway.edge.openapi import ALSO_AT, document
 from gateway.errors import CATALOG, error_type
 from tests.support.procs import Server
 
+pytestmark = pytest.mark.processes
+
 EXAMPLES = 120
 FUZZ = settings(
     max_examples=EXAMPLES,

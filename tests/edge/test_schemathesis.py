@@ -45,6 +45,8 @@ from gateway.edge.openapi import served_document
 from tests.support.procs import ADMIN_TOKEN as PROCS_ADMIN_TOKEN
 from tests.support.procs import Server
 
+pytestmark = pytest.mark.processes
+
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "15"))
 SEED = 18
 CHAT_MODELS = [m.id for m in default_config().models if m.kind == "chat"]

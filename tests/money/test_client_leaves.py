@@ -33,7 +33,7 @@ from tests.support.fake_upstream import WORDS, FakeUpstream
 from tests.support.procs import Server
 from tests.support.waiting import until
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.processes, pytest.mark.timeout(60)]
 
 CHAT = "/v1/chat/completions"
 #: how long a call must still be running after its client left. Time is the subject

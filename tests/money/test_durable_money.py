@@ -52,7 +52,7 @@ output_usd_per_mtok = {price}
 """
 MARKER = re.compile(r"\bcall (c\d{4})\b")
 
-pytestmark = [pytest.mark.both_stores, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.processes, pytest.mark.both_stores, pytest.mark.timeout(120)]
 
 
 def nanos(usd: float) -> int:

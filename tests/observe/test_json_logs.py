@@ -10,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.support.procs import ADMIN_TOKEN, start_server
+
+pytestmark = pytest.mark.processes
 
 REQUEST_FIELDS = {
     "ts",

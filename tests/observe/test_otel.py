@@ -377,6 +377,7 @@ def test_a_bad_key_is_refused_by_name(tmp_path: Path, table: str, needle: str) -
 # -- the command -------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_serve_exports_from_the_environment_and_flushes_on_a_graceful_stop(
     tmp_path: Path, collector: FakeCollector
 ) -> None:

@@ -362,6 +362,7 @@ async def test_setting_a_webhook_again_gives_a_new_secret(gw: Gateway, receiver:
     assert response.status_code == 404
 
 
+@pytest.mark.processes
 def test_cli_org_webhook_prints_the_secret_once(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     try:

@@ -43,6 +43,8 @@ from tests.support.fake_client import (
 )
 from tests.support.procs import ADMIN_TOKEN, Server, base_env, start_server
 
+pytestmark = pytest.mark.processes
+
 POLLER = """
 import json, sys, threading, time
 import httpx

@@ -173,6 +173,7 @@ def chat(model: str, faults: str = "", *, stream: bool = False) -> dict[str, Any
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.processes
 async def test_pools_that_do_not_fit_shrink_and_50_clients_are_served_at_once(
     tmp_path: Path, upstream: FakeUpstream
 ) -> None:
@@ -229,6 +230,7 @@ async def test_pools_that_do_not_fit_shrink_and_50_clients_are_served_at_once(
         await trio.to_thread.run_sync(server.stop)
 
 
+@pytest.mark.processes
 async def test_pools_that_leave_too_few_client_connections_refuse_the_start(
     tmp_path: Path, upstream: FakeUpstream
 ) -> None:

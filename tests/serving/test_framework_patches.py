@@ -11,12 +11,14 @@ reaches into a framework's internals.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib
 import inspect
 import pkgutil
 import re
 import tomllib
+from collections.abc import Mapping
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
@@ -64,9 +66,15 @@ def normalised(distribution: str) -> str:
     return re.sub(r"[-_.]+", "-", distribution).lower()
 
 
+@functools.cache
+def installed_packages() -> Mapping[str, list[str]]:
+    """Top-level package → distributions (a scan of every installed one: once)."""
+    return metadata.packages_distributions()
+
+
 def distribution_of(qualified_name: str) -> str:
     """The installed distribution that provides the top-level package of a name."""
-    return normalised(metadata.packages_distributions()[qualified_name.split(".")[0]][0])
+    return normalised(installed_packages()[qualified_name.split(".")[0]][0])
 
 
 def pins() -> dict[str, str]:
@@ -129,6 +137,7 @@ def test_the_reviewed_versions_are_the_pinned_and_installed_ones() -> None:
         "quart",
         "quart-trio",
         "trio",
+        "werkzeug",
     }
     for (distribution, version), modules in sorted(reviewed.items()):
         installed = metadata.version(distribution)

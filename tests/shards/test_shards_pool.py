@@ -114,6 +114,7 @@ def status(pool: ShardPool, key: str = "k1", family: str = "f1") -> KeyStatus:
 ROUTES = {"fam_a": 0, "fam_b": 10, "Zx9kQ2": 3, "": 0, "été": 4}
 
 
+@pytest.mark.processes
 def test_routing_is_stable_and_not_pythons_hash() -> None:
     assert {f: shard_index(f, 16) for f in ROUTES} == ROUTES
     assert {f: ShardPool(16).shard_index(f) for f in ROUTES} == ROUTES

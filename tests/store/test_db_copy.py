@@ -27,6 +27,8 @@ from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster
 from tests.support.procs import assert_one_line_error, run_cli
 
+pytestmark = pytest.mark.processes
+
 
 def on(config: Config, db: str) -> Config:
     return replace(config, server=replace(config.server, db=db))

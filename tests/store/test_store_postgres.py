@@ -31,6 +31,8 @@ from tests.support.pg_cluster import Cluster, free_port
 from tests.support.procs import Server, assert_one_line_error, base_env, run_cli, start_server
 from tests.support.waiting import until
 
+pytestmark = pytest.mark.processes
+
 _names = itertools.count()
 
 
