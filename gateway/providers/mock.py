@@ -47,6 +47,7 @@ import orjson
 import trio
 
 from gateway.calls.estimate import IMAGE_PART_TYPES
+from gateway.calls.tokens import ENCODINGS, exact_counter
 from gateway.config.settings import ModelConfig
 from gateway.providers.base import (
     EmbeddingRequest,
@@ -107,15 +108,16 @@ def count_tokens(text: str) -> int:
     return words + classes.count(b"p") + classes.endswith(b"s")
 
 
-def prompt_tokens(body: dict[str, Any]) -> int:
-    """The mock's prompt tokens of a chat body (never above the gateway's estimate)."""
+def prompt_tokens(body: dict[str, Any], count: Callable[[str], int] = count_tokens) -> int:
+    """The mock's prompt tokens of a chat body (never above the gateway's estimate);
+    ``count``: its tokens of one string (a model's vocabulary, else the mock's own)."""
     messages = body.get("messages") or []
     total = MESSAGE_TOKENS * (len(messages) + 1) + sum(
-        IMAGE_TOKENS if leaf is None else count_tokens(leaf) for leaf in _leaves(messages)
+        IMAGE_TOKENS if leaf is None else count(leaf) for leaf in _leaves(messages)
     )
     for key in ("tools", "response_format"):
         if body.get(key):
-            total += count_tokens(orjson.dumps(body[key]).decode())
+            total += count(orjson.dumps(body[key]).decode())
     return total
 
 
@@ -144,8 +146,12 @@ class MockProvider:
         embedding_dimensions: Mapping[str, int] | None = None,
         chunk_delay: float = 0.0,
         clock: Callable[[], float] = time.time,
+        tokenizers: Mapping[str, str] | None = None,
     ) -> None:
         self._dimensions = dict(embedding_dimensions or {})
+        #: upstream model → its tokenizer, where it names a vocabulary: the mock bills
+        #: what a provider of that vocabulary would (the exact count of each string)
+        self._tokenizers = dict(tokenizers or {})
         self._chunk_delay = chunk_delay
         self._clock = clock
 
@@ -156,12 +162,29 @@ class MockProvider:
         chunk_delay: float = 0.0,
         clock: Callable[[], float] = time.time,
     ) -> MockProvider:
-        """A mock that knows the configured dimensions of the embedding models."""
+        """A mock that knows the configured dimensions of the embedding models and the
+        chat models' tokenizers."""
+        models = list(models)
         dimensions = {m.upstream_id: m.dimensions for m in models if m.kind == "embedding"}
-        return cls(embedding_dimensions=dimensions, chunk_delay=chunk_delay, clock=clock)
+        tokenizers = {
+            d.upstream_id: m.tokenizer
+            for m in models
+            if m.tokenizer in ENCODINGS
+            for d in m.routes()
+        }
+        return cls(
+            embedding_dimensions=dimensions,
+            chunk_delay=chunk_delay,
+            clock=clock,
+            tokenizers=tokenizers,
+        )
+
+    def _counter(self, upstream_model: str) -> Callable[[str], int]:
+        tokenizer = self._tokenizers.get(upstream_model)
+        return count_tokens if tokenizer is None else exact_counter(tokenizer)
 
     async def complete(self, request: ProviderRequest) -> ProviderResult:
-        answer = _answer(request, int(self._clock()))
+        answer = _answer(request, int(self._clock()), self._counter(request.upstream_model))
         # the chunks of the stream of the same answer: role, one per piece, finish, usage
         await self._pause(len(answer.pieces) + 3)
         message: dict[str, Any] = {"role": "assistant", "content": "".join(answer.pieces)}
@@ -179,7 +202,7 @@ class MockProvider:
         return ProviderResult(completion=completion, usage=answer.usage)
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
-        answer = _answer(request, int(self._clock()))
+        answer = _answer(request, int(self._clock()), self._counter(request.upstream_model))
         header = _header(answer, "chat.completion.chunk")
         first: dict[str, Any] = {"role": "assistant", "content": ""}
         if answer.tool_call:
@@ -222,7 +245,7 @@ class MockProvider:
 # ---------------------------------------------------------------- answers
 
 
-def _answer(request: ProviderRequest, created: int) -> _Answer:
+def _answer(request: ProviderRequest, created: int, count: Callable[[str], int]) -> _Answer:
     body = request.body
     call = request.request_id.removeprefix("req_") or secrets.token_hex(12)
     shaping = {key: body[key] for key in _ANSWER_KEYS if key in body}
@@ -244,7 +267,7 @@ def _answer(request: ProviderRequest, created: int) -> _Answer:
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     if isinstance(limit, int) and len(pieces) > limit:
         pieces, reason = pieces[:limit], "length"
-    usage = Usage(prompt_tokens=prompt_tokens(body), completion_tokens=len(pieces))
+    usage = Usage(prompt_tokens=prompt_tokens(body, count), completion_tokens=len(pieces))
     answer_id = f"chatcmpl-{call}"
     return _Answer(answer_id, created, request.upstream_model, pieces, reason, usage, tool_call)
 

@@ -25,6 +25,7 @@ from gateway.calls.parse import ChatCall
 from gateway.calls.parse.anthropic_messages import parse_messages
 from gateway.calls.pipeline import MESSAGES, Endpoint
 from gateway.calls.policy import check_model
+from gateway.calls.tokens import prompt_bound
 from gateway.edge.auth import admit_reader
 from gateway.edge.http import json_response, read_json_object, runtime
 from gateway.edge.routes.model_calls import run_chat_shaped, serve_call
@@ -57,8 +58,8 @@ async def count_tokens() -> Response:
     record = await admit_reader(rt, MESSAGES.scope)
     body = await read_json_object()
     call = parse_messages(body, record.caps.max_output_tokens, counting=True)
-    check_model(rt.call_parts.policy, record, call.model, MESSAGES.model_kind)
-    return json_response({"input_tokens": call.prompt_estimate()})
+    model = check_model(rt.call_parts.policy, record, call.model, MESSAGES.model_kind)
+    return json_response({"input_tokens": prompt_bound(call, model.config)})
 
 
 def register(app: Quart) -> None:
