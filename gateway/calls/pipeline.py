@@ -217,7 +217,7 @@ MESSAGES = _chat_shaped(
     parse=_parse_messages,
     answer=lambda call, chat, completion: chat_to_message(completion, chat, message_id(call)),
     stream_format=lambda call, chat, svc: MessagesFormat(
-        MessageStreamTranslator(chat, message_id(call), svc)
+        MessageStreamTranslator(chat, message_id(call), svc, call.held.prompt_estimate)
     ),
     metadata_tags=False,
 )

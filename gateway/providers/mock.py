@@ -130,6 +130,15 @@ class _Answer:
     finish_reason: str
     usage: Usage
     tool_call: tuple[str, str] | None  # (call id, function name)
+    #: the stop sequence the text was cut at (vLLM's ``stop_reason`` of the choice)
+    stop_sequence: str | None = None
+
+    def finish(self) -> dict[str, Any]:
+        """The finish fields of the answer's choice."""
+        fields: dict[str, Any] = {"finish_reason": self.finish_reason}
+        if self.stop_sequence is not None and self.finish_reason == "stop":
+            fields["stop_reason"] = self.stop_sequence
+        return fields
 
 
 class MockProvider:
@@ -193,7 +202,7 @@ class MockProvider:
             function = {"name": name, "arguments": message["content"]}
             message["content"] = None
             message["tool_calls"] = [{"id": call_id, "type": "function", "function": function}]
-        choice = {"index": 0, "message": message, "finish_reason": answer.finish_reason}
+        choice = {"index": 0, "message": message, **answer.finish()}
         completion = {
             **_header(answer, "chat.completion"),
             "choices": [{**choice, "logprobs": None}],
@@ -218,8 +227,8 @@ class MockProvider:
                 deltas.append({"content": piece})
         for index, delta in enumerate([*deltas, {}]):
             await self._pause()
-            reason = answer.finish_reason if index == len(deltas) else None
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            finish = answer.finish() if index == len(deltas) else {"finish_reason": None}
+            choice = {"index": 0, "delta": delta, "logprobs": None, **finish}
             yield {**header, "choices": [choice]}
         await self._pause()
         yield {**header, "choices": [], "usage": answer.usage.as_dict()}
@@ -259,17 +268,19 @@ def _answer(request: ProviderRequest, created: int, count: Callable[[str], int])
         schema = schema if isinstance(schema, dict) and schema else {"type": "object"}
         text = _json(sample(schema, rng))
         tool_call: tuple[str, str] | None = (f"call_{call}", tool["name"])
-        reason = "tool_calls"
+        reason, matched = "tool_calls", None
     else:
         text, tool_call, reason = _content(body, messages, rng), None, "stop"
-        text = _cut_at_stop(text, body.get("stop"))
+        text, matched = _cut_at_stop(text, body.get("stop"))
     pieces = _TOKEN.findall(text)
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     if isinstance(limit, int) and len(pieces) > limit:
         pieces, reason = pieces[:limit], "length"
     usage = Usage(prompt_tokens=prompt_tokens(body, count), completion_tokens=len(pieces))
     answer_id = f"chatcmpl-{call}"
-    return _Answer(answer_id, created, request.upstream_model, pieces, reason, usage, tool_call)
+    return _Answer(
+        answer_id, created, request.upstream_model, pieces, reason, usage, tool_call, matched
+    )
 
 
 def _header(answer: _Answer, obj: str) -> dict[str, Any]:
@@ -319,10 +330,14 @@ def _json(value: Any) -> str:
         return "{}"
 
 
-def _cut_at_stop(text: str, stop: Any) -> str:
+def _cut_at_stop(text: str, stop: Any) -> tuple[str, str | None]:
+    """The text before the first stop sequence in it, and that sequence (None: none)."""
     sequences = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
-    cuts = [text.find(s) for s in sequences if isinstance(s, str) and s and s in text]
-    return text[: min(cuts)] if cuts else text
+    cuts = [(text.find(s), s) for s in sequences if isinstance(s, str) and s and s in text]
+    if not cuts:
+        return text, None
+    at, sequence = min(cuts)
+    return text[:at], sequence
 
 
 def _leaves(value: Any) -> Iterator[str | None]:

@@ -33,10 +33,40 @@ from gateway.config.settings import ConfigError, load_config
 from tests.conftest import Gateway, make_config, start_gateway
 
 VOCABULARIES = ("o200k", "cl100k")
-WORDS = (
-    "the of and to in is that for it as with was on be by this are or from at which but "
-    "gateway token reserve budget provider settlement ledger quantum river mountain"
-).split()
+WORDS = [
+    "the",
+    "of",
+    "and",
+    "to",
+    "in",
+    "is",
+    "that",
+    "for",
+    "it",
+    "as",
+    "with",
+    "was",
+    "on",
+    "be",
+    "by",
+    "this",
+    "are",
+    "or",
+    "from",
+    "at",
+    "which",
+    "but",
+    "gateway",
+    "token",
+    "reserve",
+    "budget",
+    "provider",
+    "settlement",
+    "ledger",
+    "quantum",
+    "river",
+    "mountain",
+]
 CODE = 'def f(x):\n    return {"k": [x ** 2, None]}  # ok\n\tif a != b: pass;\n'
 CJK = "你好世界这是一个测试句子。日本語のテキストです。한국어 문장입니다"
 EMOJI = "😀🎉👍🏽👨‍👩‍👧‍👦🇫🇷✨🔥"
