@@ -8,7 +8,12 @@ import anthropic
 import httpx
 import orjson
 import pydantic
+import pytest
 
+from gateway.calls.parse.anthropic_messages import parse_messages
+from gateway.errors import GatewayError
+from gateway.providers.bedrock.converse import converse_request
+from gateway.providers.gemini.gemini_request import generate_request
 from tests.calls.test_messages import HELLO, MODEL, refused, run
 from tests.conftest import Gateway
 
@@ -109,3 +114,45 @@ async def test_models_list_speaks_anthropic_to_anthropic_clients(gateway: Gatewa
     assert openai_shape["object"] == "list" and "text-embedding-3-small" in str(openai_shape)
     assert keyless.json()["data"][0]["type"] == "model"
     assert keyless.headers["vary"] == "anthropic-version"
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string"}, "degrees": {"type": "integer"}},
+    "required": ["city", "degrees"],
+    "additionalProperties": False,
+}
+
+
+def test_output_config_maps_to_each_kinds_structured_output() -> None:
+    """One Messages body: chat's response_format (openai, azure, the mock), Gemini's
+    responseSchema, Bedrock's forced answer tool; passed through unchanged to an
+    ``anthropic`` deployment (the native body), ``effort`` named as ignored."""
+    output_config = {"format": {"type": "json_schema", "schema": SCHEMA}, "effort": "low"}
+    body = {"model": MODEL, "max_tokens": 64, "messages": HELLO, "output_config": output_config}
+    call = parse_messages(body, 4096)
+    chat = call.body()
+    assert chat["response_format"] == {
+        "type": "json_schema", "json_schema": {"name": "output", "schema": SCHEMA}
+    }  # fmt: skip
+    assert "structured_output" in call.needs and "output_config.effort" in call.dropped
+    assert call.native is not None and call.native.body["output_config"] == output_config
+    config = generate_request(chat)["generationConfig"]
+    assert config["responseMimeType"] == "application/json"
+    assert set(config["responseSchema"]["properties"]) == {"city", "degrees"}
+    converse = converse_request(chat)
+    tool = converse.body["toolConfig"]["tools"][-1]["toolSpec"]
+    assert tool["inputSchema"] == {"json": SCHEMA}
+    assert converse.body["toolConfig"]["toolChoice"] == {"tool": {"name": tool["name"]}}
+    assert converse.answer_tool == tool["name"]
+    legacy = parse_messages({**body, "output_config": None,
+                             "output_format": output_config["format"]}, 4096)  # fmt: skip
+    assert legacy.body()["response_format"] == chat["response_format"]
+
+
+def test_an_output_format_that_is_not_a_json_schema_is_invalid() -> None:
+    body = {"model": MODEL, "max_tokens": 64, "messages": HELLO,
+            "output_config": {"format": {"type": "text"}}}  # fmt: skip
+    with pytest.raises(GatewayError) as caught:
+        parse_messages(body, 4096)
+    assert caught.value.param == "output_config"
