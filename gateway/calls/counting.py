@@ -3,7 +3,7 @@
 A live key on a model whose first deployment speaks the Messages API (``anthropic``)
 gets the upstream's own count, asked within :data:`COUNT_TIMEOUT_S`; otherwise, or when
 the upstream fails or is slow, the gateway's bound of the prompt with the model's
-``tokenizer`` (:func:`gateway.calls.tokens.prompt_bound`, the one a reservation counts).
+``tokenizer`` (:func:`gateway.calls.tokens.count_prompt`, the one a reservation counts).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from gateway.accounts.catalog import Model
 from gateway.accounts.key_record import KeyRecord
 from gateway.calls.lifecycle import CallParts
 from gateway.calls.parse import ChatCall
-from gateway.calls.tokens import prompt_bound
+from gateway.calls.tokens import count_prompt
 from gateway.errors import GatewayError
 from gateway.providers.base import MessagesRequest, ProviderError, native_messages
 
@@ -31,7 +31,7 @@ async def count_input_tokens(
 ) -> int:
     """The upstream's count where one can answer, else the gateway's bound."""
     counted = await _upstream_count(parts, record, model, call, betas)
-    return prompt_bound(call, model.config) if counted is None else counted
+    return await count_prompt(call, model.config) if counted is None else counted
 
 
 async def _upstream_count(

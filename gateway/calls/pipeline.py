@@ -74,7 +74,7 @@ from gateway.calls.streaming import (
     StreamFormat,
     start_stream,
 )
-from gateway.calls.tokens import prompt_bound
+from gateway.calls.tokens import count_prompt
 from gateway.errors import GatewayError
 from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS
 from gateway.providers.base import (
@@ -300,7 +300,7 @@ async def prepare(
             param="model",
         )
     endpoint.check(org, parsed, model)
-    prompt, output = prompt_bound(parsed, model.config), parsed.output_ceiling
+    prompt, output = await count_prompt(parsed, model.config), parsed.output_ceiling
     cost = model.cost_nanos(prompt, output)
     check_spend_controls(org, record, cost)
     reservation = await admission.reserve(
@@ -335,7 +335,7 @@ async def _fallback(call: Call, endpoint: Endpoint, parsed: Parsed, name: str) -
         parts.provider_for(record, model)
         endpoint.check(org, parsed, model)
         # counted with the fallback's own tokenizer: another vocabulary, another bound
-        prompt = prompt_bound(parsed, model.config)
+        prompt = await count_prompt(parsed, model.config)
         window = model.config.context_window
         if window is not None and prompt + output > window:
             return None
