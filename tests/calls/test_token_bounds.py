@@ -248,3 +248,26 @@ async def test_a_20_kb_english_prompt_reserves_within_10_percent(gw: Gateway) ->
         big, _ = await reserved_input(gw, client, english(1_000_000))
     assert big <= 200_000
     assert len(orjson.dumps(text)) > 4 * model * 0.9  # the byte bound was ~4x
+
+
+async def test_no_call_on_a_vocabulary_model_is_under_reserved(gw: Gateway) -> None:
+    """Varied calls through the gateway on the o200k model: the prompt tokens the mock
+    bills (the vocabulary's count) never pass the input tokens reserved."""
+    token = (await gw.create_key())["token"]
+    parameters = {"type": "object", "properties": {"city": {"type": "string"}}}
+    function = {"name": "get_weather", "description": "天气 ☀️", "parameters": parameters}
+    weather = {"type": "function", "function": function}
+    prompts = [english(3_000), CODE * 40, CJK * 60, EMOJI * 80, CONTROL * 50, "x"]
+    async with gw.client(token) as client:
+        for text in prompts:
+            reserved, charged = await reserved_input(gw, client, text)
+            assert 0 < charged <= reserved
+        parts = [{"type": "text", "text": CJK}, {"type": "text", "text": EMOJI}]
+        messages = [{"role": "system", "content": CODE}, {"role": "user", "content": parts}]
+        body = {"model": "gpt-4o-mini", "max_tokens": MAX_TOKENS, "tools": [weather],
+                "messages": messages}  # fmt: skip
+        response = await client.post("/v1/chat/completions", json=body)
+        assert response.status_code == 200, response.text
+        record = (await client.get(f"/v1/requests/{response.headers['x-request-id']}")).json()
+        reserved = round(record["cost"]["reserved_usd"] * 1e6) - MAX_TOKENS
+        assert response.json()["usage"]["prompt_tokens"] <= reserved
