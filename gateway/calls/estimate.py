@@ -27,6 +27,11 @@ every string of the messages come the tokens a chat template adds, which are not
   counted). Models priced per image far above that (gpt-4o-mini bills 2833 + 5667 tokens
   per 512 px tile) need their own figure: pass ``image_tokens``.
 
+A model whose vocabulary is known (``tokenizer = "o200k"`` or ``"cl100k"``) counts each
+string exactly instead (:mod:`gateway.calls.tokens` supplies that :class:`Counter`, with
+one token of slack per string and :data:`TOOL_FRAMING_TOKENS` a tool); the allowances
+below are the same.
+
 Outside the bound: text a provider adds that the request does not show (web search
 results, hidden system prompts). The slack below absorbs such additions in practice.
 
