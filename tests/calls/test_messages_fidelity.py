@@ -11,7 +11,9 @@ import pydantic
 import pytest
 
 from gateway.calls.parse.anthropic_messages import parse_messages
+from gateway.calls.parse.messages_answer import MessageStreamTranslator, chat_to_message
 from gateway.errors import GatewayError
+from gateway.providers.anthropic_translate import StreamTranslator, completion
 from gateway.providers.bedrock.converse import converse_request
 from gateway.providers.gemini.gemini_request import generate_request
 from tests.calls.test_messages import HELLO, MODEL, refused, run
@@ -156,3 +158,26 @@ def test_an_output_format_that_is_not_a_json_schema_is_invalid() -> None:
     with pytest.raises(GatewayError) as caught:
         parse_messages(body, 4096)
     assert caught.value.param == "output_config"
+
+
+def test_an_anthropic_upstreams_stop_sequence_survives_two_translations() -> None:
+    """Anthropic → chat (the ``anthropic`` kind behind chat shapes) → Messages (a
+    Messages call translated): the sequence rides in the choice's ``stop_reason``,
+    whole and streamed; an OpenAI-style "stop" without it stays end_turn."""
+    call = parse_messages(
+        {"model": MODEL, "max_tokens": 64, "messages": HELLO, "stop_sequences": ["END"]}, 4096
+    )
+    upstream = {"id": "msg_1", "model": "claude", "content": [{"type": "text", "text": "a"}],
+                "stop_reason": "stop_sequence", "stop_sequence": "END",
+                "usage": {"input_tokens": 3, "output_tokens": 1}}  # fmt: skip
+    chat = completion(upstream, "claude", structured=False)
+    message = chat_to_message(chat, call, "msg_x")
+    assert (message["stop_reason"], message["stop_sequence"]) == ("stop_sequence", "END")
+    translator, relay = StreamTranslator("claude", False), MessageStreamTranslator(call, "m", None)
+    delta = {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    for chunk in translator.feed({"type": "message_delta", "delta": delta, "usage": {}}):
+        relay.feed(chunk)
+    ending = relay.finish()[-2]["delta"]
+    assert ending == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    del chat["choices"][0]["stop_reason"]
+    assert chat_to_message(chat, call, "msg_x")["stop_sequence"] is None
