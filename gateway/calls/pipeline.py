@@ -40,7 +40,7 @@ from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.orgs import Org
 from gateway.calls import admission
 from gateway.calls.attempts import Attempts
-from gateway.calls.estimate import worst_case_tokens
+from gateway.calls.estimate import Counter, worst_case_tokens
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call, CallParts, CallReport, Hold, finish_reasons
 from gateway.calls.parse import ChatCall, EmbeddingCall
@@ -74,6 +74,7 @@ from gateway.calls.streaming import (
     StreamFormat,
     start_stream,
 )
+from gateway.calls.tokens import count_prompt
 from gateway.errors import GatewayError
 from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS
 from gateway.providers.base import (
@@ -106,7 +107,7 @@ class Parsed(Protocol):
     def needs(self) -> frozenset[str]: ...
     @property
     def output_ceiling(self) -> int: ...
-    def prompt_estimate(self) -> int: ...
+    def prompt_estimate(self, count: Counter = ...) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +217,7 @@ MESSAGES = _chat_shaped(
     parse=_parse_messages,
     answer=lambda call, chat, completion: chat_to_message(completion, chat, message_id(call)),
     stream_format=lambda call, chat, svc: MessagesFormat(
-        MessageStreamTranslator(chat, message_id(call), svc)
+        MessageStreamTranslator(chat, message_id(call), svc, call.held.prompt_estimate)
     ),
     metadata_tags=False,
 )
@@ -299,7 +300,7 @@ async def prepare(
             param="model",
         )
     endpoint.check(org, parsed, model)
-    prompt, output = parsed.prompt_estimate(), parsed.output_ceiling
+    prompt, output = await count_prompt(parsed, model.config), parsed.output_ceiling
     cost = model.cost_nanos(prompt, output)
     check_spend_controls(org, record, cost)
     reservation = await admission.reserve(
@@ -328,11 +329,13 @@ async def _fallback(call: Call, endpoint: Endpoint, parsed: Parsed, name: str) -
     fallback never widens access."""
     parts, record = call.parts, call.record
     org = parts.policy.orgs.get(record.org_id)
-    prompt, output = call.held.prompt_estimate, parsed.output_ceiling
+    output = parsed.output_ceiling
     try:
         model = check_model(parts.policy, record, name, endpoint.model_kind)
         parts.provider_for(record, model)
         endpoint.check(org, parsed, model)
+        # counted with the fallback's own tokenizer: another vocabulary, another bound
+        prompt = await count_prompt(parsed, model.config)
         window = model.config.context_window
         if window is not None and prompt + output > window:
             return None

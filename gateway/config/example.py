@@ -127,6 +127,9 @@ kind = "chat"
 capabilities = ["tools", "structured_output", "vision"]
 context_window = 128000             # prompt and output tokens it holds (a fallback must hold
                                     # the request's estimate); default: not checked
+tokenizer = "o200k"                 # how a call's prompt tokens are counted for its reservation:
+                                    # "o200k" | "cl100k" (OpenAI's, exact, offline) | "bytes"
+                                    # (default: the UTF-8 byte bound, for any other model)
 input_usd_per_mtok = 2.50
 output_usd_per_mtok = 10.00
 routing = "weighted"                # ordered | weighted | least_busy | latency

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.config.tokenizers import parse_tokenizer
+
 MODEL_CAPABILITIES = ("tools", "structured_output", "vision", "web_search")
 MODEL_KINDS = ("chat", "embedding")
 #: how a model's deployments are chosen (docs/decisions/routing.md)
@@ -94,6 +96,7 @@ MODEL_KEYS = (
     "enabled",
     "aliases",
     *ROUTING_KEYS,
+    "tokenizer",
 )
 #: the keys of a ``[[models.deployments]]`` table
 DEPLOYMENT_KEYS = ("provider", "upstream_id", "weight", "rpm", "tpm")
@@ -225,6 +228,8 @@ class ModelConfig:
     fallbacks: tuple[str, ...] = ()
     #: tokens of prompt and output the model holds (None: not stated, not checked)
     context_window: int | None = None
+    #: how its prompt tokens are counted (gateway/config/tokenizers.py)
+    tokenizer: str = "bytes"
 
     def routes(self) -> tuple[DeploymentConfig, ...]:
         """The deployments of the model: the listed ones, or the single-upstream form."""
@@ -650,6 +655,7 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
         upstream_id=_not_empty(upstream_id, f"{where}.upstream_id"),
         deployments=deployments,
         **_parse_routing(table, where),
+        tokenizer=parse_tokenizer(table, where, ConfigError),
         kind=kind,
         capabilities=caps,
         dimensions=dimensions,

@@ -34,6 +34,7 @@ from gateway.calls.inflight import InFlight
 from gateway.calls.keepalive import KeepaliveClock
 from gateway.calls.lifecycle import CallParts
 from gateway.calls.routing import Router
+from gateway.calls.tokens import preload as preload_tokenizers
 from gateway.config.settings import Config
 from gateway.edge.public_limit import PublicCatalogLimiter
 from gateway.errors import GatewayError
@@ -172,6 +173,7 @@ class Runtime:
 
         def work() -> None:
             self.load()
+            preload_tokenizers(self.config.models)
             self.demo_token = self.bootstrap_demo() if self.demo else None
 
         await trio.to_thread.run_sync(work)
