@@ -110,6 +110,24 @@ def finish_reasons(answer: dict[str, Any]) -> list[str]:
     ]
 
 
+class CacheTicket(Protocol):
+    """What the response cache did with a call (:class:`gateway.calls.cache.Ticket`)."""
+
+    @property
+    def result(self) -> str: ...
+    async def settled(
+        self, call: Call, settlement: Settlement, usage: Usage | None, ok: bool
+    ) -> None: ...
+
+
+class ResponseCaching(Protocol):
+    """The response cache as the walk asks it (:class:`gateway.calls.cache.ResponseCache`)."""
+
+    async def look(
+        self, call: Call, body: dict[str, Any], model: Model, ceiling: int, control: str | None
+    ) -> CacheTicket: ...
+
+
 class CallReport(Protocol):
     """Who hears of a call's opening and settlement (the request it answers)."""
 
@@ -150,6 +168,8 @@ class CallParts:
     router: Router = field(default_factory=Router)
     #: where a provider attempt's span goes (None: traces are off, nothing is done)
     spans: Spans | None = None
+    #: the response cache (None: off)
+    cache: ResponseCaching | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,6 +232,8 @@ class Call:
     attempt_started: float | None = None
     #: the model the client asked for, when a fallback model serves the call
     fallback_from: str | None = None
+    #: what the response cache did with the call (None: it did not look)
+    cache: CacheTicket | None = None
 
     @property
     def live(self) -> bool:
@@ -489,6 +511,9 @@ class Call:
                         billed_amount=billed,
                     )
                     slot_taken = False
+            if self.cache is not None:
+                ok = recorded and error_code is None and not self.client_gone
+                await self.cache.settled(self, settlement, usage, ok)
         self.parts.inflight.discard(self)
         self.parts.notice_spend(self.record, settlement.cap_nanos)
         if self.report is not None:
@@ -594,6 +619,7 @@ class Call:
             "mode": self.record.mode,
             "trace_id": self.trace.trace_id if self.trace else None,
             "node_id": self.parts.node_id,
+            "cache": self.cache.result if self.cache is not None else None,
         }
 
     def _settled_values(
