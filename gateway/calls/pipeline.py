@@ -197,7 +197,10 @@ CHAT = _chat_shaped(
     "chat_completions",
     parse=_parse_chat,
     answer=lambda call, chat, completion: completion,
-    stream_format=lambda call, chat, svc: ChatFormat(call.held.model.id, chat.include_usage, svc),
+    # a cache hit holds no model: its replay names the served one (served_by)
+    stream_format=lambda call, chat, svc: ChatFormat(
+        call.hold.model.id if call.hold else chat.model, chat.include_usage, svc
+    ),
 )
 RESPONSES = _chat_shaped(
     "responses",

@@ -5,10 +5,10 @@ identical calls at once making one provider call."""
 from __future__ import annotations
 
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anthropic
 import openai
@@ -26,6 +26,7 @@ from tests.support.waiting import until
 
 pytestmark = pytest.mark.both_stores
 
+T = TypeVar("T")
 IN_PRICE, OUT_PRICE = 3.0, 15.0
 UPSTREAM_KEY = "sk-upstream-cache-0123456789"
 
@@ -49,9 +50,7 @@ def cache_config(tmp_path: Path, upstream: FakeUpstream, **cache: Any) -> Config
         output_usd_per_mtok=OUT_PRICE,
     )
     other = replace(chat, id="live-chat-2", upstream_id="up-chat-2")
-    embed = ModelConfig(
-        "live-embed", "upstream", "up-embed", "embedding", input_usd_per_mtok=0.5
-    )
+    embed = ModelConfig("live-embed", "upstream", "up-embed", "embedding", input_usd_per_mtok=0.5)
     return replace(
         base,
         providers=(*base.providers, provider),
@@ -147,9 +146,7 @@ CHANGED = {
     "a message": {"messages": [{"role": "user", "content": "hello here"}]},
     "the model": {"model": "live-chat-2"},
     "tools": {
-        "tools": [
-            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-        ]
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     },
     "response_format": {"response_format": {"type": "json_object"}},
     "max_tokens": {"max_tokens": 49},
@@ -157,9 +154,7 @@ CHANGED = {
 
 
 @pytest.mark.parametrize("field", sorted(CHANGED))
-async def test_one_changed_field_is_a_miss(
-    gw: Gateway, upstream: FakeUpstream, field: str
-) -> None:
+async def test_one_changed_field_is_a_miss(gw: Gateway, upstream: FakeUpstream, field: str) -> None:
     token = await live_key(gw)
     await chat(gw, token, **ask())
     _, headers = await chat(gw, token, **{**ask(), **CHANGED[field]})
@@ -170,9 +165,7 @@ async def test_one_changed_field_is_a_miss(
 async def test_tags_user_and_metadata_are_not_keyed(gw: Gateway, upstream: FakeUpstream) -> None:
     token = await live_key(gw)
     await chat(gw, token, **ask(), user="a")
-    _, headers = await chat(
-        gw, token, **ask(), user="b", extra_headers={"X-Svc-Tags": "team=x"}
-    )
+    _, headers = await chat(gw, token, **ask(), user="b", extra_headers={"X-Svc-Tags": "team=x"})
     assert headers["x-svc-cache"] == "hit" and upstream.calls == 1
 
 
@@ -269,12 +262,24 @@ async def test_waiters_make_their_own_calls_when_the_first_fails(
 
 
 async def stream_chunks(gw: Gateway, token: str, **body: Any) -> tuple[list[Any], str, str]:
-    async with client(gw, token) as oa:
-        raw = await oa.chat.completions.with_raw_response.create(
+    def run(oa: openai.OpenAI) -> tuple[list[Any], str, str]:
+        raw = oa.chat.completions.with_raw_response.create(
             **body, stream=True, stream_options={"include_usage": True}
         )
-        chunks = [chunk async for chunk in raw.parse()]
-        return chunks, raw.headers["x-svc-cache"], raw.headers["x-request-id"]
+        return list(raw.parse()), raw.headers["x-svc-cache"], raw.headers["x-request-id"]
+
+    return await in_thread(gw, token, run)
+
+
+async def in_thread(gw: Gateway, token: str, use: Callable[[openai.OpenAI], T]) -> T:
+    """``use`` with the official synchronous client (its streams, in a thread)."""
+
+    def run() -> T:
+        with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0) as oa:
+            return use(oa)
+
+    with trio.fail_after(20):
+        return await trio.to_thread.run_sync(run)
 
 
 def deltas(chunks: list[Any]) -> list[str]:
@@ -331,27 +336,31 @@ async def responses_messages_and_embeddings(gw: Gateway, token: str, oa: Any) ->
     )
     assert again.headers["x-svc-cache"] == "hit"
     assert again.parse().output_text == first.output_text
-    async with anthropic.AsyncAnthropic(api_key=token, base_url=gw.url, max_retries=0) as ac:
-        await messages(ac)
+    await trio.to_thread.run_sync(messages, gw.url, token)
     vectors = await oa.embeddings.create(model="live-embed", input="x")
     raw_embed = await oa.embeddings.with_raw_response.create(model="live-embed", input="x")
     assert raw_embed.headers["x-svc-cache"] == "hit"
     assert raw_embed.parse().data[0].embedding == vectors.data[0].embedding
 
 
-async def messages(ac: anthropic.AsyncAnthropic) -> None:
+def messages(url: str, token: str) -> None:
+    with anthropic.Anthropic(base_url=url, auth_token=token, max_retries=0) as ac:
+        messages_hit(ac)
+
+
+def messages_hit(ac: anthropic.Anthropic) -> None:
     body: dict[str, Any] = {
         "model": "live-chat",
         "max_tokens": 40,
-        "temperature": 0,
         "messages": [{"role": "user", "content": "hi"}],
+        "extra_body": {"temperature": 0},
     }
-    message = await ac.messages.create(**body)
-    raw = await ac.messages.with_raw_response.create(**body)
+    message = ac.messages.create(**body)
+    raw = ac.messages.with_raw_response.create(**body)
     assert raw.headers["x-svc-cache"] == "hit"
     assert raw.parse().content == message.content
-    async with ac.messages.stream(**body) as stream:
-        text = await stream.get_final_text()
+    with ac.messages.stream(**body) as stream:
+        text = stream.get_final_text()
     assert text == "".join(b.text for b in message.content if b.type == "text")
 
 
