@@ -24,8 +24,8 @@ from gateway.edge.bodies import BodyGateMiddleware, gate_of
 from gateway.edge.http import current_request, new_request_id, request_globals
 from gateway.edge.routes import (
     admin,
-    cache_admin,
     api_document,
+    cache_admin,
     embedding_calls,
     health,
     key,

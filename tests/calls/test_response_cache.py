@@ -16,11 +16,13 @@ import pytest
 import trio
 import trio.testing
 
-from gateway.accounts.catalog import NANOS_PER_USD
+from gateway.accounts.catalog import NANOS_PER_USD, nanos_to_usd
 from gateway.config.cache import CacheConfig
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
+from gateway.edge.dashboard.format import exact
 from gateway.store import cache_entries
 from tests.conftest import Gateway, make_config, query_db, start_gateway
+from tests.edge.test_dashboard_auth import PASSWORD, admin_user, signed_in
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.waiting import until
 
@@ -383,3 +385,20 @@ async def test_sweep_keeps_the_newest_max_entries(gw: Gateway, upstream: FakeUps
     assert headers["x-svc-cache"] == "miss"
     _, headers = await chat(gw, token, **ask("call 2"))
     assert headers["x-svc-cache"] == "hit"
+
+
+async def test_the_usage_page_shows_what_the_cache_saved_by_key(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
+    token = await live_key(gw)
+    first, _ = await chat(gw, token, **ask())
+    await chat(gw, token, **ask())
+    await chat(gw, token, **ask())
+    await admin_user(gw, email="o@example.com", role="owner", password=PASSWORD)
+    async with signed_in(gw, "o@example.com") as (page_client, _):
+        page = await page_client.get("/dashboard/usage", params={"range": "today"})
+    assert page.status_code == 200, page.text
+    section = page.text.split("Saved by the response cache", 1)[1]
+    saved = nanos_to_usd(2 * cost(first.usage))
+    assert "cached" in section  # the key's name
+    assert f'title="{exact(saved)} exactly"' in section, section[:600]
