@@ -1,55 +1,22 @@
-"""The response cache: a step of the walk between resolving a call (6) and reserving (8).
-
-    prepare()  6 resolve ──► look()  hit ──────────────► serve_hit(): the stored answer
-                                │                         (a stream replays its chunks),
-                                │                         its own record, settled 0
-                                ├─ miss, the key claimed ──► 8 reserve, 9 call … 10 settle
-                                │                         └─► Ticket.settled(): stored
-                                │                             (ok) or the claim dropped
-                                ├─ claimed by another call: wait (an event in this process,
-                                │  the claim row polled across workers and nodes), then a hit,
-                                │  or a miss of its own when the first failed
-                                └─ bypass (off, zero_retention, not deterministic,
-                                   ``Cache-Control: no-store``, the store unreachable)
-
-The key (:func:`cache_key`): the organisation (and the key with ``scope = "key"``), the
-endpoint, the resolved model, the effective output ceiling and every field of the body
-but those that cannot change the answer (:data:`NOT_KEYED`), canonicalised by orjson
-with sorted keys. A stream and a call without one share an entry: the answer is stored
-as the chat chunks or the completion it came as, and rendered in either form
-(:mod:`gateway.calls.cache_forms`).
-
-Money: a hit reserves nothing and settles 0; its record names the original request and
-what it saved (the original's settled cost). Only an answer that completed is stored
-(a length-truncated one is); a failure, a cut stream, a client that left store nothing.
-"""
+"""The cache's side of a call: its key, the entry or the claim, this process's waiters
+on a trio Event, the claim row polled across workers and nodes, and the sweep."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import AsyncIterator, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 import trio
 
 from gateway.accounts.catalog import Model
-from gateway.calls.cache_forms import chunks_completion, completion_chunks
+from gateway.calls.cache.recording import Recording
 from gateway.calls.lifecycle import Call
-from gateway.calls.parse import ChatCall
-from gateway.calls.settlement import Ending, Settlement
-from gateway.calls.streaming import (
-    EventStream,
-    NativeMessagesFormat,
-    PerAttemptFormat,
-    StreamFormat,
-)
+from gateway.calls.settlement import Settlement
 from gateway.config.cache import CacheConfig
-from gateway.errors import GatewayError
 from gateway.observe.logs import event
 from gateway.providers.base import Usage
 from gateway.store import StoreError, cache_entries, records
@@ -304,208 +271,3 @@ def _serves(hit: Hit, stream: bool) -> bool:
     passed-through Anthropic message and its events are kept in the form they came)."""
     form = hit.entry.get("form")
     return not (form == "message" and stream) and not (form == "events" and not stream)
-
-
-def completion_of(hit: Hit) -> dict[str, Any] | None:
-    """A stored chat answer as a completion (None: the entry is not a chat answer)."""
-    entry = hit.entry
-    if entry.get("form") == "completion":
-        return dict(entry["completion"])
-    if entry.get("form") == "chunks":
-        return chunks_completion(entry["chunks"])
-    return None
-
-
-def chunks_of(hit: Hit) -> list[dict[str, Any]] | None:
-    """A stored chat answer as stream chunks (the original's, when it was streamed)."""
-    entry = hit.entry
-    if entry.get("form") == "chunks":
-        return list(entry["chunks"])
-    if entry.get("form") == "completion":
-        return completion_chunks(entry["completion"])
-    return None
-
-
-# -- the walk's side: what a miss keeps, how a hit is answered ------------------------------
-
-
-def is_hit(call: Call) -> bool:
-    """The call is served from the cache (it asks no provider)."""
-    ticket = call.cache
-    return isinstance(ticket, Ticket) and ticket.hit is not None
-
-
-def keep(call: Call, form: str, body: dict[str, Any], ignored: list[str], model: str) -> None:
-    """A miss's answer, to store once the call settled well."""
-    ticket = call.cache
-    if isinstance(ticket, Ticket) and ticket.result == MISS:
-        ticket.entry = {"form": form, form: {**body}, "ignored": ignored, "model": model}
-
-
-class Rendering(Protocol):
-    """What answering a hit asks of its endpoint (:class:`gateway.calls.pipeline.Endpoint`)."""
-
-    @property
-    def answer(self) -> Callable[[Call, ChatCall, dict[str, Any]], dict[str, Any]] | None: ...
-    @property
-    def stream_format(self) -> Callable[[Call, ChatCall, dict[str, Any]], StreamFormat] | None: ...
-
-
-def _svc(call: Call, hit: Hit) -> dict[str, Any]:
-    """A hit's svc block: its own request id, the original's ignored parameters, and
-    the request it was served from."""
-    return {
-        "request_id": call.request_id,
-        "ignored_parameters": hit.entry.get("ignored", []),
-        "cache": {"status": HIT, "original_request_id": hit.request_id},
-    }
-
-
-def _message_id(call: Call) -> str:
-    return "msg_" + call.request_id.removeprefix("req_")
-
-
-async def record_hit(call: Call, model: Model, hit: Hit) -> None:
-    """A hit's own record (settled 0, naming the original and what it saved); the
-    call then settles as not called: its slot released, nothing reserved."""
-    created = datetime.fromtimestamp(call.started, UTC)
-    row = {
-        "id": call.request_id,
-        "key_id": call.record.id,
-        "parent_id": call.record.parent_id,
-        "org_id": call.record.org_id,
-        "created": call.started,
-        "day": created.strftime("%Y-%m-%d"),
-        "month": created.strftime("%Y-%m"),
-        "endpoint": call.endpoint,
-        "model": hit.entry.get("model", model.id),
-        "provider": "cache",
-        "status": "succeeded",
-        "http_status": 200,
-        "stream": int(call.stream),
-        "tags": call.tags,
-        "usage": hit.entry.get("usage"),
-        "estimated_usd_nanos": 0,
-        "reserved_usd_nanos": 0,
-        "settled_usd_nanos": 0,
-        "billed_usd_nanos": 0,
-        "latency_ms": round((call.parts.clock.now() - call.started) * 1000, 3),
-        "error_code": None,
-        "mode": call.record.mode,
-        "trace_id": call.trace.trace_id if call.trace else None,
-        "node_id": call.parts.node_id,
-        "cache": HIT,
-        "cache_of": hit.request_id,
-        "saved_usd_nanos": hit.cost_nanos,
-    }
-    try:
-        await call.parts.store.write(cache_entries.record_hit, row, must_land=True)
-    except StoreError:
-        log.error("the record of cache hit %s is queued", call.request_id)
-    await call.finish(Ending.NOT_CALLED)
-
-
-def _hit(call: Call) -> tuple[Hit, Model]:
-    ticket = call.cache
-    assert isinstance(ticket, Ticket) and ticket.hit is not None and ticket.model is not None
-    return ticket.hit, ticket.model
-
-
-async def answer_hit(call: Call, endpoint: Rendering, parsed: Any) -> dict[str, Any]:
-    """A hit without a stream: the stored answer under this call's ids, recorded."""
-    hit, model = _hit(call)
-    served = str(hit.entry.get("model", model.id))
-    svc = _svc(call, hit)
-    form = hit.entry.get("form")
-    if form == "embedding":
-        answer = {**hit.entry["embedding"], "svc": svc}
-    elif form == "message":
-        answer = {**hit.entry["message"], "id": _message_id(call), "model": served, "svc": svc}
-    else:
-        completion = completion_of(hit)
-        assert completion is not None and endpoint.answer is not None
-        answer = endpoint.answer(call, parsed, {**completion, "model": served})
-        answer["svc"] = svc
-    await record_hit(call, model, hit)
-    return answer
-
-
-async def replay_hit(call: Call, endpoint: Rendering, chat: ChatCall) -> EventStream:
-    """A streamed hit: the stored chunks replayed through the endpoint's stream format
-    (the usage chunk and the end as a stream's), recorded."""
-    hit, model = _hit(call)
-    assert endpoint.stream_format is not None
-    served = str(hit.entry.get("model", model.id))
-    svc = _svc(call, hit)
-    fmt: StreamFormat
-    if hit.entry.get("form") == "events":
-        fmt = NativeMessagesFormat(_message_id(call), served, svc)
-        items = list(hit.entry["events"])
-    else:
-        fmt = endpoint.stream_format(call, chat, svc)
-        fmt.served_by(served)
-        items = chunks_of(hit) or []
-    frames: list[bytes] = []
-    for item in items:
-        fmt.usage(item)
-        if fmt.output(item):
-            frames += fmt.chunk(item)
-    frames += fmt.finish()
-    await record_hit(call, model, hit)
-    return EventStream(_frames(frames), {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-
-
-async def _frames(frames: list[bytes]) -> AsyncIterator[bytes]:
-    for frame in frames:
-        yield frame
-
-
-class Recording:
-    """A stream format that keeps every upstream item of a miss (the pump reads each
-    one's usage first), to store once the stream completed."""
-
-    def __init__(self, fmt: StreamFormat, svc: dict[str, Any]) -> None:
-        self.fmt = fmt
-        self.keepalive = fmt.keepalive
-        self.svc = svc
-        self.items: list[dict[str, Any]] = []
-
-    def entry(self, model: str) -> dict[str, Any]:
-        """What the stream read, as an entry: Anthropic's events when the attempt that
-        served passed the call through, else chat chunks."""
-        fmt = self.fmt
-        native = isinstance(fmt, PerAttemptFormat) and fmt.current is fmt.native
-        form = "events" if native else "chunks"
-        ignored = self.svc.get("ignored_parameters", [])
-        return {"form": form, form: self.items, "ignored": ignored, "model": model}
-
-    def usage(self, item: dict[str, Any]) -> Usage | None:
-        self.items.append(item)
-        return self.fmt.usage(item)
-
-    def output(self, item: dict[str, Any]) -> bool:
-        return self.fmt.output(item)
-
-    def answered(self, item: dict[str, Any]) -> tuple[Any, list[str]]:
-        return self.fmt.answered(item)
-
-    def chunk(self, item: dict[str, Any]) -> list[bytes]:
-        return self.fmt.chunk(item)
-
-    def finish(self) -> list[bytes]:
-        return self.fmt.finish()
-
-    def error(self, error: GatewayError) -> list[bytes]:
-        return self.fmt.error(error)
-
-    def served_by(self, model_id: str) -> None:
-        self.fmt.served_by(model_id)
-
-
-def recording(call: Call, fmt: StreamFormat, svc: dict[str, Any]) -> StreamFormat:
-    """``fmt``, keeping what it reads when the call is a miss to store."""
-    ticket = call.cache
-    if not isinstance(ticket, Ticket) or ticket.result != MISS:
-        return fmt
-    ticket.recorder = Recording(fmt, svc)
-    return ticket.recorder
