@@ -113,7 +113,7 @@ class Runtime:
         several = is_postgres(self.config.server.db) or self.config.server.workers > 1
         #: the response cache (``[cache]``), None when off
         self.cache = (
-            ResponseCache(self.config.cache, self.store, self.clock, self.metrics)
+            ResponseCache(self.config.cache, self.store, self.clock, self.metrics, shared=several)
             if self.config.cache.enabled
             else None
         )

@@ -90,8 +90,10 @@ class Ticket:
     #: the model the call resolved to
     model: Model | None = None
     hit: Hit | None = None
-    #: the call holds the key's claim (its waiters are waiting for it)
+    #: the call asks for the key: this process's waiters wait for it
     flight: _Flight | None = None
+    #: the call holds the key's claim row (other processes wait for it)
+    claimed: bool = False
     #: the answer to store once the call settled well (set by the walk)
     entry: dict[str, Any] | None = None
     #: a streamed miss: what its pump read
@@ -122,12 +124,21 @@ class ResponseCache:
     """The cache of one server process: its settings, the store, this process's flights."""
 
     def __init__(
-        self, config: CacheConfig, store: Store, clock: Clock, metrics: CacheMetrics | None
+        self,
+        config: CacheConfig,
+        store: Store,
+        clock: Clock,
+        metrics: CacheMetrics | None,
+        *,
+        shared: bool,
     ) -> None:
         self.config = config
         self.store = store
         self.clock = clock
         self.metrics = metrics
+        #: other processes (workers, nodes) use the same entries: a miss claims its key
+        #: in the store; alone, this process's flights are every call there is
+        self.shared = shared
         self._flights: dict[str, _Flight] = {}
 
     # -- the step ------------------------------------------------------------------------
@@ -188,21 +199,28 @@ class ResponseCache:
             return Ticket(self, MISS, key)
         flight = self._flights[key] = _Flight()
         try:
-            claimed, hit = await self._claim(call, key)
+            # a read first: a hit (the common case of a warm entry) writes nothing
+            hit = _hit_of(await self.store.read(cache_entries.lookup, key), self.clock.now())
+            claimed = hit is None and not self.shared
+            if hit is None and self.shared:
+                held = await self._claim(call, key)
+                claimed = held is None
+                if held is not None:
+                    hit = await self._wait_for(held, call, key)
         except BaseException:
             self._land(key, flight, None)
             raise
         if claimed:
-            return Ticket(self, MISS, key, flight=flight)
+            return Ticket(self, MISS, key, flight=flight, claimed=self.shared)
         self._land(key, flight, hit)
         if hit is not None:
             return Ticket(self, HIT, key, hit=hit)
         # another process's call failed, or ran out of time: ours is a miss of its own
         return Ticket(self, MISS, key)
 
-    async def _claim(self, call: Call, key: str) -> tuple[bool, Hit | None]:
-        """Claim ``key`` for ``call`` (True), or the hit it holds; a key claimed by
-        another process is read again until it is stored or dropped."""
+    async def _claim(self, call: Call, key: str) -> dict[str, Any] | None:
+        """Claim ``key`` in the store for ``call`` until its deadline (None), else the
+        row that holds it: another process's claim, or the entry it stored since."""
         now = self.clock.now()
         row = await self.store.write(
             cache_entries.claim,
@@ -212,15 +230,18 @@ class ResponseCache:
             now,
             now + call.remaining(),
         )
-        if row is None:
-            return True, None
+        return row
+
+    async def _wait_for(self, row: dict[str, Any] | None, call: Call, key: str) -> Hit | None:
+        """The hit of a key another process holds, once stored; None when its claim is
+        dropped (its call failed) or past its time, or at this call's deadline."""
         with trio.move_on_at(call.deadline):
             while row is not None and row["state"] == cache_entries.PENDING:
                 if row["expires_at"] <= self.clock.now():
-                    return False, None
+                    return None
                 await trio.sleep(POLL_S)
                 row = await self.store.read(cache_entries.lookup, key)
-        return False, _hit_of(row, self.clock.now())
+        return _hit_of(row, self.clock.now())
 
     def _land(self, key: str, flight: _Flight, hit: Hit | None) -> None:
         flight.hit = hit
@@ -246,7 +267,7 @@ class ResponseCache:
                     cost_nanos,
                     entry,
                 )
-            elif ticket.flight is not None:
+            elif ticket.claimed:
                 await self.store.write(cache_entries.release, ticket.key, call.request_id)
         except StoreError:
             log.warning("the response cache could not be written", extra=event("store_error"))
