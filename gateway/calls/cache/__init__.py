@@ -18,7 +18,7 @@ endpoint, the resolved model, the effective output ceiling and every field of th
 but those that cannot change the answer (:data:`NOT_KEYED`), canonicalised by orjson
 with sorted keys. A stream and a call without one share an entry: the answer is stored
 as the chat chunks or the completion it came as, and rendered in either form
-(:mod:`.forms`).
+(:mod:`.chunking`).
 
 Money: a hit reserves nothing and settles 0; its record names the original request and
 what it saved (the original's settled cost). Only an answer that completed is stored
@@ -26,7 +26,7 @@ what it saved (the original's settled cost). Only an answer that completed is st
 
 Modules: :mod:`.lookup` (the key, the claim, this process's flights, the sweep),
 :mod:`.answers` (what a miss keeps, how a hit is answered and recorded),
-:mod:`.recording` (a streamed miss's items), :mod:`.forms` (a chat answer in the other form).
+:mod:`.recording` (a streamed miss's items), :mod:`.chunking` (a chat answer in the other form).
 """
 
 from gateway.calls.cache.answers import answer_hit, is_hit, keep, recording, replay_hit

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from gateway.accounts.catalog import Model
-from gateway.calls.cache.forms import chunks_completion, completion_chunks
+from gateway.calls.cache.chunking import chunks_completion, completion_chunks
 from gateway.calls.cache.lookup import HIT, MISS, Hit, Ticket
 from gateway.calls.cache.recording import Recording
 from gateway.calls.lifecycle import Call

@@ -7,7 +7,7 @@ import hashlib
 import logging
 from contextlib import suppress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import orjson
 import trio
@@ -19,11 +19,8 @@ from gateway.calls.settlement import Settlement
 from gateway.config.cache import CacheConfig
 from gateway.observe.logs import event
 from gateway.providers.base import Usage
-from gateway.store import StoreError, cache_entries, records
+from gateway.store import Store, StoreError, cache_entries, records
 from shards.clock import Clock
-
-if TYPE_CHECKING:
-    from gateway.store import Store
 
 log = logging.getLogger("gateway.calls.cache")
 
