@@ -47,7 +47,7 @@ from gateway.errors import GatewayError
 from gateway.observe.logs import event
 from gateway.observe.tracing import AttemptLabels, AttemptSpan, Spans, TraceContext
 from gateway.providers.base import Provider, Usage
-from gateway.store import StoreError, records
+from gateway.store import StoreError, cache_entries, records
 from gateway.store.claims import ClaimHeld
 from shards import Admission, Reservation, posted
 from shards.clock import Clock
@@ -115,9 +115,10 @@ class CacheTicket(Protocol):
 
     @property
     def result(self) -> str: ...
-    async def settled(
+    def to_store(
         self, call: Call, settlement: Settlement, usage: Usage | None, ok: bool
-    ) -> None: ...
+    ) -> tuple[Any, ...] | None: ...
+    async def settled(self, call: Call) -> None: ...
 
 
 class ResponseCaching(Protocol):
@@ -491,10 +492,15 @@ class Call:
         )
         self.settlement = settlement
         self._move(CallState.SETTLED)
+        # a response cache's miss that completed stores its answer with its settlement
+        ok = recorded and error_code is None and not self.client_gone
+        entry = self.cache.to_store(self, settlement, usage, ok) if self.cache else None
         with trio.CancelScope(shield=True):
             try:
                 if recorded:
-                    await self._write_settlement(settlement, usage, http_status, error_code, answer)
+                    await self._write_settlement(
+                        settlement, usage, http_status, error_code, answer, entry
+                    )
             finally:
                 # memory settles whatever the store said: nothing stays reserved or in flight
                 held: list[tuple[Reservation | None, int, int]] = [(None, 0, 0)]
@@ -512,8 +518,7 @@ class Call:
                     )
                     slot_taken = False
             if self.cache is not None:
-                ok = recorded and error_code is None and not self.client_gone
-                await self.cache.settled(self, settlement, usage, ok)
+                await self.cache.settled(self)
         self.parts.inflight.discard(self)
         self.parts.notice_spend(self.record, settlement.cap_nanos)
         if self.report is not None:
@@ -552,8 +557,10 @@ class Call:
         http_status: int,
         error_code: str | None,
         answer: dict[str, Any] | None,
+        cache_entry: tuple[Any, ...] | None = None,
     ) -> None:
-        """The pending row becomes the record, with its ledger row and claim outcome.
+        """The pending row becomes the record, with its ledger row and claim outcome
+        (and the response cache's entry of a miss, :mod:`gateway.calls.cache`).
 
         ``must_land``: a database that went away, or a write that keeps losing
         conflicts, keeps it queued in this node until it commits. The call waits for
@@ -562,9 +569,15 @@ class Call:
         says so.
         """
         claim = self.claim
+        op, first = (
+            (records.settle_call, ())
+            if cache_entry is None
+            else (cache_entries.settle_and_store, (cache_entry,))
+        )
         try:
             await self.parts.store.write(
-                records.settle_call,
+                op,
+                *first,
                 self.request_id,
                 self._settled_values(settlement, usage, http_status, error_code),
                 self._ledger_row(settlement),

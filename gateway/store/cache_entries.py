@@ -16,6 +16,7 @@ from typing import Any
 
 import orjson
 
+from gateway.store import records
 from gateway.store import sql as sq
 from gateway.store.sql import Conn
 
@@ -102,6 +103,13 @@ def put(
         f" ON CONFLICT (cache_key) DO UPDATE SET {sets}",
         values,
     )
+
+
+def settle_and_store(conn: Conn, entry: tuple[Any, ...], *settlement: Any) -> None:
+    """A miss's settlement (:func:`gateway.store.records.settle_call`) and its entry
+    (:func:`put`'s arguments), in one transaction: the answer costs no commit of its own."""
+    records.settle_call(conn, *settlement)
+    put(conn, *entry)
 
 
 def release(conn: Conn, cache_key: str, owner: str) -> None:

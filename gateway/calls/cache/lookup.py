@@ -96,17 +96,23 @@ class Ticket:
     #: a streamed miss: what its pump read
     recorder: Recording | None = None
 
-    async def settled(
+    #: a miss's answer, stored with its settlement (what a waiter of this process serves)
+    stored: Hit | None = None
+
+    def to_store(
         self, call: Call, settlement: Settlement, usage: Usage | None, ok: bool
-    ) -> None:
-        """The call settled: its answer stored when it completed, else its claim dropped."""
+    ) -> tuple[Any, ...] | None:
+        """The entry a miss that completed (``ok``) stores, written in its settlement's
+        transaction (:func:`gateway.store.cache_entries.settle_and_store`): one commit."""
         cache = self.cache
-        if cache is None or self.result != MISS:
-            return
+        if cache is None or self.result != MISS or not ok:
+            return None
         if self.recorder is not None and call.hold is not None:
             self.entry = self.recorder.entry(call.hold.model.id)
-        entry = self.entry if ok else None
-        if entry is not None and usage is not None:
+        entry = self.entry
+        if entry is None:
+            return None
+        if usage is not None:
             entry["usage"] = records.usage_row(
                 usage.prompt_tokens,
                 usage.completion_tokens,
@@ -114,7 +120,16 @@ class Ticket:
                 usage.cached_tokens,
                 usage.cache_write_tokens,
             )
-        await cache.settled(self, call, entry, settlement.cap_nanos)
+        self.stored = Hit(entry, call.request_id, settlement.cap_nanos)
+        now = cache.clock.now()
+        expires = now + cache.config.ttl_s
+        org_id, cost = call.record.org_id, settlement.cap_nanos
+        return (self.key, org_id, now, expires, call.request_id, cost, entry)
+
+    async def settled(self, call: Call) -> None:
+        """The call settled: its waiters served what it stored, or its claim dropped."""
+        if self.cache is not None and self.result == MISS:
+            await self.cache.settled(self, call)
 
 
 class ResponseCache:
@@ -246,31 +261,17 @@ class ResponseCache:
         if self._flights.get(key) is flight:
             del self._flights[key]
 
-    async def settled(
-        self, ticket: Ticket, call: Call, entry: dict[str, Any] | None, cost_nanos: int
-    ) -> None:
-        """A miss settled: its answer stored (``entry``), or its claim dropped."""
-        now = self.clock.now()
-        hit = Hit(entry, call.request_id, cost_nanos) if entry is not None else None
+    async def settled(self, ticket: Ticket, call: Call) -> None:
+        """A miss settled: its waiters of this process land on what it stored; a claim
+        it did not store over is dropped (the waiters of other processes then call)."""
         try:
-            if hit is not None and entry is not None:
-                await self.store.write(
-                    cache_entries.put,
-                    ticket.key,
-                    call.record.org_id,
-                    now,
-                    now + self.config.ttl_s,
-                    call.request_id,
-                    cost_nanos,
-                    entry,
-                )
-            elif ticket.claimed:
+            if ticket.stored is None and ticket.claimed:
                 await self.store.write(cache_entries.release, ticket.key, call.request_id)
         except StoreError:
             log.warning("the response cache could not be written", extra=event("store_error"))
         finally:
             if ticket.flight is not None:
-                self._land(ticket.key, ticket.flight, hit)
+                self._land(ticket.key, ticket.flight, ticket.stored)
 
     # -- bounds --------------------------------------------------------------------------
 
