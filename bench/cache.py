@@ -36,8 +36,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.live_upstream import cpu_seconds  # noqa: E402
-from tests.support.procs import ADMIN_TOKEN, Server, base_env, start_server  # noqa: E402
+from bench.live_upstream import cpu_seconds
+from tests.support.procs import ADMIN_TOKEN, Server, base_env, start_server
 
 CACHE_ON = "[cache]\nenabled = true\nmax_entries = 1000000\n"
 CACHE_OFF = "[server]\nmetrics = true\n"

@@ -21,6 +21,7 @@ from gateway.config.cache import CacheConfig
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
 from gateway.edge.dashboard.format import exact
 from gateway.store import cache_entries
+from tests.calls.test_anthropic_calls import with_client
 from tests.conftest import Gateway, make_config, query_db, start_gateway
 from tests.edge.test_dashboard_auth import PASSWORD, admin_user, signed_in
 from tests.support.fake_upstream import FakeUpstream
@@ -111,6 +112,23 @@ async def money(gw: Gateway, token: str, request_id: str) -> dict[str, Any]:
     }
 
 
+def entries(gw: Gateway) -> list[dict[str, Any]]:
+    return query_db(gw.runtime.config.server.db, "SELECT * FROM cache_entries")
+
+
+async def at_once(gw: Gateway, upstream: FakeUpstream, count: int, one: Callable[[], Any]) -> None:
+    """``count`` calls of ``one`` at once, the upstream holding the first until every
+    call is in flight and parked."""
+    with trio.fail_after(15):
+        async with trio.open_nursery() as nursery:
+            for _ in range(count):
+                nursery.start_soon(one)
+            await upstream.received(1)
+            await until(lambda: len(gw.runtime.inflight) == count, within=10)
+            await trio.testing.wait_all_tasks_blocked(0.05)
+            upstream.release.set()
+
+
 def cost(usage: Any) -> int:
     return math.ceil((usage.prompt_tokens * IN_PRICE + usage.completion_tokens * OUT_PRICE) * 1000)
 
@@ -187,8 +205,7 @@ async def test_zero_retention_is_never_stored(gw: Gateway, upstream: FakeUpstrea
     for _ in range(2):
         _, headers = await chat(gw, token, **ask())
         assert headers["x-svc-cache"] == "bypass"
-    assert upstream.calls == 2
-    assert query_db(gw.runtime.config.server.db, "SELECT * FROM cache_entries") == []
+    assert upstream.calls == 2 and entries(gw) == []
 
 
 async def test_not_deterministic_and_no_store_bypass_no_cache_refreshes(
@@ -211,8 +228,7 @@ async def test_an_upstream_failure_is_never_cached(gw: Gateway, upstream: FakeUp
     for _ in range(2):
         with pytest.raises(openai.InternalServerError):
             await chat(gw, token, **ask("[[fault status=500]]"))
-    assert upstream.calls == 2
-    assert query_db(gw.runtime.config.server.db, "SELECT * FROM cache_entries") == []
+    assert upstream.calls == 2 and entries(gw) == []
 
 
 async def test_fifty_identical_calls_at_once_make_one_upstream_call(
@@ -225,14 +241,7 @@ async def test_fifty_identical_calls_at_once_make_one_upstream_call(
         reply, headers = await chat(gw, token, **ask("[[fault hold]] same"))
         answers.append((headers["x-svc-cache"], reply.choices[0].message.content or ""))
 
-    with trio.fail_after(15):
-        async with trio.open_nursery() as nursery:
-            for _ in range(50):
-                nursery.start_soon(one)
-            await upstream.received(1)
-            await until(lambda: len(gw.runtime.inflight) == 50, within=10)
-            await trio.testing.wait_all_tasks_blocked(0.05)
-            upstream.release.set()
+    await at_once(gw, upstream, 50, one)
     assert upstream.calls == 1
     assert sorted(result for result, _ in answers) == ["hit"] * 49 + ["miss"]
     assert len({text for _, text in answers}) == 1
@@ -251,14 +260,7 @@ async def test_waiters_make_their_own_calls_when_the_first_fails(
         except openai.APIStatusError as exc:
             statuses.append(exc.status_code)
 
-    with trio.fail_after(15):
-        async with trio.open_nursery() as nursery:
-            for _ in range(5):
-                nursery.start_soon(one)
-            await upstream.received(1)
-            await until(lambda: len(gw.runtime.inflight) == 5, within=10)
-            await trio.testing.wait_all_tasks_blocked(0.05)
-            upstream.release.set()
+    await at_once(gw, upstream, 5, one)
     assert upstream.calls == 5, "no error fan-out: each waiter asked for itself"
     assert statuses == [503] * 5
 
@@ -270,18 +272,7 @@ async def stream_chunks(gw: Gateway, token: str, **body: Any) -> tuple[list[Any]
         )
         return list(raw.parse()), raw.headers["x-svc-cache"], raw.headers["x-request-id"]
 
-    return await in_thread(gw, token, run)
-
-
-async def in_thread(gw: Gateway, token: str, use: Callable[[openai.OpenAI], T]) -> T:
-    """``use`` with the official synchronous client (its streams, in a thread)."""
-
-    def run() -> T:
-        with openai.OpenAI(base_url=f"{gw.url}/v1", api_key=token, max_retries=0) as oa:
-            return use(oa)
-
-    with trio.fail_after(20):
-        return await trio.to_thread.run_sync(run)
+    return await with_client(gw, token, run)
 
 
 def deltas(chunks: list[Any]) -> list[str]:
@@ -310,7 +301,7 @@ async def test_a_stream_cut_short_is_not_stored(gw: Gateway, upstream: FakeUpstr
     token = await live_key(gw)
     with pytest.raises(openai.APIError):
         await stream_chunks(gw, token, **ask("[[fault drop_after=2]]"))
-    assert query_db(gw.runtime.config.server.db, "SELECT * FROM cache_entries") == []
+    assert entries(gw) == []
 
 
 async def test_a_non_streamed_original_replays_as_a_stream(
