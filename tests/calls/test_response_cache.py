@@ -21,6 +21,7 @@ from gateway.config.cache import CacheConfig
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
 from gateway.edge.dashboard.format import exact
 from gateway.store import cache_entries
+from shards import FakeClock
 from tests.calls.test_anthropic_calls import with_client
 from tests.conftest import Gateway, make_config, query_db, start_gateway
 from tests.edge.test_dashboard_auth import PASSWORD, admin_user, signed_in
@@ -393,3 +394,36 @@ async def test_the_usage_page_shows_what_the_cache_saved_by_key(
     saved = nanos_to_usd(2 * cost(first.usage))
     assert "cached" in section  # the key's name
     assert f'title="{exact(saved)} exactly"' in section, section[:600]
+
+
+@pytest.mark.parametrize(
+    ("cache", "second", "expected"),
+    [
+        ({"scope": "key"}, "same key", "hit"),
+        ({"scope": "key"}, "sibling key", "miss"),
+        ({"scope": "org"}, "sibling key", "hit"),
+        ({"mode": "all"}, "temperature 0.7", "hit"),
+        ({"mode": "deterministic"}, "temperature 0.7", "bypass"),
+        ({"ttl_s": 60}, "after the ttl", "miss"),
+        ({"ttl_s": 60}, "before the ttl", "hit"),
+    ],
+)
+async def test_the_settings_decide_what_is_shared_and_for_how_long(
+    nursery: trio.Nursery,
+    tmp_path: Path,
+    upstream: FakeUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    clock: FakeClock,
+    cache: dict[str, Any],
+    second: str,
+    expected: str,
+) -> None:
+    monkeypatch.setenv("FAKE_UPSTREAM_KEY", UPSTREAM_KEY)
+    gw = await start_gateway(nursery, cache_config(tmp_path, upstream, **cache), clock=clock)
+    token, sibling = await live_key(gw), await live_key(gw)
+    body = {**ask(), "temperature": 0.7} if second.startswith("temperature") else ask()
+    await chat(gw, token, **body)
+    clock.advance(61 if second == "after the ttl" else 59)
+    _, headers = await chat(gw, sibling if second == "sibling key" else token, **body)
+    assert headers["x-svc-cache"] == expected
+    gw.stop.set()
