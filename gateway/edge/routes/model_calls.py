@@ -63,6 +63,7 @@ async def _call(
         rt.call_parts, record, request_id(), endpoint, claim, report
     ) as call:
         carry_rate_headers(call.admission)
+        g.rate_headers["X-Svc-Cache"] = "bypass"  # a refusal before the cache looked
         headers = request.headers
         parsed = await pipeline.prepare(
             call, endpoint, body, headers.get("X-Svc-Tags"), headers.get("Cache-Control")
