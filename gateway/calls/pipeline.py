@@ -38,7 +38,7 @@ import trio
 from gateway.accounts.catalog import Model
 from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.orgs import Org
-from gateway.calls import admission
+from gateway.calls import admission, cache
 from gateway.calls.attempts import Attempts
 from gateway.calls.estimate import Counter, worst_case_tokens
 from gateway.calls.inflight import STOPPING_MESSAGE
@@ -198,7 +198,10 @@ CHAT = _chat_shaped(
     "chat_completions",
     parse=_parse_chat,
     answer=lambda call, chat, completion: completion,
-    stream_format=lambda call, chat, svc: ChatFormat(call.held.model.id, chat.include_usage, svc),
+    # a cache hit holds no model: its replay names the served one (served_by)
+    stream_format=lambda call, chat, svc: ChatFormat(
+        call.hold.model.id if call.hold else chat.model, chat.include_usage, svc
+    ),
 )
 RESPONSES = _chat_shaped(
     "responses",
@@ -279,9 +282,14 @@ async def open_call(
 
 
 async def prepare(
-    call: Call, endpoint: Endpoint, body: dict[str, Any], tags_header: str | None
+    call: Call,
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    tags_header: str | None,
+    cache_control: str | None = None,
 ) -> Any:
-    """Steps 4 to 8: tags, validate, resolve, estimate, reserve; the parsed call."""
+    """Steps 4 to 8: tags, validate, resolve, (the response cache,) estimate, reserve;
+    the parsed call (a cache hit reserves nothing)."""
     parts, record = call.parts, call.record
     sent = body if endpoint.metadata_tags else {**body, "metadata": None}
     call.tags = collect_tags(tags_header, sent, record.default_tags, record.required_tags)
@@ -300,6 +308,10 @@ async def prepare(
             param="model",
         )
     endpoint.check(org, parsed, model)
+    if parts.cache is not None:  # the response cache (calls/cache.py)
+        ticket = await parts.cache.look(call, body, model, parsed.output_ceiling, cache_control)
+        if ticket.result == cache.HIT:
+            return parsed
     prompt, output = await count_prompt(parsed, model.config), parsed.output_ceiling
     cost = model.cost_nanos(prompt, output)
     check_spend_controls(org, record, cost)
@@ -433,12 +445,15 @@ async def _ask_attempt(call: Call, chat: ChatCall) -> ProviderResult | MessagesR
 async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, Any]:
     """Steps 9-10 of a chat-shaped call without a stream: the answer, settled."""
     assert endpoint.answer is not None
+    if cache.is_hit(call):
+        return await cache.answer_hit(call, endpoint, chat)
     result = await _ask(
         call, _attempts(call, endpoint, chat), lambda route: _ask_attempt(call, chat), LATE
     )
     if isinstance(result, MessagesResult):
         return await _relay(call, result)
     ignored = _ignored(call, chat)
+    cache.keep(call, "completion", result.completion, ignored, call.held.model.id)
     if call.fallback_from is not None:
         chat = replace(chat, model=call.held.model.id)  # the answer names the served model
     if call.attempt is not None:
@@ -463,6 +478,7 @@ async def _relay(call: Call, result: MessagesResult) -> dict[str, Any]:
     message id and the public (served) model id, with the svc block; settled from its
     usage."""
     message = result.message
+    cache.keep(call, "message", message, [], call.held.model.id)
     if call.attempt is not None:
         reason = message.get("stop_reason")
         call.attempt.answered(message.get("model"), [reason] if isinstance(reason, str) else [])
@@ -481,6 +497,8 @@ async def _relay(call: Call, result: MessagesResult) -> dict[str, Any]:
 async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> EventStream:
     """Step 9 of a streamed call: hand it to a pump (which settles it), answer the stream."""
     assert endpoint.stream_format is not None
+    if cache.is_hit(call):
+        return await cache.replay_hit(call, endpoint, chat)
     svc = svc_block(call, _ignored(call, chat))
     translated = endpoint.stream_format(call, chat, svc)
     per_attempt = None
@@ -500,12 +518,14 @@ async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> EventStream:
             return provider.messages_stream(request)
         return call.held.provider.stream(_provider_request(call, chat))
 
-    fmt = per_attempt or translated
+    fmt = cache.recording(call, per_attempt or translated, svc)
     return await start_stream(call, _attempts(call, endpoint, chat), open_attempt, fmt)
 
 
 async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
     """Steps 9-10 of an embeddings call: the answer, settled."""
+    if cache.is_hit(call):
+        return await cache.answer_hit(call, EMBEDDINGS, parsed)
 
     def ask(route: Route) -> Awaitable[EmbeddingResult]:
         hold = call.held
@@ -517,8 +537,9 @@ async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
         )
 
     result = await _ask(call, _attempts(call, EMBEDDINGS, parsed), ask, "The call ran out of time.")
-    await call.finish(call.ending(answered=True, usage=result.usage), usage=result.usage)
     answer = embedding_response(result, call.held.model.id, parsed.encoding_format)
+    cache.keep(call, "embedding", answer, [], call.held.model.id)
+    await call.finish(call.ending(answered=True, usage=result.usage), usage=result.usage)
     # the svc block of every successful call; no forwarded parameter is ignored here
     # (fields other than model, input, encoding_format, dimensions are not forwarded)
     answer["svc"] = svc_block(call, [])

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.config.cache import CacheConfig, parse_cache
 from gateway.config.tokenizers import parse_tokenizer
 
 MODEL_CAPABILITIES = ("tools", "structured_output", "vision", "web_search")
@@ -101,7 +102,7 @@ MODEL_KEYS = (
 #: the keys of a ``[[models.deployments]]`` table
 DEPLOYMENT_KEYS = ("provider", "upstream_id", "weight", "rpm", "tpm")
 #: the top-level tables of the file
-TABLES = ("server", "cluster", "observability", "providers", "models")
+TABLES = ("server", "cluster", "observability", "cache", "providers", "models")
 
 
 def provider_keys(kind: str) -> tuple[str, ...]:
@@ -365,6 +366,7 @@ class Config:
     providers: tuple[ProviderConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
     source: str | None = None
+    cache: CacheConfig = field(default_factory=CacheConfig)
 
     def provider(self, name: str) -> ProviderConfig:
         for provider in self.providers:
@@ -786,6 +788,10 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     server = _parse_server(server_table)
     cluster = _parse_cluster(data.get("cluster", {}))
     observability = _parse_observability(data.get("observability", {}))
+    try:
+        cache = parse_cache(data.get("cache", {}))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     provider_tables = data.get("providers")
     model_tables = data.get("models")
     if provider_tables is None and model_tables is None:
@@ -797,6 +803,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
             providers=base.providers,
             models=base.models,
             source=source,
+            cache=cache,
         )
     if not isinstance(provider_tables, list) or not provider_tables:
         raise ConfigError("providers: at least one [[providers]] table is required")
@@ -820,7 +827,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         raise ConfigError("models: at most one model of kind embedding is served")
     _check_fallbacks(models)
     _check_mock_deployments(models, {p.name: p.kind for p in providers})
-    return Config(server, cluster, observability, providers, models, source)
+    return Config(server, cluster, observability, providers, models, source, cache)
 
 
 def _env_workers(value: str) -> int:

@@ -30,6 +30,7 @@ from gateway.accounts.catalog import (
 from gateway.accounts.key_record import KeyRecord, new_id
 from gateway.accounts.keyring import Keyring
 from gateway.accounts.orgs import Org
+from gateway.calls.cache import ResponseCache
 from gateway.calls.inflight import InFlight
 from gateway.calls.keepalive import KeepaliveClock
 from gateway.calls.lifecycle import CallParts
@@ -111,6 +112,12 @@ class Runtime:
         #: this process as one of several nodes (a PostgreSQL store, or a worker of
         #: ``serve --workers``), else None
         several = is_postgres(self.config.server.db) or self.config.server.workers > 1
+        #: the response cache (``[cache]``), None when off
+        self.cache = (
+            ResponseCache(self.config.cache, self.store, self.clock, self.metrics, shared=several)
+            if self.config.cache.enabled
+            else None
+        )
         self.cluster: Node | None = Node(self) if several else None
         #: what a model call uses of this server (the calls/ layer sees nothing else)
         self.call_parts = CallParts(
@@ -130,6 +137,7 @@ class Runtime:
             nursery=lambda: self.nursery,
             router=Router(metrics=self.metrics),
             spans=self.spans,
+            cache=self.cache,
         )
 
     def _open_spans(self) -> OtlpSpans | None:

@@ -418,6 +418,26 @@ def _m010_request_attempts(db: Database) -> None:
 
 _PG_010 = ("ALTER TABLE requests ADD COLUMN attempts TEXT",)
 
+#: the response cache (gateway/store/cache_entries.py): its rows, and on each request
+#: record whether the cache served it (hit, miss, bypass), the original it was served
+#: from and what it saved
+_CACHE = (
+    """CREATE TABLE cache_entries (
+        cache_key TEXT PRIMARY KEY, org_id TEXT, state TEXT, owner TEXT,
+        created_at DOUBLE PRECISION, expires_at DOUBLE PRECISION, request_id TEXT,
+        cost_nanos BIGINT, entry TEXT)""",
+    "CREATE INDEX cache_entries_org ON cache_entries (org_id)",
+    "CREATE INDEX cache_entries_created ON cache_entries (created_at)",
+    "ALTER TABLE requests ADD COLUMN cache TEXT",
+    "ALTER TABLE requests ADD COLUMN cache_of TEXT",
+    "ALTER TABLE requests ADD COLUMN saved_usd_nanos BIGINT",
+)
+
+
+def _m011_response_cache(db: Database) -> None:
+    for statement in _CACHE:
+        db.execute(statement)
+
 
 @dataclass(frozen=True, slots=True)
 class Migration:
@@ -438,6 +458,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m008_dashboard_people, _PG_008),
     Migration(_m009_sqlite_change_counter, ()),  # PostgreSQL's came with migration 7
     Migration(_m010_request_attempts, _PG_010),
+    Migration(_m011_response_cache, _CACHE),
 )
 
 
