@@ -214,13 +214,21 @@ RESPONSES = _chat_shaped(
         )
     ),
 )
+
+
+def _known_input_tokens(call: Call) -> int:
+    """A Messages stream's input tokens at its start: the reservation's count, or what a
+    cache hit's original was billed for (a hit reserves nothing)."""
+    return call.hold.prompt_estimate if call.hold is not None else cache.hit_input_tokens(call)
+
+
 MESSAGES = _chat_shaped(
     "messages",
     "messages",
     parse=_parse_messages,
     answer=lambda call, chat, completion: chat_to_message(completion, chat, message_id(call)),
     stream_format=lambda call, chat, svc: MessagesFormat(
-        MessageStreamTranslator(chat, message_id(call), svc, call.held.prompt_estimate)
+        MessageStreamTranslator(chat, message_id(call), svc, _known_input_tokens(call))
     ),
     metadata_tags=False,
 )

@@ -354,8 +354,12 @@ def messages_hit(ac: anthropic.Anthropic) -> None:
     assert raw.headers["x-svc-cache"] == "hit"
     assert raw.parse().content == message.content
     with ac.messages.stream(**body) as stream:
+        events = list(stream)
         text = stream.get_final_text()
     assert text == "".join(b.text for b in message.content if b.type == "text")
+    # a replayed stream's message_start says the input tokens the original was billed for
+    (start,) = [event for event in events if event.type == "message_start"]
+    assert start.message.usage.input_tokens == message.usage.input_tokens > 0
 
 
 async def test_clear_drops_an_organisations_entries(gw: Gateway, upstream: FakeUpstream) -> None:

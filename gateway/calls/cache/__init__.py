@@ -29,7 +29,14 @@ Modules: :mod:`.lookup` (the key, the claim, this process's flights, the sweep),
 :mod:`.recording` (a streamed miss's items), :mod:`.chunking` (a chat answer in the other form).
 """
 
-from gateway.calls.cache.answers import answer_hit, is_hit, keep, recording, replay_hit
+from gateway.calls.cache.answers import (
+    answer_hit,
+    hit_input_tokens,
+    is_hit,
+    keep,
+    recording,
+    replay_hit,
+)
 from gateway.calls.cache.lookup import BYPASS, HIT, MISS, ResponseCache, Ticket, cache_key
 
 __all__ = [
@@ -40,6 +47,7 @@ __all__ = [
     "Ticket",
     "answer_hit",
     "cache_key",
+    "hit_input_tokens",
     "is_hit",
     "keep",
     "recording",

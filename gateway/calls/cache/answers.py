@@ -121,6 +121,13 @@ async def record_hit(call: Call, model: Model, hit: Hit) -> None:
     await call.finish(Ending.NOT_CALLED)
 
 
+def hit_input_tokens(call: Call) -> int:
+    """The input tokens a hit's original call was billed for (a replayed Messages
+    stream's ``message_start`` says them, as a called one says its reservation's)."""
+    usage = _hit(call)[0].entry.get("usage") or {}
+    return int(usage.get("input_tokens") or usage.get("prompt_tokens") or 0)
+
+
 def _hit(call: Call) -> tuple[Hit, Model]:
     ticket = call.cache
     assert isinstance(ticket, Ticket) and ticket.hit is not None and ticket.model is not None
