@@ -41,6 +41,7 @@ from gateway.accounts.orgs import Org
 from gateway.calls import admission
 from gateway.calls.attempts import Attempts
 from gateway.calls.estimate import worst_case_tokens
+from gateway.calls.guardrails.walk import guard_answer, guard_request, guard_stream
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call, CallParts, CallReport, Hold, finish_reasons
 from gateway.calls.parse import ChatCall, EmbeddingCall
@@ -299,6 +300,7 @@ async def prepare(
             param="model",
         )
     endpoint.check(org, parsed, model)
+    parsed = await guard_request(call, parsed)  # 5b: a deny holds nothing; redactions sent
     prompt, output = parsed.prompt_estimate(), parsed.output_ceiling
     cost = model.cost_nanos(prompt, output)
     check_spend_controls(org, record, cost)
@@ -433,8 +435,18 @@ async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, 
     result = await _ask(
         call, _attempts(call, endpoint, chat), lambda route: _ask_attempt(call, chat), LATE
     )
+    checked, refusal = await guard_answer(  # 10a: the answer's texts, before they leave
+        call,
+        result.message if isinstance(result, MessagesResult) else result.completion,
+        passed_through=isinstance(result, MessagesResult),
+    )
+    if refusal is not None:  # billed on the provider's usage, recorded as blocked
+        ending = call.ending(answered=True, usage=result.usage)
+        await call.finish(ending, usage=result.usage, http_status=400, error_code=refusal.code)
+        raise refusal
     if isinstance(result, MessagesResult):
-        return await _relay(call, result)
+        return await _relay(call, replace(result, message=checked))
+    result = replace(result, completion=checked)
     ignored = _ignored(call, chat)
     if call.fallback_from is not None:
         chat = replace(chat, model=call.held.model.id)  # the answer names the served model
@@ -497,7 +509,7 @@ async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> EventStream:
             return provider.messages_stream(request)
         return call.held.provider.stream(_provider_request(call, chat))
 
-    fmt = per_attempt or translated
+    fmt = guard_stream(call, per_attempt or translated)  # 9a: the answer's texts in windows
     return await start_stream(call, _attempts(call, endpoint, chat), open_attempt, fmt)
 
 

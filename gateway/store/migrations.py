@@ -419,6 +419,20 @@ def _m010_request_attempts(db: Database) -> None:
 _PG_010 = ("ALTER TABLE requests ADD COLUMN attempts TEXT",)
 
 
+def _m011_guardrails(db: Database) -> None:
+    """Each request names the guardrails that redacted, flagged or denied in it (a JSON
+    list of name, direction, verdict; never the matched text), and each key the
+    guardrails it adds to its organisation's (a JSON list of names). Earlier rows: none."""
+    db.table("requests").add_column("guardrails", str)
+    db.table("keys").add_column("guardrails", str)
+
+
+_PG_011 = (
+    "ALTER TABLE requests ADD COLUMN guardrails TEXT",
+    "ALTER TABLE keys ADD COLUMN guardrails TEXT",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     """One schema version: its step on SQLite and its statements on PostgreSQL."""
@@ -438,6 +452,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m008_dashboard_people, _PG_008),
     Migration(_m009_sqlite_change_counter, ()),  # PostgreSQL's came with migration 7
     Migration(_m010_request_attempts, _PG_010),
+    Migration(_m011_guardrails, _PG_011),
 )
 
 
