@@ -116,9 +116,16 @@ class Guardrails:
     ) -> Guardrails:
         return cls({c.name: Guardrail.build(c) for c in configs}, ask, count)
 
-    def unknown(self, names: Iterable[str]) -> list[str]:
-        """The names among ``names`` that no ``[[guardrails]]`` table defines."""
-        return [name for name in names if name not in self.by_name]
+    def check_names(self, names: Iterable[str] | None, param: str) -> None:
+        """Refuse (400 invalid_request) a name no ``[[guardrails]]`` table defines."""
+        unknown = [name for name in names or () if name not in self.by_name]
+        if unknown:
+            known = ", ".join(self.by_name) or "none are configured"
+            raise GatewayError(
+                "invalid_request",
+                f"Unknown guardrail {unknown[0]!r}; the server's guardrails: {known}.",
+                param=param,
+            )
 
     def of(self, *name_lists: Sequence[str] | None) -> tuple[Guardrail, ...]:
         """The guardrails named by any of the lists (organisation, key, ancestors), in
@@ -129,7 +136,7 @@ class Guardrails:
 
     async def check(self, rules: Sequence[Guardrail], direction: str, texts: list[str]) -> Checked:
         """Every guardrail of ``direction`` over ``texts``, in order; stops at a deny."""
-        checked = Checked(texts)
+        checked = Checked(list(texts))  # redacted in place: the caller compares
         for rule in rules:
             if not rule.config.applies(direction):
                 continue
