@@ -82,6 +82,12 @@ KEY = {
     "caps": _ref("Caps"),
     "required_tags": TAG_MAP,
     "default_tags": TAG_MAP,
+    "guardrails": {
+        "type": "array",
+        "items": STRING,
+        "description": "Guardrails this key adds to its organisation's (a sub-key keeps its"
+        " parent's).",
+    },
     "expires_at": TIMESTAMP_OR_NULL,
     "last_used_at": TIMESTAMP_OR_NULL,
     "created_at": TIMESTAMP,
@@ -484,6 +490,19 @@ SCHEMAS: dict[str, Any] = {
                         "ttfb_ms": {"type": ["number", "null"]},
                     },
                     ("model", "provider", "upstream_id", "status", "code", "ttfb_ms"),
+                ),
+            },
+            "guardrails": {
+                "type": "array",
+                "description": "The guardrails that denied, redacted or flagged in the call"
+                " (never the text they matched).",
+                "items": obj(
+                    {
+                        "name": STRING,
+                        "direction": {"enum": ["input", "output"]},
+                        "verdict": {"enum": ["deny", "redact", "flag"]},
+                    },
+                    ("name", "direction", "verdict"),
                 ),
             },
         },

@@ -263,7 +263,10 @@ async def test_an_output_deny_is_billed_on_its_usage_and_recorded_blocked(
     assert SECRET not in answer.text and "sk-proj" not in answer.text
     after = await state(gw, token, answer.headers["x-request-id"])
     record = after["record"]
-    assert record["error_code"] == "content_blocked" and record["http_status"] == 400
+    assert record["error"] == {"code": "content_blocked"} and record["http_status"] == 400
+    assert record["guardrails"] == [
+        {"name": "no-secrets", "direction": "output", "verdict": "deny"}
+    ]
     assert record["cost"]["billed_usd"] > 0 and after["reserved"] == 0
 
 
