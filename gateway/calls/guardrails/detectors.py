@@ -45,8 +45,13 @@ Detector = Callable[[str], list[Match]]
 _EMAIL = re.compile(
     r"(?<![A-Za-z0-9._%+-])[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(?:\.[A-Za-z0-9-]{1,63})*\.[A-Za-z]{2,24}"
 )
-_CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,18}(?!\d)")
-_IBAN = re.compile(r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?: ?[A-Z0-9]){11,30}(?![A-Za-z0-9])")
+_CARD = re.compile(r"(?<![\d-])\d(?:[ -]?\d){12,}")
+#: an IBAN printed in groups of four (the last shorter), or without spaces
+_IBAN = re.compile(
+    r"(?<![A-Za-z0-9])[A-Z]{2}\d{2}(?:(?: [A-Z0-9]{4}){2,7}(?: [A-Z0-9]{1,4})?|[A-Z0-9]{11,30})"
+    r"(?![A-Za-z0-9])"
+)
+_DIGITS = re.compile(r"\d+")
 _SSN = re.compile(r"(?<![\d-])(?!000|666|9\d\d)\d{3}-(?!00)\d{2}-(?!0000)\d{4}(?![\d-])")
 _IPV4 = re.compile(
     r"(?<![\d.])(?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)(?!\.?\d)"
@@ -79,10 +84,28 @@ def _emails(text: str) -> Iterable[Match]:
 
 
 def _cards(text: str) -> Iterable[Match]:
+    """Runs of digit groups (spaces or dashes between); in each, the longest spans of
+    whole groups holding 13 to 19 digits that pass Luhn (two cards written one after
+    the other are two; a card after other numbers is found)."""
     for found in _CARD.finditer(text):
-        digits = found.group().replace(" ", "").replace("-", "")
-        if 13 <= len(digits) <= 19 and luhn_ok(digits):
-            yield Match(found.start(), found.end(), "credit_card")
+        base, run = found.start(), found.group()
+        groups = [(g.start(), g.end(), g.group()) for g in _DIGITS.finditer(run)]
+        i = 0
+        while i < len(groups):
+            spans, digits = [], ""
+            for j in range(i, len(groups)):
+                digits += groups[j][2]
+                if len(digits) > 19:
+                    break
+                if len(digits) >= 13:
+                    spans.append((j, digits))
+            for j, candidate in reversed(spans):
+                if luhn_ok(candidate):
+                    yield Match(base + groups[i][0], base + groups[j][1], "credit_card")
+                    i = j + 1
+                    break
+            else:
+                i += 1
 
 
 def _ibans(text: str) -> Iterable[Match]:
