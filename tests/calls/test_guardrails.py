@@ -25,11 +25,13 @@ import openai
 import orjson
 import pytest
 import trio
+from click.testing import CliRunner
 
+from gateway.cli.main import main
 from gateway.config.guardrails import GuardrailConfig
 from gateway.config.settings import ModelConfig, ProviderConfig
 from tests.calls.test_live_settlement import state
-from tests.conftest import Gateway, make_config, query_db, start_gateway
+from tests.conftest import ADMIN_TOKEN, Gateway, make_config, query_db, start_gateway
 from tests.support.fake_anthropic import FakeAnthropic
 from tests.support.fake_upstream import FakeUpstream
 
@@ -483,3 +485,18 @@ async def test_nothing_matched_is_in_the_database_logs_or_metrics(
         assert matched not in data
         assert matched.decode() not in metrics
         assert matched.decode() not in caplog.text
+
+
+async def test_cli_key_create_takes_repeatable_guardrails(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SVC_ADMIN_TOKEN", ADMIN_TOKEN)
+    args = ["key", "create", "--org", gw.org_id, "--name", "g", "--mode", "sandbox"]
+    args += ["--guardrail", "pii", "--guardrail", "acme", "--url", gw.url, "--json"]
+
+    def invoke() -> Any:
+        return CliRunner().invoke(main, args)
+
+    result = await run(invoke)
+    assert result.exit_code == 0, result.output
+    assert orjson.loads(result.output)["guardrails"] == ["pii", "acme"]
