@@ -566,6 +566,7 @@ _MODEL_CALL = (
     "idempotency_conflict",
     "idempotency_key_reused",
     "duplicate_request",
+    "content_blocked",
 )
 _KEYS = (*_SCOPED, *_BODY, "not_found", "child_exceeds_parent", "model_not_in_catalog")
 
@@ -610,6 +611,7 @@ OPERATIONS: tuple[tuple[Any, ...], ...] = (
      "invalid_messages", "unsupported_parameter"), ()),
     ("post", "/v1/embeddings", "embeddings", "Embeddings of the one served embedding model",
      "EmbeddingsRequest", 200, "EmbeddingList", (*_SCOPED, *_BODY, *_RESOLVE, *_RESERVE,
+     "content_blocked",
      *_PROVIDER, "invalid_tags", "missing_tags"), (_TAGS,)),
     ("get", "/v1/key", "none (any valid key)", "The calling key", None, 200, "KeySelf",
      _ANY_KEY, ()),
