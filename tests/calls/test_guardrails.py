@@ -33,7 +33,7 @@ from gateway.config.settings import ModelConfig, ProviderConfig
 from tests.calls.test_live_settlement import state
 from tests.conftest import ADMIN_TOKEN, Gateway, make_config, query_db, start_gateway
 from tests.support.fake_anthropic import FakeAnthropic
-from tests.support.fake_upstream import FakeUpstream
+from tests.support.fake_upstream import FakeUpstream, _send, serve_loopback
 
 T = TypeVar("T")
 CARD = "4111 1111 1111 1111"
@@ -57,12 +57,50 @@ async def claude(nursery: trio.Nursery) -> FakeAnthropic:
     return fake
 
 
+class FakeWebhook:
+    """The operator's guardrail service: ``forbidden`` in a text denies, ``hush`` is
+    redacted to ``***``, ``slow`` answers after the guardrail's timeout; it keeps what
+    it received."""
+
+    def __init__(self) -> None:
+        self.url = ""
+        self.received: list[dict[str, Any]] = []
+
+    async def serve(self, *, task_status: trio.TaskStatus[FakeWebhook]) -> None:
+        def started(port: int) -> None:
+            self.url = f"http://127.0.0.1:{port}/check"
+            task_status.started(self)
+
+        await serve_loopback(self._answer, started)
+
+    async def _answer(self, conn: Any, stream: Any, request: Any, raw: bytes) -> bool:
+        payload = orjson.loads(raw)
+        self.received.append(payload)
+        texts: list[str] = payload["texts"]
+        answer: dict[str, Any] = {"verdict": "allow"}
+        if any("slow" in text for text in texts):
+            await trio.sleep(5)
+        if any("forbidden" in text for text in texts):
+            answer = {"verdict": "deny"}
+        elif any("hush" in text for text in texts):
+            answer = {"verdict": "redact", "texts": [t.replace("hush", "***") for t in texts]}
+        await _send(conn, stream, 200, orjson.dumps(answer))
+        return True
+
+
+@pytest.fixture
+async def hook(nursery: trio.Nursery) -> FakeWebhook:
+    served: FakeWebhook = await nursery.start(FakeWebhook().serve)
+    return served
+
+
 @pytest.fixture
 async def gw(
     nursery: trio.Nursery,
     tmp_path: Path,
     upstream: FakeUpstream,
     claude: FakeAnthropic,
+    hook: FakeWebhook,
     monkeypatch: pytest.MonkeyPatch,
 ) -> AsyncIterator[Gateway]:
     monkeypatch.setenv("UP_KEY", "sk-upstream-0123456789")
@@ -80,7 +118,10 @@ async def gw(
         base,
         providers=(*base.providers, up, native),
         models=models,
-        guardrails=GUARDRAILS,
+        guardrails=(
+            *GUARDRAILS,
+            GuardrailConfig("hook-live", "webhook", on="both", url=hook.url, timeout_s=1),
+        ),
     )
     gateway = await start_gateway(nursery, config)
     yield gateway
@@ -415,6 +456,37 @@ async def test_a_webhook_that_is_down_allows_with_on_error_allow(
         )
     assert answer.status_code == 200, answer.text
     assert upstream.calls == 1
+
+
+async def test_a_webhook_decides_allow_deny_redact_and_a_late_one_denies(
+    gw: Gateway, upstream: FakeUpstream, hook: FakeWebhook
+) -> None:
+    token = await live_key(gw, "hook-live")
+
+    async def ask(words: str) -> httpx.Response:
+        async with gw.client(token) as client:
+            return await client.post(
+                "/v1/chat/completions",
+                json={"model": "gpt-live", "messages": [{"role": "user", "content": words}]},
+            )
+
+    assert (await ask("fine")).status_code == 200
+    assert hook.received[0] == {"guardrail": "hook-live", "direction": "input", "texts": ["fine"]}
+    assert hook.received[1]["direction"] == "output"
+    assert (await ask("please hush now")).status_code == 200
+    assert upstream.bodies[-1]["messages"][0]["content"] == "please *** now"
+    for words in ("forbidden words", "slow answer"):
+        refused = await ask(words)
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["code"] == "content_blocked"
+    assert upstream.calls == 2
+    async with gw.client(token) as client:
+        streamed = await client.post(
+            "/v1/chat/completions",
+            json={"model": "gpt-live", "messages": [{"role": "user", "content": "x"}],
+                  "stream": True},
+        )  # fmt: skip
+    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "stream"
 
 
 # -- keys
