@@ -92,12 +92,13 @@ Run = tuple[int, str]  # where a digit run starts, and the run (trailing separat
 
 
 def digit_runs(text: str) -> list[Run]:
-    """The runs of :data:`_RUN` holding at least 7 digits (no entity has fewer, but for an
-    SSN's 9), a leading ``+`` or ``(`` included."""
+    """The runs of :data:`_RUN` at least 7 characters long holding at least 4 digits (an
+    IPv4 address ``1.2.3.4``; each entity counts its own), a leading ``+`` or ``(``
+    included."""
     runs = []
     for found in _RUN.finditer(text):
         run = found.group().rstrip(" ().+/-")
-        if len(run) < 7 or sum(c.isdigit() for c in run) < 7:
+        if len(run) < 7 or sum(c.isdigit() for c in run) < 4:
             continue
         start = found.start()
         if start and text[start - 1] in "+(":
