@@ -572,3 +572,31 @@ async def test_cli_key_create_takes_repeatable_guardrails(
     result = await run(invoke)
     assert result.exit_code == 0, result.output
     assert orjson.loads(result.output)["guardrails"] == ["pii", "acme"]
+
+
+@pytest.mark.parametrize("model", ["claude-live", "gpt-live"])
+async def test_a_messages_stream_deny_ends_with_an_error_event(
+    gw: Gateway, upstream: FakeUpstream, claude: FakeAnthropic, model: str
+) -> None:
+    token = await live_key(gw, "no-secrets")
+    claude.reply = upstream.reply = ["y" * 100, " key sk-pr", "oj-" + "Zq8Xw3Lm" * 5, " end"]
+    body = {
+        "model": model,
+        "max_tokens": 64,
+        "stream": True,
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    wire = await raw_stream(gw, token, "/v1/messages", body)
+    assert "y" * 20 in wire and "sk-" not in wire and "Zq8Xw3Lm" not in wire
+    assert wire.rstrip().split("\n\n")[-1].startswith("event: error")
+    assert '"code":"content_blocked"' in wire
+
+    def refused() -> Any:
+        with claude_client(gw, token) as client:
+            return client.messages.create(
+                model=model, max_tokens=8, messages=[{"role": "user", "content": SECRET}]
+            )
+
+    with pytest.raises(anthropic.BadRequestError) as denied:
+        await run(refused)
+    assert denied.value.response.json()["svc"]["policy"]["decisions"][0]["name"] == "no-secrets"
