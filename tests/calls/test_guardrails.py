@@ -551,6 +551,8 @@ async def test_nothing_matched_is_in_the_database_logs_or_metrics(
         metrics
     )
     assert 'guardrail="no-secrets",verdict="deny"' in metrics
+    # the stream's output passed the secrets guardrail: an allow, counted at its end
+    assert 'direction="output",guardrail="no-secrets",verdict="allow"} 2.0' in metrics
     gw.runtime.store.close()
     data = Path(gw.runtime.config.server.db).read_bytes()
     for matched in (b"4111", SECRET.encode(), b"Zq8Xw3Lm"):

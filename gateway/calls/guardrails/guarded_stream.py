@@ -53,6 +53,11 @@ class GuardedItems:
             self._noted(name, verdict)
         return out
 
+    def ended(self) -> None:
+        """The stream ended: the guardrails that never matched allowed it."""
+        for rule in self.rules:
+            self._noted(rule.name, "allow")
+
     def _noted(self, name: str, verdict: str) -> None:
         if name not in self.noted:
             self.noted.add(name)
@@ -157,9 +162,12 @@ class GuardedFormat:
         self.usage = inner.usage
         self.output = inner.output
         self.answered = inner.answered
-        self.finish = inner.finish
         self.error = inner.error
         self.served_by = inner.served_by
+
+    def finish(self) -> list[bytes]:
+        self.items.ended()
+        return self.inner.finish()
 
     def chunk(self, item: dict[str, Any]) -> list[bytes]:
         try:

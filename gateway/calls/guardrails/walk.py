@@ -136,7 +136,8 @@ def guard_stream(call: Call, fmt: StreamFormat) -> StreamFormat:
     count = call.parts.guardrails.count
 
     def note(name: str, verdict: str) -> None:
-        call.verdicts.append(Verdict(name, "output", verdict).row())
+        if verdict != "allow":
+            call.verdicts.append(Verdict(name, "output", verdict).row())
         if count is not None:
             count(name, "output", verdict)
 
