@@ -27,6 +27,11 @@ every string of the messages come the tokens a chat template adds, which are not
   counted). Models priced per image far above that (gpt-4o-mini bills 2833 + 5667 tokens
   per 512 px tile) need their own figure: pass ``image_tokens``.
 
+A model whose vocabulary is known (``tokenizer = "o200k"`` or ``"cl100k"``) counts each
+string exactly instead (:mod:`gateway.calls.tokens` supplies that :class:`Counter`, with
+one token of slack per string and :data:`TOOL_FRAMING_TOKENS` a tool); the allowances
+below are the same.
+
 Outside the bound: text a provider adds that the request does not show (web search
 results, hidden system prompts). The slack below absorbs such additions in practice.
 
@@ -41,11 +46,19 @@ is released at settlement, and the output ceiling (``max_tokens``) usually domin
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 PER_MESSAGE_TOKENS = 4
+#: per tool, counted with a vocabulary: OpenAI renders tools as a TypeScript namespace
+#: whose framing (``namespace functions {``, ``type name = (_: {``, ``}) => any;``) is
+#: about 22 tokens a function (its cookbook: 7 + 3 + 12); the per-property framing (3)
+#: is less than the JSON's own (``"key":{"type":"...","description":"..."}``). The byte
+#: bound needs none: a JSON byte is never less than a token of its rendering.
+TOOL_FRAMING_TOKENS = 24
 REQUEST_OVERHEAD_TOKENS = 64
 
 # OpenAI's tile rule for detail "high": 85 base tokens + 170 per 512 px tile. An image is
@@ -69,30 +82,55 @@ LOWER_IT = (
 )
 
 
-def estimate_prompt_tokens(body: dict[str, Any], *, image_tokens: int = IMAGE_TOKENS) -> int:
-    """An upper bound of the prompt tokens of the chat-completions ``body`` (parsed JSON)."""
+def utf8_bytes(text: str) -> int:
+    """The byte bound: no byte-level BPE token is shorter than one byte."""
+    return len(text.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class Counter:
+    """How a prompt's strings are counted: ``text`` bounds the tokens of one string;
+    ``per_tool`` is the template's framing of a tool that ``text`` does not see."""
+
+    name: str
+    text: Callable[[str], int]
+    per_tool: int = 0
+
+
+#: the byte bound (the default where a model's tokenizer is not known)
+BYTES = Counter("bytes", utf8_bytes)
+
+
+def estimate_prompt_tokens(
+    body: dict[str, Any], *, image_tokens: int = IMAGE_TOKENS, count: Counter = BYTES
+) -> int:
+    """An upper bound of the prompt tokens of the chat-completions ``body`` (parsed JSON),
+    its strings counted with ``count``."""
     total = REQUEST_OVERHEAD_TOKENS
     for message in body.get("messages") or ():
-        total += PER_MESSAGE_TOKENS + _value_tokens(message, image_tokens)
+        total += PER_MESSAGE_TOKENS + _value_tokens(message, image_tokens, count.text)
         if isinstance(message, dict) and isinstance(message.get("tool_calls"), list):
             total += PER_MESSAGE_TOKENS * len(message["tool_calls"])
     for key in ("tools", "response_format"):
         if body.get(key):
-            total += len(orjson.dumps(body[key]))
+            total += count.text(orjson.dumps(body[key]).decode())
+    tools = body.get("tools")
+    if isinstance(tools, list):
+        total += count.per_tool * len(tools)
     return total
 
 
-def estimate_embedding_tokens(inputs: str | list[Any]) -> int:
+def estimate_embedding_tokens(inputs: str | list[Any], count: Counter = BYTES) -> int:
     """An upper bound of the tokens of an embeddings ``input``.
 
     Accepts every form of the field: a string, a list of strings, a token array, or a
     list of token arrays (a token array counts its length).
     """
     if isinstance(inputs, str):
-        return len(inputs.encode()) + EMBEDDING_INPUT_OVERHEAD
+        return count.text(inputs) + EMBEDDING_INPUT_OVERHEAD
     if inputs and all(isinstance(item, int) for item in inputs):
         return len(inputs) + EMBEDDING_INPUT_OVERHEAD
-    return sum(estimate_embedding_tokens(item) for item in inputs)
+    return sum(estimate_embedding_tokens(item, count) for item in inputs)
 
 
 def worst_case_tokens(prompt_tokens: int, max_tokens: int) -> int:
@@ -102,16 +140,17 @@ def worst_case_tokens(prompt_tokens: int, max_tokens: int) -> int:
     return prompt_tokens + max_tokens
 
 
-def _value_tokens(value: Any, image_tokens: int) -> int:
-    """Bytes of every string in ``value``; an image part counts ``image_tokens``."""
+def _value_tokens(value: Any, image_tokens: int, text: Callable[[str], int]) -> int:
+    """The tokens of every string in ``value`` (``text`` counts one); an image part
+    counts ``image_tokens``."""
     if isinstance(value, str):
-        return len(value.encode())
+        return text(value)
     if isinstance(value, dict):
         if value.get("type") in IMAGE_PART_TYPES:
             return image_tokens
-        return sum(_value_tokens(item, image_tokens) for item in value.values())
+        return sum(_value_tokens(item, image_tokens, text) for item in value.values())
     if isinstance(value, list):
-        return sum(_value_tokens(item, image_tokens) for item in value)
+        return sum(_value_tokens(item, image_tokens, text) for item in value)
     if value is None:
         return 0
-    return len(orjson.dumps(value))
+    return text(orjson.dumps(value).decode())

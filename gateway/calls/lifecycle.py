@@ -48,7 +48,7 @@ from gateway.errors import GatewayError
 from gateway.observe.logs import event
 from gateway.observe.tracing import AttemptLabels, AttemptSpan, Spans, TraceContext
 from gateway.providers.base import Provider, Usage
-from gateway.store import StoreError, records
+from gateway.store import StoreError, cache_entries, records
 from gateway.store.claims import ClaimHeld
 from shards import Admission, Reservation, posted
 from shards.clock import Clock
@@ -111,6 +111,25 @@ def finish_reasons(answer: dict[str, Any]) -> list[str]:
     ]
 
 
+class CacheTicket(Protocol):
+    """What the response cache did with a call (:class:`gateway.calls.cache.Ticket`)."""
+
+    @property
+    def result(self) -> str: ...
+    def to_store(
+        self, call: Call, settlement: Settlement, usage: Usage | None, ok: bool
+    ) -> tuple[Any, ...] | None: ...
+    async def settled(self, call: Call) -> None: ...
+
+
+class ResponseCaching(Protocol):
+    """The response cache as the walk asks it (:class:`gateway.calls.cache.ResponseCache`)."""
+
+    async def look(
+        self, call: Call, body: dict[str, Any], model: Model, ceiling: int, control: str | None
+    ) -> CacheTicket: ...
+
+
 class CallReport(Protocol):
     """Who hears of a call's opening and settlement (the request it answers)."""
 
@@ -153,6 +172,8 @@ class CallParts:
     spans: Spans | None = None
     #: the ``[[guardrails]]`` of the config (gateway/calls/guardrails)
     guardrails: Guardrails = field(default_factory=Guardrails)
+    #: the response cache (None: off)
+    cache: ResponseCaching | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +240,8 @@ class Call:
     #: ``guardrails``: name, direction, verdict; never the text they matched)
     guards: tuple[Guardrail, ...] = ()
     verdicts: list[dict[str, str]] = field(default_factory=list)
+    #: what the response cache did with the call (None: it did not look)
+    cache: CacheTicket | None = None
 
     @property
     def live(self) -> bool:
@@ -476,10 +499,15 @@ class Call:
         )
         self.settlement = settlement
         self._move(CallState.SETTLED)
+        # a response cache's miss that completed stores its answer with its settlement
+        ok = recorded and error_code is None and not self.client_gone
+        entry = self.cache.to_store(self, settlement, usage, ok) if self.cache else None
         with trio.CancelScope(shield=True):
             try:
                 if recorded:
-                    await self._write_settlement(settlement, usage, http_status, error_code, answer)
+                    await self._write_settlement(
+                        settlement, usage, http_status, error_code, answer, entry
+                    )
             finally:
                 # memory settles whatever the store said: nothing stays reserved or in flight
                 held: list[tuple[Reservation | None, int, int]] = [(None, 0, 0)]
@@ -496,6 +524,8 @@ class Call:
                         billed_amount=billed,
                     )
                     slot_taken = False
+            if self.cache is not None:
+                await self.cache.settled(self)
         self.parts.inflight.discard(self)
         self.parts.notice_spend(self.record, settlement.cap_nanos)
         if self.report is not None:
@@ -534,8 +564,10 @@ class Call:
         http_status: int,
         error_code: str | None,
         answer: dict[str, Any] | None,
+        cache_entry: tuple[Any, ...] | None = None,
     ) -> None:
-        """The pending row becomes the record, with its ledger row and claim outcome.
+        """The pending row becomes the record, with its ledger row and claim outcome
+        (and the response cache's entry of a miss, :mod:`gateway.calls.cache`).
 
         ``must_land``: a database that went away, or a write that keeps losing
         conflicts, keeps it queued in this node until it commits. The call waits for
@@ -544,9 +576,15 @@ class Call:
         says so.
         """
         claim = self.claim
+        op, first = (
+            (records.settle_call, ())
+            if cache_entry is None
+            else (cache_entries.settle_and_store, (cache_entry,))
+        )
         try:
             await self.parts.store.write(
-                records.settle_call,
+                op,
+                *first,
                 self.request_id,
                 self._settled_values(settlement, usage, http_status, error_code),
                 self._ledger_row(settlement),
@@ -601,6 +639,7 @@ class Call:
             "mode": self.record.mode,
             "trace_id": self.trace.trace_id if self.trace else None,
             "node_id": self.parts.node_id,
+            "cache": self.cache.result if self.cache is not None else None,
         }
 
     def _settled_values(

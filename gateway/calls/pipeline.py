@@ -38,9 +38,9 @@ import trio
 from gateway.accounts.catalog import Model
 from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.orgs import Org
-from gateway.calls import admission
+from gateway.calls import admission, cache
 from gateway.calls.attempts import Attempts
-from gateway.calls.estimate import worst_case_tokens
+from gateway.calls.estimate import Counter, worst_case_tokens
 from gateway.calls.guardrails.walk import guard_answer, guard_request, guard_stream
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call, CallParts, CallReport, Hold, finish_reasons
@@ -75,6 +75,7 @@ from gateway.calls.streaming import (
     StreamFormat,
     start_stream,
 )
+from gateway.calls.tokens import count_prompt
 from gateway.errors import GatewayError
 from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS
 from gateway.providers.base import (
@@ -107,7 +108,7 @@ class Parsed(Protocol):
     def needs(self) -> frozenset[str]: ...
     @property
     def output_ceiling(self) -> int: ...
-    def prompt_estimate(self) -> int: ...
+    def prompt_estimate(self, count: Counter = ...) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +199,10 @@ CHAT = _chat_shaped(
     "chat_completions",
     parse=_parse_chat,
     answer=lambda call, chat, completion: completion,
-    stream_format=lambda call, chat, svc: ChatFormat(call.held.model.id, chat.include_usage, svc),
+    # a cache hit holds no model: its replay names the served one (served_by)
+    stream_format=lambda call, chat, svc: ChatFormat(
+        call.hold.model.id if call.hold else chat.model, chat.include_usage, svc
+    ),
 )
 RESPONSES = _chat_shaped(
     "responses",
@@ -217,7 +221,7 @@ MESSAGES = _chat_shaped(
     parse=_parse_messages,
     answer=lambda call, chat, completion: chat_to_message(completion, chat, message_id(call)),
     stream_format=lambda call, chat, svc: MessagesFormat(
-        MessageStreamTranslator(chat, message_id(call), svc)
+        MessageStreamTranslator(chat, message_id(call), svc, call.held.prompt_estimate)
     ),
     metadata_tags=False,
 )
@@ -279,9 +283,14 @@ async def open_call(
 
 
 async def prepare(
-    call: Call, endpoint: Endpoint, body: dict[str, Any], tags_header: str | None
+    call: Call,
+    endpoint: Endpoint,
+    body: dict[str, Any],
+    tags_header: str | None,
+    cache_control: str | None = None,
 ) -> Any:
-    """Steps 4 to 8: tags, validate, resolve, estimate, reserve; the parsed call."""
+    """Steps 4 to 8: tags, validate, resolve, (the response cache,) estimate, reserve;
+    the parsed call (a cache hit reserves nothing)."""
     parts, record = call.parts, call.record
     sent = body if endpoint.metadata_tags else {**body, "metadata": None}
     call.tags = collect_tags(tags_header, sent, record.default_tags, record.required_tags)
@@ -301,7 +310,13 @@ async def prepare(
         )
     endpoint.check(org, parsed, model)
     parsed = await guard_request(call, parsed)  # 5b: a deny holds nothing; redactions sent
-    prompt, output = parsed.prompt_estimate(), parsed.output_ceiling
+    # the response cache (calls/cache.py); a guarded call neither reads nor stores an
+    # entry (the answer it would replay or keep is not the one its guardrails passed)
+    if parts.cache is not None and not call.guards:
+        ticket = await parts.cache.look(call, body, model, parsed.output_ceiling, cache_control)
+        if ticket.result == cache.HIT:
+            return parsed
+    prompt, output = await count_prompt(parsed, model.config), parsed.output_ceiling
     cost = model.cost_nanos(prompt, output)
     check_spend_controls(org, record, cost)
     reservation = await admission.reserve(
@@ -330,11 +345,13 @@ async def _fallback(call: Call, endpoint: Endpoint, parsed: Parsed, name: str) -
     fallback never widens access."""
     parts, record = call.parts, call.record
     org = parts.policy.orgs.get(record.org_id)
-    prompt, output = call.held.prompt_estimate, parsed.output_ceiling
+    output = parsed.output_ceiling
     try:
         model = check_model(parts.policy, record, name, endpoint.model_kind)
         parts.provider_for(record, model)
         endpoint.check(org, parsed, model)
+        # counted with the fallback's own tokenizer: another vocabulary, another bound
+        prompt = await count_prompt(parsed, model.config)
         window = model.config.context_window
         if window is not None and prompt + output > window:
             return None
@@ -432,6 +449,8 @@ async def _ask_attempt(call: Call, chat: ChatCall) -> ProviderResult | MessagesR
 async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, Any]:
     """Steps 9-10 of a chat-shaped call without a stream: the answer, settled."""
     assert endpoint.answer is not None
+    if cache.is_hit(call):
+        return await cache.answer_hit(call, endpoint, chat)
     result = await _ask(
         call, _attempts(call, endpoint, chat), lambda route: _ask_attempt(call, chat), LATE
     )
@@ -448,6 +467,7 @@ async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, 
         return await _relay(call, replace(result, message=checked))
     result = replace(result, completion=checked)
     ignored = _ignored(call, chat)
+    cache.keep(call, "completion", result.completion, ignored, call.held.model.id)
     if call.fallback_from is not None:
         chat = replace(chat, model=call.held.model.id)  # the answer names the served model
     if call.attempt is not None:
@@ -472,6 +492,7 @@ async def _relay(call: Call, result: MessagesResult) -> dict[str, Any]:
     message id and the public (served) model id, with the svc block; settled from its
     usage."""
     message = result.message
+    cache.keep(call, "message", message, [], call.held.model.id)
     if call.attempt is not None:
         reason = message.get("stop_reason")
         call.attempt.answered(message.get("model"), [reason] if isinstance(reason, str) else [])
@@ -490,6 +511,8 @@ async def _relay(call: Call, result: MessagesResult) -> dict[str, Any]:
 async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> EventStream:
     """Step 9 of a streamed call: hand it to a pump (which settles it), answer the stream."""
     assert endpoint.stream_format is not None
+    if cache.is_hit(call):
+        return await cache.replay_hit(call, endpoint, chat)
     svc = svc_block(call, _ignored(call, chat))
     translated = endpoint.stream_format(call, chat, svc)
     per_attempt = None
@@ -509,12 +532,15 @@ async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> EventStream:
             return provider.messages_stream(request)
         return call.held.provider.stream(_provider_request(call, chat))
 
-    fmt = guard_stream(call, per_attempt or translated)  # 9a: the answer's texts in windows
+    fmt = cache.recording(call, per_attempt or translated, svc)
+    fmt = guard_stream(call, fmt)  # 9a: the answer's texts in windows (never a cached call)
     return await start_stream(call, _attempts(call, endpoint, chat), open_attempt, fmt)
 
 
 async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
     """Steps 9-10 of an embeddings call: the answer, settled."""
+    if cache.is_hit(call):
+        return await cache.answer_hit(call, EMBEDDINGS, parsed)
 
     def ask(route: Route) -> Awaitable[EmbeddingResult]:
         hold = call.held
@@ -526,8 +552,9 @@ async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:
         )
 
     result = await _ask(call, _attempts(call, EMBEDDINGS, parsed), ask, "The call ran out of time.")
-    await call.finish(call.ending(answered=True, usage=result.usage), usage=result.usage)
     answer = embedding_response(result, call.held.model.id, parsed.encoding_format)
+    cache.keep(call, "embedding", answer, [], call.held.model.id)
+    await call.finish(call.ending(answered=True, usage=result.usage), usage=result.usage)
     # the svc block of every successful call; no forwarded parameter is ignored here
     # (fields other than model, input, encoding_format, dimensions are not forwarded)
     answer["svc"] = svc_block(call, [])

@@ -754,5 +754,19 @@ def user_reset_password(
     emit(call_admin(url, "POST", f"/admin/users/{_seg(user_id)}/reset-password", body), as_json)
 
 
+@main.group()
+def cache() -> None:
+    """The response cache (``[cache]``): drop its entries."""
+
+
+@cache.command("clear")
+@click.option("--org", "org_id", help="Only this organisation's entries.")
+@url_option
+@json_option
+def cache_clear(org_id: str | None, url: str | None, as_json: bool) -> None:
+    """Drop the cached answers (every organisation's, or one's); prints how many."""
+    emit(call_admin(url, "POST", "/admin/cache/clear", {"org_id": org_id}), as_json)
+
+
 if __name__ == "__main__":
     main()

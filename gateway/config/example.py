@@ -52,6 +52,13 @@ batch_delay_s = 5.0                 # wait between two exports
 export_timeout_s = 10.0             # one export, its retries included
 queue_size = 2048                   # spans waiting for export, at most
 
+[cache]                             # the response cache (off unless enabled)
+enabled = false                     # true: identical calls answered from the store, free
+mode = "deterministic"              # deterministic (temperature 0 or a seed) | all
+ttl_s = 3600                        # an entry is served this long
+max_entries = 100000                # the sweep drops the oldest past this
+scope = "org"                       # org: an organisation's keys share entries | key
+
 # Providers. Live keys are served by real providers only; sandbox keys always by the
 # deterministic mock, whatever provider a model names. A model that names only the
 # mock refuses live keys (503 model_unavailable).
@@ -127,6 +134,9 @@ kind = "chat"
 capabilities = ["tools", "structured_output", "vision"]
 context_window = 128000             # prompt and output tokens it holds (a fallback must hold
                                     # the request's estimate); default: not checked
+tokenizer = "o200k"                 # how a call's prompt tokens are counted for its reservation:
+                                    # "o200k" | "cl100k" (OpenAI's, exact, offline) | "bytes"
+                                    # (default: the UTF-8 byte bound, for any other model)
 input_usd_per_mtok = 2.50
 output_usd_per_mtok = 10.00
 routing = "weighted"                # ordered | weighted | least_busy | latency

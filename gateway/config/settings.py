@@ -32,12 +32,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.config.cache import CacheConfig, parse_cache
 from gateway.config.checks import ConfigError as ConfigError
 from gateway.config.checks import check_unknown as _check_unknown
 from gateway.config.checks import http_url as _http_url
 from gateway.config.checks import require_table as _require_table
 from gateway.config.checks import take as _take
 from gateway.config.guardrails import GuardrailConfig, parse_guardrails
+from gateway.config.tokenizers import parse_tokenizer
 
 MODEL_CAPABILITIES = ("tools", "structured_output", "vision", "web_search")
 MODEL_KINDS = ("chat", "embedding")
@@ -101,11 +103,12 @@ MODEL_KEYS = (
     "enabled",
     "aliases",
     *ROUTING_KEYS,
+    "tokenizer",
 )
 #: the keys of a ``[[models.deployments]]`` table
 DEPLOYMENT_KEYS = ("provider", "upstream_id", "weight", "rpm", "tpm")
 #: the top-level tables of the file
-TABLES = ("server", "cluster", "observability", "providers", "models", "guardrails")
+TABLES = ("server", "cluster", "observability", "cache", "providers", "models", "guardrails")
 
 
 def provider_keys(kind: str) -> tuple[str, ...]:
@@ -228,6 +231,8 @@ class ModelConfig:
     fallbacks: tuple[str, ...] = ()
     #: tokens of prompt and output the model holds (None: not stated, not checked)
     context_window: int | None = None
+    #: how its prompt tokens are counted (gateway/config/tokenizers.py)
+    tokenizer: str = "bytes"
 
     def routes(self) -> tuple[DeploymentConfig, ...]:
         """The deployments of the model: the listed ones, or the single-upstream form."""
@@ -365,6 +370,7 @@ class Config:
     source: str | None = None
     #: ``[[guardrails]]`` (gateway/config/guardrails.py)
     guardrails: tuple[GuardrailConfig, ...] = ()
+    cache: CacheConfig = field(default_factory=CacheConfig)
 
     def provider(self, name: str) -> ProviderConfig:
         for provider in self.providers:
@@ -619,6 +625,7 @@ def _parse_model(table: dict[str, Any], index: int, providers: set[str]) -> Mode
         upstream_id=_not_empty(upstream_id, f"{where}.upstream_id"),
         deployments=deployments,
         **_parse_routing(table, where),
+        tokenizer=parse_tokenizer(table, where, ConfigError),
         kind=kind,
         capabilities=caps,
         dimensions=dimensions,
@@ -750,6 +757,10 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     cluster = _parse_cluster(data.get("cluster", {}))
     observability = _parse_observability(data.get("observability", {}))
     guardrails = parse_guardrails(data.get("guardrails", []))
+    try:
+        cache = parse_cache(data.get("cache", {}))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     provider_tables = data.get("providers")
     model_tables = data.get("models")
     if provider_tables is None and model_tables is None:
@@ -762,6 +773,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
             models=base.models,
             source=source,
             guardrails=guardrails,
+            cache=cache,
         )
     if not isinstance(provider_tables, list) or not provider_tables:
         raise ConfigError("providers: at least one [[providers]] table is required")
@@ -785,7 +797,16 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         raise ConfigError("models: at most one model of kind embedding is served")
     _check_fallbacks(models)
     _check_mock_deployments(models, {p.name: p.kind for p in providers})
-    return Config(server, cluster, observability, providers, models, source, guardrails)
+    return Config(
+        server,
+        cluster,
+        observability,
+        providers,
+        models,
+        source,
+        guardrails=guardrails,
+        cache=cache,
+    )
 
 
 def _env_workers(value: str) -> int:

@@ -25,6 +25,7 @@ from gateway.edge.http import current_request, new_request_id, request_globals
 from gateway.edge.routes import (
     admin,
     api_document,
+    cache_admin,
     embedding_calls,
     health,
     key,
@@ -195,6 +196,7 @@ def create_app(runtime: Runtime, rule_mixin: type[Rule] | None = None) -> QuartT
         usage,
         subkeys,
         admin,
+        cache_admin,
         api_document,
         dashboard,
         health,

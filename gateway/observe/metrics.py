@@ -270,6 +270,17 @@ class Metrics:
         Gauge(
             "svc_build_info", "The running version (value 1).", ["version"], registry=registry
         ).labels(version).set(1)
+        self.cache_requests = Counter(
+            "svc_cache_requests_total",
+            "Model calls by what the response cache did: hit, miss, bypass.",
+            ["result"],
+            registry=registry,
+        )
+        self.cache_saved = Counter(
+            "svc_cache_saved_usd_total",
+            "What the calls served from the response cache would have cost (USD).",
+            registry=registry,
+        )
         registry.register(_MailboxCollector(mailbox_depths))
         if dropped_spans is not None:
             registry.register(_DroppedSpansCollector(dropped_spans))
@@ -300,6 +311,14 @@ class Metrics:
         self._child(self.duration, endpoint).observe(seconds)
         if first_byte is not None:
             self._child(self.first_byte, endpoint).observe(first_byte)
+
+    def cache_result(self, result: str, saved_nanos: int) -> None:
+        """A model call the response cache looked at; a hit saved ``saved_nanos``."""
+        if not self.enabled:
+            return
+        self._child(self.cache_requests, result).inc()
+        if saved_nanos:
+            self.cache_saved.inc(saved_nanos / NANOS_PER_USD)
 
     def call_opened(self) -> None:
         if self.enabled:

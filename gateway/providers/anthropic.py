@@ -41,6 +41,7 @@ from gateway.providers.base import (
     MessagesResult,
     ProviderDropped,
     ProviderError,
+    ProviderMalformed,
     ProviderRefused,
     ProviderRequest,
     ProviderResult,
@@ -55,6 +56,12 @@ from gateway.providers.wire import (
 )
 
 PATH = "/v1/messages"
+COUNT_PATH = "/v1/messages/count_tokens"
+#: Messages fields that shape only the answer: count_tokens refuses them
+NOT_COUNTED = frozenset(
+    {"max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k", "metadata",
+     "service_tier"}
+)  # fmt: skip
 #: the HTTP status of each error type of Anthropic's (its errors reference)
 ERROR_STATUS = {
     "invalid_request_error": 400,
@@ -108,6 +115,16 @@ class AnthropicProvider(HTTPProvider):
         body = {**request.body, "stream": False}
         message = await self._message(body, request, _betas(request))
         return MessagesResult(message=message, usage=usage_of(message.get("usage")))
+
+    async def count_tokens(self, request: MessagesRequest) -> int:
+        """The upstream's count of the input tokens of a Messages body (its answer's
+        fields stripped: count_tokens refuses them)."""
+        body = {k: v for k, v in request.body.items() if k not in NOT_COUNTED}
+        content = await self._post(COUNT_PATH, body, request, _betas(request))
+        counted = json_answer(content, "a token count").get("input_tokens")
+        if not isinstance(counted, int) or isinstance(counted, bool) or counted < 0:
+            raise ProviderMalformed("the upstream answer is not a token count")
+        return counted
 
     async def _message(
         self,

@@ -353,7 +353,7 @@ def completion(message: dict[str, Any], model: str, structured: bool) -> dict[st
     }
     if tool_calls:
         reply["tool_calls"] = tool_calls
-    return chat_completion(
+    completion = chat_completion(
         reply,
         _finish(message.get("stop_reason"), len(tool_calls)),
         usage_of(message.get("usage")),
@@ -361,6 +361,17 @@ def completion(message: dict[str, Any], model: str, structured: bool) -> dict[st
         created=int(time.time()),
         model=message.get("model") or model,
     )
+    _stopped_by(completion["choices"][0], message)
+    return completion
+
+
+def _stopped_by(choice: dict[str, Any], stopped: dict[str, Any]) -> None:
+    """The stop sequence Anthropic names (``stopped``: the message, or a message_delta's
+    delta) as the choice's ``stop_reason``, vLLM's field (read back by
+    :mod:`gateway.calls.parse.messages_answer`)."""
+    sequence = stopped.get("stop_sequence")
+    if stopped.get("stop_reason") == "stop_sequence" and isinstance(sequence, str):
+        choice["stop_reason"] = sequence
 
 
 class StreamUsage:
@@ -447,8 +458,9 @@ class StreamTranslator:
             return [self._chunk({"role": "assistant", "content": ""})]
         if kind == "message_delta":
             self._usage.read(event)
-            stop = (event.get("delta") or {}).get("stop_reason")
-            final = self._chunk({}, _finish(stop, self._tool_calls))
+            delta = event.get("delta") or {}
+            final = self._chunk({}, _finish(delta.get("stop_reason"), self._tool_calls))
+            _stopped_by(final["choices"][0], delta)
             usage = {**self._chunk({}), "choices": [], "usage": self._usage.usage.as_dict()}
             return [final, usage]
         return []  # ping, content_block_stop, message_stop, events of later API versions

@@ -198,6 +198,10 @@ class NativeMessages(Protocol):
         ``message_stop``; an ``error`` event is raised as its provider error."""
         ...
 
+    async def count_tokens(self, request: MessagesRequest) -> int:
+        """The upstream's input-token count of the body (``/v1/messages/count_tokens``)."""
+        ...
+
 
 def native_messages(provider: Provider) -> NativeMessages | None:
     """``provider`` when it serves the Messages API natively, else None (the call is

@@ -47,6 +47,7 @@ import orjson
 import trio
 
 from gateway.calls.estimate import IMAGE_PART_TYPES
+from gateway.calls.tokens import ENCODINGS, exact_counter
 from gateway.config.settings import ModelConfig
 from gateway.providers.base import (
     EmbeddingRequest,
@@ -107,15 +108,16 @@ def count_tokens(text: str) -> int:
     return words + classes.count(b"p") + classes.endswith(b"s")
 
 
-def prompt_tokens(body: dict[str, Any]) -> int:
-    """The mock's prompt tokens of a chat body (never above the gateway's estimate)."""
+def prompt_tokens(body: dict[str, Any], count: Callable[[str], int] = count_tokens) -> int:
+    """The mock's prompt tokens of a chat body (never above the gateway's estimate);
+    ``count``: its tokens of one string (a model's vocabulary, else the mock's own)."""
     messages = body.get("messages") or []
     total = MESSAGE_TOKENS * (len(messages) + 1) + sum(
-        IMAGE_TOKENS if leaf is None else count_tokens(leaf) for leaf in _leaves(messages)
+        IMAGE_TOKENS if leaf is None else count(leaf) for leaf in _leaves(messages)
     )
     for key in ("tools", "response_format"):
         if body.get(key):
-            total += count_tokens(orjson.dumps(body[key]).decode())
+            total += count(orjson.dumps(body[key]).decode())
     return total
 
 
@@ -128,6 +130,15 @@ class _Answer:
     finish_reason: str
     usage: Usage
     tool_call: tuple[str, str] | None  # (call id, function name)
+    #: the stop sequence the text was cut at (vLLM's ``stop_reason`` of the choice)
+    stop_sequence: str | None = None
+
+    def finish(self) -> dict[str, Any]:
+        """The finish fields of the answer's choice."""
+        fields: dict[str, Any] = {"finish_reason": self.finish_reason}
+        if self.stop_sequence is not None and self.finish_reason == "stop":
+            fields["stop_reason"] = self.stop_sequence
+        return fields
 
 
 class MockProvider:
@@ -144,8 +155,12 @@ class MockProvider:
         embedding_dimensions: Mapping[str, int] | None = None,
         chunk_delay: float = 0.0,
         clock: Callable[[], float] = time.time,
+        tokenizers: Mapping[str, str] | None = None,
     ) -> None:
         self._dimensions = dict(embedding_dimensions or {})
+        #: upstream model → its tokenizer, where it names a vocabulary: the mock bills
+        #: what a provider of that vocabulary would (the exact count of each string)
+        self._tokenizers = dict(tokenizers or {})
         self._chunk_delay = chunk_delay
         self._clock = clock
 
@@ -156,12 +171,29 @@ class MockProvider:
         chunk_delay: float = 0.0,
         clock: Callable[[], float] = time.time,
     ) -> MockProvider:
-        """A mock that knows the configured dimensions of the embedding models."""
+        """A mock that knows the configured dimensions of the embedding models and the
+        chat models' tokenizers."""
+        models = list(models)
         dimensions = {m.upstream_id: m.dimensions for m in models if m.kind == "embedding"}
-        return cls(embedding_dimensions=dimensions, chunk_delay=chunk_delay, clock=clock)
+        tokenizers = {
+            d.upstream_id: m.tokenizer
+            for m in models
+            if m.tokenizer in ENCODINGS
+            for d in m.routes()
+        }
+        return cls(
+            embedding_dimensions=dimensions,
+            chunk_delay=chunk_delay,
+            clock=clock,
+            tokenizers=tokenizers,
+        )
+
+    def _counter(self, upstream_model: str) -> Callable[[str], int]:
+        tokenizer = self._tokenizers.get(upstream_model)
+        return count_tokens if tokenizer is None else exact_counter(tokenizer)
 
     async def complete(self, request: ProviderRequest) -> ProviderResult:
-        answer = _answer(request, int(self._clock()))
+        answer = _answer(request, int(self._clock()), self._counter(request.upstream_model))
         # the chunks of the stream of the same answer: role, one per piece, finish, usage
         await self._pause(len(answer.pieces) + 3)
         message: dict[str, Any] = {"role": "assistant", "content": "".join(answer.pieces)}
@@ -170,7 +202,7 @@ class MockProvider:
             function = {"name": name, "arguments": message["content"]}
             message["content"] = None
             message["tool_calls"] = [{"id": call_id, "type": "function", "function": function}]
-        choice = {"index": 0, "message": message, "finish_reason": answer.finish_reason}
+        choice = {"index": 0, "message": message, **answer.finish()}
         completion = {
             **_header(answer, "chat.completion"),
             "choices": [{**choice, "logprobs": None}],
@@ -179,7 +211,7 @@ class MockProvider:
         return ProviderResult(completion=completion, usage=answer.usage)
 
     async def stream(self, request: ProviderRequest) -> AsyncIterator[dict[str, Any]]:
-        answer = _answer(request, int(self._clock()))
+        answer = _answer(request, int(self._clock()), self._counter(request.upstream_model))
         header = _header(answer, "chat.completion.chunk")
         first: dict[str, Any] = {"role": "assistant", "content": ""}
         if answer.tool_call:
@@ -195,8 +227,8 @@ class MockProvider:
                 deltas.append({"content": piece})
         for index, delta in enumerate([*deltas, {}]):
             await self._pause()
-            reason = answer.finish_reason if index == len(deltas) else None
-            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+            finish = answer.finish() if index == len(deltas) else {"finish_reason": None}
+            choice = {"index": 0, "delta": delta, "logprobs": None, **finish}
             yield {**header, "choices": [choice]}
         await self._pause()
         yield {**header, "choices": [], "usage": answer.usage.as_dict()}
@@ -222,7 +254,7 @@ class MockProvider:
 # ---------------------------------------------------------------- answers
 
 
-def _answer(request: ProviderRequest, created: int) -> _Answer:
+def _answer(request: ProviderRequest, created: int, count: Callable[[str], int]) -> _Answer:
     body = request.body
     call = request.request_id.removeprefix("req_") or secrets.token_hex(12)
     shaping = {key: body[key] for key in _ANSWER_KEYS if key in body}
@@ -236,17 +268,19 @@ def _answer(request: ProviderRequest, created: int) -> _Answer:
         schema = schema if isinstance(schema, dict) and schema else {"type": "object"}
         text = _json(sample(schema, rng))
         tool_call: tuple[str, str] | None = (f"call_{call}", tool["name"])
-        reason = "tool_calls"
+        reason, matched = "tool_calls", None
     else:
         text, tool_call, reason = _content(body, messages, rng), None, "stop"
-        text = _cut_at_stop(text, body.get("stop"))
+        text, matched = _cut_at_stop(text, body.get("stop"))
     pieces = _TOKEN.findall(text)
     limit = body.get("max_completion_tokens") or body.get("max_tokens")
     if isinstance(limit, int) and len(pieces) > limit:
         pieces, reason = pieces[:limit], "length"
-    usage = Usage(prompt_tokens=prompt_tokens(body), completion_tokens=len(pieces))
+    usage = Usage(prompt_tokens=prompt_tokens(body, count), completion_tokens=len(pieces))
     answer_id = f"chatcmpl-{call}"
-    return _Answer(answer_id, created, request.upstream_model, pieces, reason, usage, tool_call)
+    return _Answer(
+        answer_id, created, request.upstream_model, pieces, reason, usage, tool_call, matched
+    )
 
 
 def _header(answer: _Answer, obj: str) -> dict[str, Any]:
@@ -296,10 +330,14 @@ def _json(value: Any) -> str:
         return "{}"
 
 
-def _cut_at_stop(text: str, stop: Any) -> str:
+def _cut_at_stop(text: str, stop: Any) -> tuple[str, str | None]:
+    """The text before the first stop sequence in it, and that sequence (None: none)."""
     sequences = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
-    cuts = [text.find(s) for s in sequences if isinstance(s, str) and s and s in text]
-    return text[: min(cuts)] if cuts else text
+    cuts = [(text.find(s), s) for s in sequences if isinstance(s, str) and s and s in text]
+    if not cuts:
+        return text, None
+    at, sequence = min(cuts)
+    return text[:at], sequence
 
 
 def _leaves(value: Any) -> Iterator[str | None]:

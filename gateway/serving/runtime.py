@@ -30,11 +30,13 @@ from gateway.accounts.catalog import (
 from gateway.accounts.key_record import KeyRecord, new_id
 from gateway.accounts.keyring import Keyring
 from gateway.accounts.orgs import Org
+from gateway.calls.cache import ResponseCache
 from gateway.calls.guardrails.rules import Guardrails
 from gateway.calls.inflight import InFlight
 from gateway.calls.keepalive import KeepaliveClock
 from gateway.calls.lifecycle import CallParts
 from gateway.calls.routing import Router
+from gateway.calls.tokens import preload as preload_tokenizers
 from gateway.config.settings import Config
 from gateway.edge.public_limit import PublicCatalogLimiter
 from gateway.errors import GatewayError
@@ -112,6 +114,12 @@ class Runtime:
         #: this process as one of several nodes (a PostgreSQL store, or a worker of
         #: ``serve --workers``), else None
         several = is_postgres(self.config.server.db) or self.config.server.workers > 1
+        #: the response cache (``[cache]``), None when off
+        self.cache = (
+            ResponseCache(self.config.cache, self.store, self.clock, self.metrics, shared=several)
+            if self.config.cache.enabled
+            else None
+        )
         self.cluster: Node | None = Node(self) if several else None
         #: the client of ``webhook`` guardrails
         self.guardrail_webhooks = GuardrailWebhooks()
@@ -136,6 +144,7 @@ class Runtime:
             guardrails=Guardrails.build(
                 self.config.guardrails, self.guardrail_webhooks.ask, self.metrics.guardrail_verdict
             ),
+            cache=self.cache,
         )
 
     def _open_spans(self) -> OtlpSpans | None:
@@ -179,6 +188,7 @@ class Runtime:
 
         def work() -> None:
             self.load()
+            preload_tokenizers(self.config.models)
             self.demo_token = self.bootstrap_demo() if self.demo else None
 
         await trio.to_thread.run_sync(work)

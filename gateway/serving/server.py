@@ -180,6 +180,8 @@ async def serve(
             if runtime.cluster is not None:
                 await root.start(runtime.cluster.run)
             root.start_soon(_flush_last_used, runtime)
+            if runtime.cache is not None:
+                root.start_soon(runtime.cache.sweep_forever)
             started.set()
             readiness.ready()
             log.info("ready", extra=event("ready", urls=binds))

@@ -418,8 +418,28 @@ def _m010_request_attempts(db: Database) -> None:
 
 _PG_010 = ("ALTER TABLE requests ADD COLUMN attempts TEXT",)
 
+#: the response cache (gateway/store/cache_entries.py): its rows, and on each request
+#: record whether the cache served it (hit, miss, bypass), the original it was served
+#: from and what it saved
+_CACHE = (
+    """CREATE TABLE cache_entries (
+        cache_key TEXT PRIMARY KEY, org_id TEXT, state TEXT, owner TEXT,
+        created_at DOUBLE PRECISION, expires_at DOUBLE PRECISION, request_id TEXT,
+        cost_nanos BIGINT, entry TEXT)""",
+    "CREATE INDEX cache_entries_org ON cache_entries (org_id)",
+    "CREATE INDEX cache_entries_created ON cache_entries (created_at)",
+    "ALTER TABLE requests ADD COLUMN cache TEXT",
+    "ALTER TABLE requests ADD COLUMN cache_of TEXT",
+    "ALTER TABLE requests ADD COLUMN saved_usd_nanos BIGINT",
+)
 
-def _m011_guardrails(db: Database) -> None:
+
+def _m011_response_cache(db: Database) -> None:
+    for statement in _CACHE:
+        db.execute(statement)
+
+
+def _m012_guardrails(db: Database) -> None:
     """Each request names the guardrails that redacted, flagged or denied in it (a JSON
     list of name, direction, verdict; never the matched text), and each key the
     guardrails it adds to its organisation's (a JSON list of names). Earlier rows: none."""
@@ -427,7 +447,7 @@ def _m011_guardrails(db: Database) -> None:
     db.table("keys").add_column("guardrails", str)
 
 
-_PG_011 = (
+_PG_012 = (
     "ALTER TABLE requests ADD COLUMN guardrails TEXT",
     "ALTER TABLE keys ADD COLUMN guardrails TEXT",
 )
@@ -452,7 +472,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m008_dashboard_people, _PG_008),
     Migration(_m009_sqlite_change_counter, ()),  # PostgreSQL's came with migration 7
     Migration(_m010_request_attempts, _PG_010),
-    Migration(_m011_guardrails, _PG_011),
+    Migration(_m012_guardrails, _PG_012),
+    Migration(_m011_response_cache, _CACHE),
 )
 
 

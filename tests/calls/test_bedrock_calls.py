@@ -14,8 +14,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TypeVar
 
+import anthropic
 import openai
 import orjson
+import pydantic
 import pytest
 import trio
 
@@ -467,3 +469,28 @@ async def test_the_servers_secrets_include_the_aws_credentials(live: tuple[Gatew
     """Every provider's error text is cut of them, a bedrock provider's or another's."""
     gw, _ = live
     assert {KEY_ID, SECRET, TOKEN} <= set(gw.runtime.provider_secrets())
+
+
+async def test_messages_parse_through_bedrock(live: tuple[Gateway, str]) -> None:
+    """The Anthropic SDK's messages.parse on a Bedrock deployment (translated: its
+    output_config.format becomes the forced answer tool, its input the text)."""
+    gw, token = live
+
+    class Weather(pydantic.BaseModel):
+        city: str
+        celsius: int
+
+    def parse() -> Any:
+        with anthropic.Anthropic(
+            base_url=gw.url, auth_token=token, max_retries=0, timeout=10.0
+        ) as client:
+            return client.messages.parse(
+                model="live-chat",
+                max_tokens=MAX_TOKENS,
+                messages=[{"role": "user", "content": "weather as JSON"}],
+                output_format=Weather,
+            )
+
+    message = await trio.to_thread.run_sync(parse)
+    assert message.parsed_output == Weather(city="alpha", celsius=1)
+    assert message.stop_reason == "end_turn"

@@ -23,6 +23,8 @@ import orjson
 import pytest
 import trio
 
+from gateway.calls import counting
+from gateway.calls.parse.anthropic_messages import parse_messages
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
 from tests.calls.test_live_settlement import settled, state
 from tests.conftest import Gateway, make_config, start_gateway
@@ -347,7 +349,7 @@ async def test_claude_codes_request_is_translated_for_an_openai_deployment(
     assert set(ignored) >= {
         "thinking",
         "context_management",
-        "output_config",
+        "output_config.effort",
         "cache_control",
         "defer_loading",
     }
@@ -373,3 +375,34 @@ async def test_claude_codes_output_budget_above_the_key_limit_says_how_to_fix_it
     )
     assert "CLAUDE_CODE_MAX_OUTPUT_TOKENS=4096" in error["message"]
     assert "max_output_tokens" in error["message"]
+
+
+async def test_count_tokens_asks_an_anthropic_deployment(
+    gw: Gateway, fake: FakeAnthropic, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live key on an ``anthropic`` model: the upstream's count (its answer's fields
+    stripped, as count_tokens refuses them); a failing or slow upstream: the estimate."""
+    token = await live_key(gw)
+    messages = [{"role": "user", "content": "Count the words of this question, please."}]
+    counted = await run(
+        gw, token, lambda c: c.messages.count_tokens(model="claude-live", messages=messages)
+    )
+    assert fake.bodies[-1] == {"model": "claude-up", "messages": messages}
+    assert counted.input_tokens == len(orjson.dumps(messages).decode().split())
+    estimate = parse_messages({"model": "claude-live", "messages": messages}, 4096,
+                              counting=True).prompt_estimate()  # fmt: skip
+    assert counted.input_tokens < estimate
+    failing = [{"role": "user", "content": "[[fault status=500]] hello"}]
+    monkeypatch.setattr(counting, "COUNT_TIMEOUT_S", 0.3)
+    slow = [{"role": "user", "content": "[[fault delay=2]] hello"}]
+    for sent in (failing, slow):
+        answer = await run(
+            gw, token, lambda c, sent=sent: c.messages.count_tokens(model="claude-live",
+                                                                     messages=sent)
+        )  # fmt: skip
+        assert (
+            answer.input_tokens
+            == parse_messages(
+                {"model": "claude-live", "messages": sent}, 4096, counting=True
+            ).prompt_estimate()
+        )

@@ -117,7 +117,7 @@ def test_a_claude_code_shaped_request_translates() -> None:
     assert call.params["web_search_options"] == {} and "web_search" in call.needs
     assert call.stream and call.max_tokens == 4000 and call.endpoint == "messages"
     assert set(call.dropped) == {
-        "context_management", "output_config", "top_k", "thinking", "cache_control",
+        "context_management", "output_config.effort", "top_k", "thinking", "cache_control",
         "defer_loading",
     }  # fmt: skip
 

@@ -71,6 +71,10 @@ FIELDS = frozenset(
         "service_tier",
     }
 )
+#: POST /v1/messages/count_tokens: the body of a message without what only shapes output
+COUNT_PATH = b"/v1/messages/count_tokens"
+NOT_COUNTED = ("max_tokens", "stream", "stop_sequences", "temperature", "top_p", "top_k",
+               "metadata", "service_tier")  # fmt: skip
 #: fields the API takes only under a beta (``anthropic-beta``), as Claude Code sends them
 BETA_FIELDS = {
     "context_management": "context-management-2025-06-27",
@@ -153,6 +157,10 @@ class FakeAnthropic:
         if "malformed" in faults:
             await _send(conn, stream, 200, b"<html>upstream proxy page</html>")
             return True
+        if request.target == COUNT_PATH:
+            counted = {"input_tokens": _usage(body, [])["input_tokens"]}
+            await _send(conn, stream, 200, orjson.dumps(counted))
+            return True
         blocks, stop_reason, stop_sequence = _content(body, self.max_words)
         if self.reply is not None:
             blocks = [{"type": "text", "text": "".join(self.reply)}]
@@ -177,7 +185,7 @@ class FakeAnthropic:
 
     def _check(self, request: h11.Request, headers: dict[str, str], body: Any) -> None:
         """Refuse what the real API refuses (the checks the gateway's translation must pass)."""
-        if request.method != b"POST" or request.target != b"/v1/messages":
+        if request.method != b"POST" or request.target not in (b"/v1/messages", COUNT_PATH):
             raise Invalid(f"Not found: {request.method.decode()} {request.target.decode()}", 404)
         if headers.get("x-api-key") not in self.keys:
             raise Invalid("invalid x-api-key", 401)
@@ -193,6 +201,14 @@ class FakeAnthropic:
                 raise Invalid(f"{name}: Extra inputs are not permitted")
         if not isinstance(body.get("model"), str):
             raise Invalid("model: Field required")
+        if request.target == COUNT_PATH:
+            for name in NOT_COUNTED:
+                if name in body:
+                    raise Invalid(f"{name}: Extra inputs are not permitted")
+            _check_system(body.get("system"))
+            _check_messages(body.get("messages"), _check_tools(body.get("tools"),
+                            body.get("tool_choice"), betas), MID_SYSTEM_BETA in betas)  # fmt: skip
+            return
         max_tokens = body.get("max_tokens")
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
             raise Invalid("max_tokens: Field required")

@@ -26,7 +26,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from gateway.calls.estimate import estimate_embedding_tokens, estimate_prompt_tokens
+from gateway.calls.estimate import (
+    BYTES,
+    Counter,
+    estimate_embedding_tokens,
+    estimate_prompt_tokens,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,11 +75,11 @@ class ChatCall:
     def output_ceiling(self) -> int:
         return self.max_tokens
 
-    def prompt_estimate(self) -> int:
+    def prompt_estimate(self, count: Counter = BYTES) -> int:
         """A bound of the prompt tokens of :meth:`body` (step 7) and, for a Messages call,
         of its body as sent (one reservation, whichever way it is served)."""
         unsent = self.native.unsent_tokens if self.native is not None else 0
-        return estimate_prompt_tokens(self.body()) + unsent
+        return estimate_prompt_tokens(self.body(), count=count) + unsent
 
     def body(self) -> dict[str, Any]:
         """The chat-completions body to forward (``model`` is the public id; providers swap it)."""
@@ -104,6 +109,6 @@ class EmbeddingCall:
     needs: ClassVar[frozenset[str]] = frozenset()
     output_ceiling: ClassVar[int] = 0
 
-    def prompt_estimate(self) -> int:
+    def prompt_estimate(self, count: Counter = BYTES) -> int:
         """A bound of the tokens of the inputs (step 7)."""
-        return estimate_embedding_tokens(self.inputs)
+        return estimate_embedding_tokens(self.inputs, count)

@@ -23,8 +23,12 @@ whose tables (finish reasons, image types) it reads rather than copies.
 - Dropped, and named in ``svc.ignored_parameters`` (:attr:`ChatCall.dropped`):
   ``thinking`` (the field and thinking blocks), ``top_k``, ``cache_control`` on blocks,
   a tool's members a chat tool has not (``defer_loading``),
-  ``context_management``, ``output_config`` and any other field this gateway does not
-  know (Claude Code adds fields with its betas; refusing them would break it).
+  ``context_management``, ``output_config.effort`` and any other field this gateway does
+  not know (Claude Code adds fields with its betas; refusing them would break it).
+- ``output_config.format`` (json_schema; or the beta's top-level ``output_format``) →
+  ``response_format`` json_schema: the call needs the ``structured_output`` capability
+  (refused ``model_lacks_structured_output`` without it), and each kind maps it as it
+  maps chat's (docs/decisions/messages.md).
 - Refused with 400 ``unsupported_parameter`` naming the field and what to do instead:
   ``container``, ``mcp_servers``, server tools other than web search, document blocks.
 - ``max_tokens`` is required; above the key's ``max_output_tokens`` the refusal says how
@@ -77,6 +81,8 @@ KNOWN = frozenset(
         "thinking",
         "service_tier",
         "svc_tags",
+        "output_config",
+        "output_format",
     }
 )
 #: accepted and dropped: what the translation cannot carry (named in ignored_parameters)
@@ -96,6 +102,8 @@ NO_FORCING = "a tool whose input_schema is the answer's schema, with tool_choice
 TOOL_FIELDS = frozenset({"type", "name", "description", "input_schema"})
 #: the gateway's own fields, never passed through (``metadata``: decided, never forwarded)
 NOT_PASSED = frozenset({"svc_tags", "metadata"})
+#: the name of a structured answer's schema in a chat ``response_format``
+ANSWER_NAME = "output"
 #: the environment variable Claude Code reads for its output budget
 CLAUDE_CODE_BUDGET = "CLAUDE_CODE_MAX_OUTPUT_TOKENS"
 
@@ -130,7 +138,8 @@ def parse_messages(body: Any, max_output_tokens: int, *, counting: bool = False)
     stream = flag(body, "stream")
     tools, web_search = _tools(body.get("tools"), translation)
     params.update(_tool_choice(body, tools))
-    needs = forward_capabilities(params, messages, tools, None, web_search)
+    answer_format = _output_format(body, translation)
+    needs = forward_capabilities(params, messages, tools, answer_format, web_search)
     if "cache_control" in body:
         translation.dropped.add("cache_control")
     budget = _budget(body, max_output_tokens, counting)
@@ -165,6 +174,26 @@ def _budget(body: dict[str, Any], limit: int, counting: bool) -> int:
             param="max_tokens",
         )
     return sent
+
+
+def _output_format(body: dict[str, Any], translation: _Translation) -> dict[str, Any] | None:
+    """``output_config.format`` (or the beta's top-level ``output_format``) as a chat
+    ``response_format``; ``output_config``'s other members (``effort``) are dropped."""
+    config = obj(body, "output_config") or {}
+    translation.dropped.update(f"output_config.{name}" for name in config if name != "format")
+    answer = config.get("format", body.get("output_format"))
+    if answer is None:
+        return None
+    if (
+        not isinstance(answer, dict)
+        or answer.get("type") != "json_schema"
+        or not isinstance(answer.get("schema"), dict)
+    ):
+        raise invalid(
+            "output_config",
+            'output_config.format must be {"type": "json_schema", "schema": {...}}.',
+        )
+    return {"type": "json_schema", "json_schema": {"name": ANSWER_NAME, "schema": answer["schema"]}}
 
 
 def _metadata(body: dict[str, Any]) -> None:

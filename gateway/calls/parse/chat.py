@@ -67,7 +67,8 @@ CAPABILITY_PARAMS = {
              "web_search": "web_search_options"},
     "responses": {"vision": "input", "structured_output": "response_format",
                   "web_search": "tools"},
-    "messages": {"vision": "messages", "web_search": "tools"},
+    "messages": {"vision": "messages", "structured_output": "output_config",
+                 "web_search": "tools"},
 }  # fmt: skip
 CHAT_FIELDS = COMMON_FIELDS | {
     "messages",

@@ -11,7 +11,8 @@ their own fields).
 A stream of ``chat.completion.chunk`` objects becomes Anthropic's events
 (:class:`MessageStreamTranslator`)::
 
-    start()   message_start (the message without content, usage zero)
+    start()   message_start (the message without content; its input_tokens the
+              reservation's bound of the prompt, the count arriving in message_delta)
     feed()    text:           (the open tool_use block is closed) content_block_start
                               (text), then content_block_delta text_delta
               a new tool call: (the open block is closed) content_block_start
@@ -43,6 +44,19 @@ STOP_REASONS = {chat: anthropic for anthropic, chat in reversed(FINISH.items())}
 
 def stop_reason(finish_reason: str | None) -> str:
     return STOP_REASONS.get(finish_reason or "stop", "end_turn")
+
+
+def stop_of(choice: dict[str, Any], call: ChatCall) -> tuple[str, str | None]:
+    """``stop_reason`` and ``stop_sequence`` of a chat choice: ``stop_sequence`` with the
+    sequence when the choice names one the call sent (``stop_reason``, vLLM's field,
+    which the mock and the Anthropic translation fill in too); otherwise the finish
+    reason's, and no sequence (an OpenAI upstream does not say whether a stop sequence
+    or the model ended the text: end_turn)."""
+    finish, matched = choice.get("finish_reason"), choice.get("stop_reason")
+    sent = call.params.get("stop") or ()
+    if finish in (None, "stop") and isinstance(matched, str) and matched in sent:
+        return "stop_sequence", matched
+    return stop_reason(finish), None
 
 
 def message_usage(usage: dict[str, Any] | None) -> dict[str, int]:
@@ -103,9 +117,11 @@ def chat_to_message(completion: dict[str, Any], call: ChatCall, message_id: str)
             }
         )
     message = message_shell(call, message_id)
+    reason, sequence = stop_of(choice, call)
     message.update(
         content=content,
-        stop_reason=stop_reason(choice.get("finish_reason")),
+        stop_reason=reason,
+        stop_sequence=sequence,
         usage=message_usage(completion.get("usage")),
     )
     return message
@@ -114,14 +130,22 @@ def chat_to_message(completion: dict[str, Any], call: ChatCall, message_id: str)
 class MessageStreamTranslator:
     """Chat completion chunks in, Anthropic stream events out (see the module docstring)."""
 
-    def __init__(self, call: ChatCall, message_id: str, svc: dict[str, Any] | None) -> None:
+    def __init__(
+        self,
+        call: ChatCall,
+        message_id: str,
+        svc: dict[str, Any] | None,
+        input_estimate: int = 0,
+    ) -> None:
         self._call = call
         self._id = message_id
         self._svc = svc
+        #: message_start's input_tokens: the reservation's bound (the count comes last)
+        self._input_estimate = input_estimate
         self._index = -1  # the open block's index
         self._open: str | None = None  # "text", or "tool:<chat index>"
         self._closed_tools: set[int] = set()
-        self._finish_reason: str | None = None
+        self._last: dict[str, Any] = {}  # finish_reason and stop_reason, once sent
         self._usage: dict[str, Any] | None = None
 
     def served_by(self, model_id: str) -> None:
@@ -130,6 +154,7 @@ class MessageStreamTranslator:
 
     def start(self) -> list[dict[str, Any]]:
         message = message_shell(self._call, self._id)
+        message["usage"]["input_tokens"] = self._input_estimate
         if self._svc is not None:
             message["svc"] = self._svc
         return [{"type": "message_start", "message": message}]
@@ -143,15 +168,21 @@ class MessageStreamTranslator:
                 events += self._text(text)
             for tool_call in delta.get("tool_calls") or ():
                 events += self._tool(tool_call)
-            self._finish_reason = finish_reason or self._finish_reason
+            if finish_reason:
+                choice = chunk["choices"][0]
+                self._last = {
+                    "finish_reason": finish_reason,
+                    "stop_reason": choice.get("stop_reason"),
+                }
         return events
 
     def finish(self) -> list[dict[str, Any]]:
+        reason, sequence = stop_of(self._last, self._call)
         return [
             *self._close(),
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": stop_reason(self._finish_reason), "stop_sequence": None},
+                "delta": {"stop_reason": reason, "stop_sequence": sequence},
                 "usage": message_usage(self._usage),
             },
             {"type": "message_stop"},

@@ -27,8 +27,8 @@ from gateway.edge.dashboard.web import User, bp, page, page_user
 from gateway.edge.http import runtime
 from gateway.edge.routes.usage import EMPTY, GROUPS, credits_view, request_view, usage_totals
 from gateway.errors import GatewayError
+from gateway.store import cache_entries, records
 from gateway.store import dashboard as ops
-from gateway.store import records
 
 PAGE_SIZE = 50
 LEDGER_ROWS = 100
@@ -71,6 +71,8 @@ async def _usage(user: User, span: time_range.TimeRange) -> dict[str, Any]:
             return "(no tag)" if tag else "(none)"
         return names.get(value, str(value)) if by == "key" else str(value)
 
+    # what the response cache saved, by key: the original cost of each hit
+    saved = await rt.store.read(cache_entries.saved_by_key, user.org_id, *span.bounds)
     points = {(row["day"], label(row["grp"])): nanos_to_usd(row[metric] or 0) for row in daily}
     title = f"Daily spend by {by}, {span.start} to {span.end}"
     chart, legend = bar_chart(span.days, points, title)
@@ -84,6 +86,11 @@ async def _usage(user: User, span: time_range.TimeRange) -> dict[str, Any]:
         "totals": usage_totals(total_rows[0] if total_rows else EMPTY),
         "groups": [{"group": label(r["grp"]), **usage_totals(r)} for r in group_rows],
         "daily": [{"day": r["day"], "group": label(r["grp"]), **usage_totals(r)} for r in daily],
+        "cache_saved": [
+            {"key": names.get(key_id, key_id), "saved_usd": nanos_to_usd(nanos)}
+            for key_id, nanos in sorted(saved.items())
+            if key_id in names
+        ],
     }
 
 

@@ -8,9 +8,12 @@ deployment, a translation to a chat call and back for the other kinds. Claude Co
 them). Errors on these paths are rendered in Anthropic's
 dialect by the app's error handler (it looks at :data:`MESSAGES_PATH`).
 
-``count_tokens`` answers the gateway's conservative estimate of the prompt (the one the
-reservation counts), after authentication, the inference scope and the model check; it
-counts in the key's request window and reserves nothing.
+``count_tokens`` answers, after authentication, the inference scope and the model check
+(it counts in the key's request window and reserves nothing): for a live key on a model
+whose first deployment speaks the Messages API (``anthropic``), the upstream's own count
+(:mod:`gateway.calls.counting`); otherwise, or when the upstream fails or is
+slow, the gateway's bound of the prompt with the model's ``tokenizer`` (the one a
+reservation counts: exact for o200k and cl100k models, the byte bound else).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 from quart import Quart, Response, request
 
+from gateway.calls.counting import count_input_tokens
 from gateway.calls.lifecycle import Call
 from gateway.calls.parse import ChatCall
 from gateway.calls.parse.anthropic_messages import parse_messages
@@ -57,8 +61,11 @@ async def count_tokens() -> Response:
     record = await admit_reader(rt, MESSAGES.scope)
     body = await read_json_object()
     call = parse_messages(body, record.caps.max_output_tokens, counting=True)
-    check_model(rt.call_parts.policy, record, call.model, MESSAGES.model_kind)
-    return json_response({"input_tokens": call.prompt_estimate()})
+    parts = rt.call_parts
+    model = check_model(parts.policy, record, call.model, MESSAGES.model_kind)
+    betas = beta_values(request.headers.getlist("anthropic-beta"))
+    counted = await count_input_tokens(parts, record, model, call, betas)
+    return json_response({"input_tokens": counted})
 
 
 def register(app: Quart) -> None:

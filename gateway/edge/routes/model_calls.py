@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
-from quart import Quart, Response, request
+from quart import Quart, Response, g, request
 
 from gateway.accounts.key_record import KeyRecord
 from gateway.calls import pipeline
@@ -63,7 +63,12 @@ async def _call(
         rt.call_parts, record, request_id(), endpoint, claim, report
     ) as call:
         carry_rate_headers(call.admission)
-        parsed = await pipeline.prepare(call, endpoint, body, request.headers.get("X-Svc-Tags"))
+        g.rate_headers["X-Svc-Cache"] = "bypass"  # a refusal before the cache looked
+        headers = request.headers
+        parsed = await pipeline.prepare(
+            call, endpoint, body, headers.get("X-Svc-Tags"), headers.get("Cache-Control")
+        )
+        g.rate_headers["X-Svc-Cache"] = call.cache.result if call.cache else "bypass"
         return await run(call, endpoint, parsed)
 
 

@@ -5,17 +5,23 @@ Both read the same list under the same rules: without ``Authorization`` the publ
 catalog and its per-IP limit; with a key the inference scope, the key's request window
 and the models no organisation or contract rule denies. One model is found by its id or
 by an alias of exactly one model; anything else is 404 ``model_not_found``.
+
+A request with an ``anthropic-version`` header (the Anthropic SDKs, Claude Code) gets
+Anthropic's shape: chat models only, each ``{"type": "model", "id", "display_name",
+"created_at"}`` (RFC 3339), the list with ``has_more`` (always false: one page),
+``first_id`` and ``last_id``; every other request OpenAI's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from quart import Quart, Response, request
 
-from gateway.accounts.catalog import Model
+from gateway.accounts.catalog import CATALOG_CREATED, Model
 from gateway.accounts.usd_json import plain_amounts
 from gateway.calls.policy import callable_models, model_not_found
 from gateway.edge.auth import admit_reader
@@ -23,22 +29,43 @@ from gateway.edge.http import json_response, runtime
 from gateway.errors import GatewayError, retry_hint
 
 PUBLIC_CACHE_SECONDS = 300
+#: the header that asks for Anthropic's shapes
+ANTHROPIC_VERSION = "anthropic-version"
 
 
 async def list_models() -> Response:
     rt = runtime()
+    listing = anthropic_listing if ANTHROPIC_VERSION in request.headers else rt.catalog.listing
     if "Authorization" not in request.headers:
-        return _public(rt.catalog.listing)
+        return _public(lambda: listing(list(rt.catalog.models.values())))
     record = await admit_reader(rt, "inference")
-    return json_response(rt.catalog.listing(callable_models(rt, record)))
+    return json_response(listing(callable_models(rt, record)))
 
 
 async def retrieve_model(model_id: str) -> Response:
     rt = runtime()
+    shape = anthropic_model if ANTHROPIC_VERSION in request.headers else Model.public
     if "Authorization" not in request.headers:
-        return _public(lambda: _find(rt.catalog.models.values(), model_id).public())
+        return _public(lambda: shape(_find(rt.catalog.models.values(), model_id)))
     record = await admit_reader(rt, "inference")
-    return json_response(_find(callable_models(rt, record), model_id).public())
+    return json_response(shape(_find(callable_models(rt, record), model_id)))
+
+
+def anthropic_model(model: Model) -> dict[str, Any]:
+    """A model in Anthropic's shape (``display_name``: the id, the only name it has)."""
+    created = datetime.fromtimestamp(CATALOG_CREATED, UTC).isoformat().replace("+00:00", "Z")
+    return {"type": "model", "id": model.id, "display_name": model.id, "created_at": created}
+
+
+def anthropic_listing(models: list[Model]) -> dict[str, Any]:
+    """Anthropic's list of the chat models among ``models``, one page."""
+    data = [anthropic_model(model) for model in models if model.kind == "chat"]
+    return {
+        "data": data,
+        "has_more": False,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+    }
 
 
 def _find(visible: Iterable[Model], name: str) -> Model:
@@ -58,6 +85,7 @@ def _public(answer: Callable[[], dict[str, Any]]) -> Response:
     headers = {
         "X-RateLimit-Limit": str(verdict.limit),
         "X-RateLimit-Remaining": str(verdict.remaining),
+        "Vary": ANTHROPIC_VERSION,  # two shapes of one URL: a cache keeps them apart
     }
     if not verdict.allowed:
         headers["Retry-After"] = str(verdict.retry_after)

@@ -67,6 +67,11 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
         "attempts": row.get("attempts") or [],
         # the guardrails that denied, redacted or flagged (migration 11 on)
         "guardrails": row.get("guardrails") or [],
+        # the response cache: hit, miss or bypass (None: rows before it), the original a
+        # hit was served from and what it saved
+        "cache": row.get("cache"),
+        "cache_of": row.get("cache_of"),
+        "saved_usd": nanos_to_usd(row.get("saved_usd_nanos") or 0),
     }
 
 
