@@ -28,6 +28,7 @@ import trio
 from click.testing import CliRunner
 
 from gateway.cli.main import main
+from gateway.config.cache import CacheConfig
 from gateway.config.guardrails import GuardrailConfig
 from gateway.config.settings import ModelConfig, ProviderConfig
 from tests.calls.test_live_settlement import state
@@ -118,6 +119,7 @@ async def gw(
         base,
         providers=(*base.providers, up, native),
         models=models,
+        cache=CacheConfig(enabled=True, mode="all"),
         guardrails=(
             *GUARDRAILS,
             GuardrailConfig("hook-live", "webhook", on="both", url=hook.url, timeout_s=1),
@@ -602,3 +604,21 @@ async def test_a_messages_stream_deny_ends_with_an_error_event(
     with pytest.raises(anthropic.BadRequestError) as denied:
         await run(refused)
     assert denied.value.response.json()["svc"]["policy"]["decisions"][0]["name"] == "no-secrets"
+
+
+async def test_a_guarded_call_neither_reads_nor_stores_the_response_cache(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
+    """An unguarded key's answer is cached (the second call is a hit); a key with
+    guardrails asks the provider each time and stores nothing."""
+    body = {"model": "gpt-live", "messages": [{"role": "user", "content": "same question"}]}
+    plain, guarded = await live_key(gw), await live_key(gw, "pii")
+    async with gw.client(plain) as client:
+        await client.post("/v1/chat/completions", json=body)
+        hit = await client.post("/v1/chat/completions", json=body)
+    assert hit.headers["x-svc-cache"] == "hit" and upstream.calls == 1
+    async with gw.client(guarded) as client:
+        for _ in range(2):
+            answer = await client.post("/v1/chat/completions", json=body)
+            assert answer.status_code == 200 and answer.headers.get("x-svc-cache") != "hit"
+    assert upstream.calls == 3
