@@ -67,6 +67,8 @@ CATALOG: dict[str, ErrorSpec] = {
     "child_exceeds_parent": _spec(400, False, "A sub-key cannot exceed its parent."),
     "model_not_in_catalog": _spec(400, False, "The model is not in the organization's catalog."),
     "key_revoked": _spec(400, False, "The key is revoked."),
+    # guardrails (DESIGN.md): a deny, on the request or on the answer
+    "content_blocked": _spec(400, False, "The content was blocked by a guardrail."),
     # 401
     "invalid_api_key": _spec(401, False, "The API key is invalid, revoked or expired."),
     # 402

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from gateway.accounts.catalog import Catalog
 from gateway.accounts.key_fields import (
     MODEL_LIST,
+    guardrail_names,
     model_list_name,
     parse_caps,
     parse_expiry,
@@ -51,6 +52,7 @@ ACTIONS = ("rotate", "revoke", "disable", "enable")
 KEY_FIELDS = (
     "org_id", "name", "mode", "environment", "scopes", "keys_manage", "caps",
     "data_mode", "byok", MODEL_LIST, "required_tags", "default_tags", "expires_at",
+    "guardrails",
 )  # fmt: skip
 
 
@@ -94,6 +96,7 @@ def root_key_settings(rt: KeyDesk, body: dict[str, Any]) -> dict[str, Any]:
         "required_tags": check_tag_map(body.get("required_tags"), "required_tags"),
         "default_tags": check_tag_map(body.get("default_tags"), "default_tags"),
         "expires_at": parse_expiry(body.get("expires_at")),
+        "guardrails": guardrail_names(body, (g.name for g in rt.config.guardrails)),
     }
 
 

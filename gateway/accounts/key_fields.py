@@ -6,7 +6,7 @@ whether a valid value is *allowed* (a sub-key inside its parent) is decided else
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gateway.accounts.key_record import CAP_FIELDS, Caps, parse_iso
@@ -129,3 +129,22 @@ def parse_caps(raw: Any, base: Caps) -> Caps:
             raise GatewayError("invalid_request", f"{param} must be positive.", param)
         values[field] = checked
     return Caps(**values)
+
+
+def guardrail_names(
+    body: dict[str, Any], configured: Iterable[str], inherited: tuple[str, ...] = ()
+) -> tuple[str, ...]:
+    """A key's ``guardrails``: the names of ``[[guardrails]]`` tables it adds to its
+    organisation's, after those it ``inherited`` from its parent (which it keeps: a
+    sub-key may add guardrails, never remove one)."""
+    names = string_list(body, "guardrails") or ()
+    known = set(configured)
+    for name in names:
+        if name not in known:
+            raise GatewayError(
+                "invalid_request",
+                f"Unknown guardrail {name!r}; the server's guardrails:"
+                f" {', '.join(sorted(known)) or 'none are configured'}.",
+                param="guardrails",
+            )
+    return tuple(dict.fromkeys((*inherited, *names)))

@@ -95,7 +95,10 @@ CAP_FIELDS = ("usd_day", "usd_month", "rpm", "tpm", "max_in_flight", "max_output
 #: the fields that :meth:`KeyRecord.to_row` and :meth:`KeyRecord.from_row` convert (the
 #: shard reference is never stored); the other fields are columns stored as they are
 _CONVERTED = frozenset(
-    {"scopes", "caps", "byok", "allowed_models", "required_tags", "default_tags", "shard_ref"}
+    {
+        *("scopes", "caps", "byok", "allowed_models", "required_tags", "default_tags"),
+        *("guardrails", "shard_ref"),
+    }
 )
 
 
@@ -122,6 +125,8 @@ class KeyRecord:
     last_used_at: float | None = None
     parent_id: str | None = None
     rotated_to: str | None = None
+    #: guardrails this key adds to its organisation's and its ancestors' (names)
+    guardrails: tuple[str, ...] = ()
     #: the key resolved in the shard pool (never stored): admission messages carry it,
     #: see :class:`shards.KeyRef`; the keyring sets it when the record is born
     shard_ref: KeyRef | None = field(default=None, compare=False, repr=False)
@@ -146,6 +151,7 @@ class KeyRecord:
             allowed_models=list(allowed) if allowed is not None else None,
             required_tags=self.required_tags,
             default_tags=self.default_tags,
+            guardrails=list(self.guardrails) or None,
         )
         return row
 
@@ -164,6 +170,7 @@ class KeyRecord:
             allowed_models=tuple(allowed) if allowed is not None else None,
             required_tags=row.get("required_tags") or {},
             default_tags=row.get("default_tags") or {},
+            guardrails=tuple(row.get("guardrails") or ()),
         )
 
     def public(self, now: float) -> dict[str, Any]:
@@ -184,6 +191,7 @@ class KeyRecord:
             "caps": self.caps.public(),
             "required_tags": dict(self.required_tags),
             "default_tags": dict(self.default_tags),
+            "guardrails": list(self.guardrails),
             "expires_at": iso(self.expires_at),
             "last_used_at": iso(self.last_used_at),
             "created_at": iso(self.created_at),

@@ -23,6 +23,8 @@ POLICY_KEYS: dict[str, type | tuple[type, ...]] = {
     "org_rpm": int,
     "web_search_models": list,
     "spend_paused": bool,
+    # the [[guardrails]] (by name) on every call of the organisation's keys
+    "guardrails": list,
 }
 
 #: features an organisation's plan (policy key ``entitlements``) can turn off

@@ -21,6 +21,8 @@ new sub-key, or the first refusal, in this order:
    parent's (the child's win);
 9. ``expires_at``: ISO 8601, in the future, not later than the parent's expiry (else
    child_exceeds_parent).
+10. ``guardrails``: names of the server's ``[[guardrails]]`` (else invalid_request),
+    added to the parent's, which stay (a sub-key cannot remove one).
 
 A setting left out is the parent's, never unlimited. One level only is enforced by
 the scope: a sub-key never holds keys:manage, so it cannot reach ``POST /v1/keys``.
@@ -49,6 +51,7 @@ FIELDS = (
     "required_tags",
     "default_tags",
     "expires_at",
+    "guardrails",
     *INHERITED,
 )
 
@@ -58,11 +61,16 @@ def _exceeds(message: str, param: str) -> GatewayError:
 
 
 def child_settings(
-    parent: KeyRecord, body: dict[str, Any], catalog: Collection[str], now: float
+    parent: KeyRecord,
+    body: dict[str, Any],
+    catalog: Collection[str],
+    now: float,
+    guardrails: Collection[str] = (),
 ) -> dict[str, Any]:
     """Keyword arguments of :meth:`Keyring.build` for a sub-key of ``parent``.
 
-    ``catalog`` holds the ids of the models of the organisation's API catalog.
+    ``catalog`` holds the ids of the models of the organisation's API catalog,
+    ``guardrails`` the names of the server's ``[[guardrails]]``.
     """
     key_fields.refuse_unknown_fields(body, FIELDS, "a sub-key body")
     name = key_fields.parse_name(body)
@@ -90,6 +98,7 @@ def child_settings(
         "required_tags": _required_tags(parent.required_tags, body),
         "default_tags": _default_tags(parent.default_tags, body),
         "expires_at": _expiry(parent.expires_at, body, now),
+        "guardrails": key_fields.guardrail_names(body, guardrails, parent.guardrails),
     }
 
 

@@ -38,6 +38,7 @@ import trio
 from gateway.accounts.catalog import Model
 from gateway.accounts.key_record import KeyRecord
 from gateway.calls import admission
+from gateway.calls.guardrails.rules import Guardrail, Guardrails
 from gateway.calls.inflight import STOPPING_MESSAGE, InFlight
 from gateway.calls.keepalive import KeepaliveClock
 from gateway.calls.policy import PolicySource
@@ -169,6 +170,8 @@ class CallParts:
     router: Router = field(default_factory=Router)
     #: where a provider attempt's span goes (None: traces are off, nothing is done)
     spans: Spans | None = None
+    #: the ``[[guardrails]]`` of the config (gateway/calls/guardrails)
+    guardrails: Guardrails = field(default_factory=Guardrails)
     #: the response cache (None: off)
     cache: ResponseCaching | None = None
 
@@ -233,6 +236,10 @@ class Call:
     attempt_started: float | None = None
     #: the model the client asked for, when a fallback model serves the call
     fallback_from: str | None = None
+    #: the guardrails that apply to this call, and what they did (the record's
+    #: ``guardrails``: name, direction, verdict; never the text they matched)
+    guards: tuple[Guardrail, ...] = ()
+    verdicts: list[dict[str, str]] = field(default_factory=list)
     #: what the response cache did with the call (None: it did not look)
     cache: CacheTicket | None = None
 
@@ -645,6 +652,7 @@ class Call:
             "model": hold.model.id,
             "provider": self._provider_of(hold.model),
             "attempts": self.attempts or None,
+            "guardrails": self.verdicts or None,
             # a fallback to a dearer model topped the reservation up
             "reserved_usd_nanos": hold.reserved_nanos,
             "status": self._status(error),

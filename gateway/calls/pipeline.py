@@ -41,6 +41,7 @@ from gateway.accounts.orgs import Org
 from gateway.calls import admission, cache
 from gateway.calls.attempts import Attempts
 from gateway.calls.estimate import Counter, worst_case_tokens
+from gateway.calls.guardrails.walk import guard_answer, guard_request, guard_stream
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call, CallParts, CallReport, Hold, finish_reasons
 from gateway.calls.parse import ChatCall, EmbeddingCall
@@ -316,7 +317,10 @@ async def prepare(
             param="model",
         )
     endpoint.check(org, parsed, model)
-    if parts.cache is not None:  # the response cache (calls/cache.py)
+    parsed = await guard_request(call, parsed)  # 5b: a deny holds nothing; redactions sent
+    # the response cache (calls/cache.py); a guarded call neither reads nor stores an
+    # entry (the answer it would replay or keep is not the one its guardrails passed)
+    if parts.cache is not None and not call.guards:
         ticket = await parts.cache.look(call, body, model, parsed.output_ceiling, cache_control)
         if ticket.result == cache.HIT:
             return parsed
@@ -458,8 +462,18 @@ async def complete(call: Call, endpoint: Endpoint, chat: ChatCall) -> dict[str, 
     result = await _ask(
         call, _attempts(call, endpoint, chat), lambda route: _ask_attempt(call, chat), LATE
     )
+    checked, refusal = await guard_answer(  # 10a: the answer's texts, before they leave
+        call,
+        result.message if isinstance(result, MessagesResult) else result.completion,
+        passed_through=isinstance(result, MessagesResult),
+    )
+    if refusal is not None:  # billed on the provider's usage, recorded as blocked
+        ending = call.ending(answered=True, usage=result.usage)
+        await call.finish(ending, usage=result.usage, http_status=400, error_code=refusal.code)
+        raise refusal
     if isinstance(result, MessagesResult):
-        return await _relay(call, result)
+        return await _relay(call, replace(result, message=checked))
+    result = replace(result, completion=checked)
     ignored = _ignored(call, chat)
     cache.keep(call, "completion", result.completion, ignored, call.held.model.id)
     if call.fallback_from is not None:
@@ -527,6 +541,7 @@ async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> EventStream:
         return call.held.provider.stream(_provider_request(call, chat))
 
     fmt = cache.recording(call, per_attempt or translated, svc)
+    fmt = guard_stream(call, fmt)  # 9a: the answer's texts in windows (never a cached call)
     return await start_stream(call, _attempts(call, endpoint, chat), open_attempt, fmt)
 
 

@@ -298,6 +298,8 @@ async def pump(
                 except ProviderError as exc:
                     failure, failed_as = map_provider_error(exc, byok=call.record.byok)
                     usage = usage or exc.usage  # reported in the stream before it failed
+                except GatewayError as exc:  # an output guardrail's deny: content_blocked
+                    failure = exc
                 finally:
                     for each in opened:
                         await _close(each)

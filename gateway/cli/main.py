@@ -528,6 +528,11 @@ def _tags(pairs: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--required-tag", multiple=True, help="k=v, repeatable.")
 @click.option("--default-tag", multiple=True, help="k=v, repeatable.")
 @click.option("--expires-at", help="ISO 8601 timestamp.")
+@click.option(
+    "--guardrail",
+    multiple=True,
+    help="A [[guardrails]] name this key adds to its organisation's, repeatable.",
+)
 @url_option
 @json_option
 def key_create(**opts: Any) -> None:
@@ -554,6 +559,8 @@ def key_create(**opts: Any) -> None:
         body["scopes"] = [s.strip() for s in opts["scopes"].split(",") if s.strip()]
     if opts["allowed_models"]:
         body["allowed_models"] = [m.strip() for m in opts["allowed_models"].split(",") if m.strip()]
+    if opts["guardrail"]:
+        body["guardrails"] = list(opts["guardrail"])
     emit(call_admin(opts["url"], "POST", "/admin/keys", body), opts["as_json"])
 
 

@@ -171,4 +171,33 @@ id = "mock-basic"
 provider = "mock"                   # sandbox keys only
 input_usd_per_mtok = 0.10
 output_usd_per_mtok = 0.20
+
+# Guardrails: content rules on model calls, applied where an organisation's policy
+# (`guardrails`) or a key's `guardrails` setting names them (docs/CONFIG.md).
+
+#[[guardrails]]
+#name = "pii"
+#kind = "pii"                       # regex | pii | secrets | webhook
+#on = "both"                        # input | output | both
+#action = "redact"                  # deny | redact | flag
+#entities = ["email", "phone", "credit_card", "iban", "us_ssn", "ip_address"]
+
+#[[guardrails]]
+#name = "no-secrets"
+#kind = "secrets"                   # provider API keys, tokens, private keys, svc tokens
+#on = "input"
+#action = "deny"
+
+#[[guardrails]]
+#name = "tickets"
+#kind = "regex"
+#patterns = ["ACME-[0-9]{6}"]       # RE2 syntax: linear time, no backreferences
+#action = "flag"
+
+#[[guardrails]]
+#name = "acme-filter"
+#kind = "webhook"
+#url = "http://127.0.0.1:7100/check"
+#timeout_s = 2
+#on_error = "deny"                  # fail closed: a webhook down or late denies
 """

@@ -27,12 +27,18 @@ import os
 import re
 import socket
 import tomllib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from gateway.config.cache import CacheConfig, parse_cache
+from gateway.config.checks import ConfigError as ConfigError
+from gateway.config.checks import check_unknown as _check_unknown
+from gateway.config.checks import http_url as _http_url
+from gateway.config.checks import require_table as _require_table
+from gateway.config.checks import take as _take
+from gateway.config.guardrails import GuardrailConfig, parse_guardrails
 from gateway.config.tokenizers import parse_tokenizer
 
 MODEL_CAPABILITIES = ("tools", "structured_output", "vision", "web_search")
@@ -102,7 +108,7 @@ MODEL_KEYS = (
 #: the keys of a ``[[models.deployments]]`` table
 DEPLOYMENT_KEYS = ("provider", "upstream_id", "weight", "rpm", "tpm")
 #: the top-level tables of the file
-TABLES = ("server", "cluster", "observability", "cache", "providers", "models")
+TABLES = ("server", "cluster", "observability", "cache", "providers", "models", "guardrails")
 
 
 def provider_keys(kind: str) -> tuple[str, ...]:
@@ -111,10 +117,6 @@ def provider_keys(kind: str) -> tuple[str, ...]:
 
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]{0,127}$")
-
-
-class ConfigError(Exception):
-    """A configuration problem; the message names the key at fault."""
 
 
 #: the largest price of a model, USD per million tokens (a call's cost must fit 64 bits)
@@ -366,6 +368,8 @@ class Config:
     providers: tuple[ProviderConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
     source: str | None = None
+    #: ``[[guardrails]]`` (gateway/config/guardrails.py)
+    guardrails: tuple[GuardrailConfig, ...] = ()
     cache: CacheConfig = field(default_factory=CacheConfig)
 
     def provider(self, name: str) -> ProviderConfig:
@@ -402,42 +406,6 @@ def default_config() -> Config:
 
 
 # ---------------------------------------------------------------- parsing helpers
-
-
-def _take(table: dict[str, Any], key: str, where: str, kind: type | tuple[type, ...]) -> Any:
-    value = table[key]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:
-        raise ConfigError(f"{where}.{key}: expected {_names(kinds)}, got a boolean")
-    if not isinstance(value, kinds):
-        raise ConfigError(f"{where}.{key}: expected {_names(kinds)}, got {type(value).__name__}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ConfigError(f"{where}.{key}: must be a finite number")
-    return value
-
-
-def _names(kinds: tuple[type, ...]) -> str:
-    return " or ".join(k.__name__ for k in kinds)
-
-
-def _require_table(table: object, where: str) -> None:
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where}: must be a table, got {type(table).__name__}")
-
-
-def _check_unknown(table: dict[str, Any], allowed: Iterable[str], where: str) -> None:
-    """Refuse a key the table does not take, naming every key it does take (in the order
-    of docs/CONFIG.md), so that one try shows what the table holds."""
-    _require_table(table, where)
-    names = tuple(allowed)
-    for key in table:
-        if key not in names:
-            raise ConfigError(f"{where}.{key}: unknown key; allowed: {', '.join(names)}")
-
-
-def _http_url(url: str) -> bool:
-    match = re.fullmatch(r"https?://([^/?#\s]+)(?:[/?#]\S*)?", url)
-    return match is not None and match.group(1).rsplit("@", 1)[-1].split(":")[0] != ""
 
 
 def _not_empty(value: str, where: str) -> str:
@@ -788,6 +756,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     server = _parse_server(server_table)
     cluster = _parse_cluster(data.get("cluster", {}))
     observability = _parse_observability(data.get("observability", {}))
+    guardrails = parse_guardrails(data.get("guardrails", []))
     try:
         cache = parse_cache(data.get("cache", {}))
     except ValueError as exc:
@@ -803,6 +772,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
             providers=base.providers,
             models=base.models,
             source=source,
+            guardrails=guardrails,
             cache=cache,
         )
     if not isinstance(provider_tables, list) or not provider_tables:
@@ -827,7 +797,16 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         raise ConfigError("models: at most one model of kind embedding is served")
     _check_fallbacks(models)
     _check_mock_deployments(models, {p.name: p.kind for p in providers})
-    return Config(server, cluster, observability, providers, models, source, cache)
+    return Config(
+        server,
+        cluster,
+        observability,
+        providers,
+        models,
+        source,
+        guardrails=guardrails,
+        cache=cache,
+    )
 
 
 def _env_workers(value: str) -> int:

@@ -82,6 +82,12 @@ KEY = {
     "caps": _ref("Caps"),
     "required_tags": TAG_MAP,
     "default_tags": TAG_MAP,
+    "guardrails": {
+        "type": "array",
+        "items": STRING,
+        "description": "Guardrails this key adds to its organisation's (a sub-key keeps its"
+        " parent's).",
+    },
     "expires_at": TIMESTAMP_OR_NULL,
     "last_used_at": TIMESTAMP_OR_NULL,
     "created_at": TIMESTAMP,
@@ -486,6 +492,19 @@ SCHEMAS: dict[str, Any] = {
                     ("model", "provider", "upstream_id", "status", "code", "ttfb_ms"),
                 ),
             },
+            "guardrails": {
+                "type": "array",
+                "description": "The guardrails that denied, redacted or flagged in the call"
+                " (never the text they matched).",
+                "items": obj(
+                    {
+                        "name": STRING,
+                        "direction": {"enum": ["input", "output"]},
+                        "verdict": {"enum": ["deny", "redact", "flag"]},
+                    },
+                    ("name", "direction", "verdict"),
+                ),
+            },
         },
         ("id", "object", "created", "endpoint", "model", "status", "cost"),
     ),
@@ -547,6 +566,7 @@ _MODEL_CALL = (
     "idempotency_conflict",
     "idempotency_key_reused",
     "duplicate_request",
+    "content_blocked",
 )
 _KEYS = (*_SCOPED, *_BODY, "not_found", "child_exceeds_parent", "model_not_in_catalog")
 
@@ -591,6 +611,7 @@ OPERATIONS: tuple[tuple[Any, ...], ...] = (
      "invalid_messages", "unsupported_parameter"), ()),
     ("post", "/v1/embeddings", "embeddings", "Embeddings of the one served embedding model",
      "EmbeddingsRequest", 200, "EmbeddingList", (*_SCOPED, *_BODY, *_RESOLVE, *_RESERVE,
+     "content_blocked",
      *_PROVIDER, "invalid_tags", "missing_tags"), (_TAGS,)),
     ("get", "/v1/key", "none (any valid key)", "The calling key", None, 200, "KeySelf",
      _ANY_KEY, ()),

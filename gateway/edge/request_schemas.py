@@ -338,6 +338,13 @@ SUB_KEY_REQUEST = closed_body(
         "mode": {"enum": ["live", "sandbox"], "description": "The parent's, if sent."},
         "environment": {"enum": list(ENVIRONMENTS), "description": "The parent's, if sent."},
         "byok": {"type": "boolean", "description": "The parent's, if sent."},
+        "guardrails": nullable(
+            {
+                "type": "array",
+                "items": {"type": "string", "minLength": 1},
+                "description": "Names of the server's [[guardrails]] added to the parent's.",
+            }
+        ),
     },
     ("name",),
     nulls=False,

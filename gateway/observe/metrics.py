@@ -228,6 +228,13 @@ class Metrics:
             ["model"],
             registry=registry,
         )
+        self.guardrail_verdicts = Counter(
+            "svc_guardrail_verdicts_total",
+            "What guardrails decided of calls' texts (allow, deny, redact, flag), by"
+            " guardrail and direction (input, output).",
+            ["guardrail", "direction", "verdict"],
+            registry=registry,
+        )
         self.refusals = Counter(
             "svc_admission_refusals_total",
             "Requests the admission shards refused, by error code.",
@@ -375,6 +382,11 @@ class Metrics:
         """An admission refusal (rate, in-flight, caps, credits, budget, unavailable)."""
         if self.enabled:
             self._child(self.refusals, code).inc()
+
+    def guardrail_verdict(self, guardrail: str, direction: str, verdict: str) -> None:
+        """A guardrail's verdict on one direction of one call (never what it matched)."""
+        if self.enabled:
+            self._child(self.guardrail_verdicts, guardrail, direction, verdict).inc()
 
     def store_committed(self, seconds: float) -> None:
         """Called from the store's writer thread (prometheus-client is thread-safe)."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import AsyncGenerator, Callable, Iterable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -148,13 +149,16 @@ class HTTPProvider:
         try:
             response = await self._open_stream(path, body, caller, extra)
             rest = b""
-            async for piece in response.iter_body():
-                if progress.done:
-                    continue  # read to its end, so the connection goes back to the pool
-                lines, rest = split_lines(rest, piece)
-                batch = [data for line in lines if (data := sse_data(line)) is not None]
-                if batch:
-                    yield batch
+            # closed with this generator when its reader stops early (an output
+            # guardrail's deny, a client gone), not left to the collector
+            async with aclosing(response.iter_body()) as pieces:
+                async for piece in pieces:
+                    if progress.done:
+                        continue  # read to its end, so the connection goes back to the pool
+                    lines, rest = split_lines(rest, piece)
+                    batch = [data for line in lines if (data := sse_data(line)) is not None]
+                    if batch:
+                        yield batch
             tail = None if progress.done else sse_data(rest)
             if tail is not None:
                 yield [tail]

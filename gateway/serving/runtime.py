@@ -31,6 +31,7 @@ from gateway.accounts.key_record import KeyRecord, new_id
 from gateway.accounts.keyring import Keyring
 from gateway.accounts.orgs import Org
 from gateway.calls.cache import ResponseCache
+from gateway.calls.guardrails.rules import Guardrails
 from gateway.calls.inflight import InFlight
 from gateway.calls.keepalive import KeepaliveClock
 from gateway.calls.lifecycle import CallParts
@@ -43,6 +44,7 @@ from gateway.observe.alerts import Alerts
 from gateway.observe.logs import event
 from gateway.observe.metrics import Metrics
 from gateway.providers.base import Provider
+from gateway.providers.guardrail_webhook import GuardrailWebhooks
 from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers, live_on_mock_message
 from gateway.serving.node import Node
@@ -119,6 +121,8 @@ class Runtime:
             else None
         )
         self.cluster: Node | None = Node(self) if several else None
+        #: the client of ``webhook`` guardrails
+        self.guardrail_webhooks = GuardrailWebhooks()
         #: what a model call uses of this server (the calls/ layer sees nothing else)
         self.call_parts = CallParts(
             store=self.store,
@@ -137,6 +141,9 @@ class Runtime:
             nursery=lambda: self.nursery,
             router=Router(metrics=self.metrics),
             spans=self.spans,
+            guardrails=Guardrails.build(
+                self.config.guardrails, self.guardrail_webhooks.ask, self.metrics.guardrail_verdict
+            ),
             cache=self.cache,
         )
 
@@ -343,6 +350,7 @@ class Runtime:
             aclose = getattr(provider, "aclose", None)
             if aclose is not None:
                 await aclose()
+        await self.guardrail_webhooks.aclose()
 
     def byok_env(self, org_id: str, provider: str) -> str | None:
         return self.byok.get((org_id, provider))

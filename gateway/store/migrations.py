@@ -439,6 +439,20 @@ def _m011_response_cache(db: Database) -> None:
         db.execute(statement)
 
 
+def _m012_guardrails(db: Database) -> None:
+    """Each request names the guardrails that redacted, flagged or denied in it (a JSON
+    list of name, direction, verdict; never the matched text), and each key the
+    guardrails it adds to its organisation's (a JSON list of names). Earlier rows: none."""
+    db.table("requests").add_column("guardrails", str)
+    db.table("keys").add_column("guardrails", str)
+
+
+_PG_012 = (
+    "ALTER TABLE requests ADD COLUMN guardrails TEXT",
+    "ALTER TABLE keys ADD COLUMN guardrails TEXT",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     """One schema version: its step on SQLite and its statements on PostgreSQL."""
@@ -458,6 +472,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m008_dashboard_people, _PG_008),
     Migration(_m009_sqlite_change_counter, ()),  # PostgreSQL's came with migration 7
     Migration(_m010_request_attempts, _PG_010),
+    Migration(_m012_guardrails, _PG_012),
     Migration(_m011_response_cache, _CACHE),
 )
 

@@ -19,9 +19,9 @@ import orjson
 F = TypeVar("F", bound=Callable[..., Any])
 
 JSON_COLUMNS = {
-    "keys": ("scopes", "caps", "allowed_models", "required_tags", "default_tags"),
+    "keys": ("scopes", "caps", "allowed_models", "required_tags", "default_tags", "guardrails"),
     "orgs": ("policy",),
-    "requests": ("tags", "usage", "attempts"),
+    "requests": ("tags", "usage", "attempts", "guardrails"),
     "idempotency": ("headers",),
 }
 

@@ -110,6 +110,8 @@ class FakeAnthropic:
     #: (status, reason) of each request it refused as invalid
     rejected: list[tuple[int, str]] = field(default_factory=list)
     max_words: int = 6
+    #: the answer's text as these pieces (one text delta each), instead of the words
+    reply: list[str] | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[FakeAnthropic]) -> None:
         def started(port: int) -> None:
@@ -160,10 +162,14 @@ class FakeAnthropic:
             await _send(conn, stream, 200, orjson.dumps(counted))
             return True
         blocks, stop_reason, stop_sequence = _content(body, self.max_words)
+        if self.reply is not None:
+            blocks = [{"type": "text", "text": "".join(self.reply)}]
         usage = _usage(body, blocks)
         if body.get("stream"):
             ending = (stop_reason, stop_sequence)
-            return await _stream_answer(conn, stream, body, faults, blocks, usage, ending)
+            return await _stream_answer(
+                conn, stream, body, faults, blocks, usage, ending, self.reply
+            )
         message = {
             "id": "msg_fake01",
             "type": "message",
@@ -461,6 +467,7 @@ async def _stream_answer(
     blocks: list[dict[str, Any]],
     usage: dict[str, int],
     ending: tuple[str, Any],
+    reply: list[str] | None = None,
 ) -> bool:
     head = h11.Response(
         status_code=200,
@@ -499,6 +506,7 @@ async def _stream_answer(
             await _event(conn, stream, {"type": "ping"})
             words = block["text"].split(" ")
             pieces = [(" " if i else "") + word for i, word in enumerate(words)]
+            pieces = reply if reply is not None else pieces
             delta_kind, field_name = "text_delta", "text"
         else:
             start = {**block, "input": {}}

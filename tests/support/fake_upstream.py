@@ -100,6 +100,8 @@ class FakeUpstream:
     max_words: int = 6
     #: directives applied to every request (``"status=500"``), under the request's own
     standing: str = ""
+    #: the answer's text as these pieces (one stream chunk each), instead of the words
+    reply: list[str] | None = None
 
     async def received(self, count: int) -> None:
         """Return once ``count`` requests in all have come in (counted, not answered)."""
@@ -184,6 +186,8 @@ class FakeUpstream:
         if body.get("stream"):
             return await self._stream(conn, stream, body, faults)
         content, usage = _reply(body, faults, self.max_words)
+        if self.reply is not None:
+            content = "".join(self.reply)
         completion = self.decorate(_completion(body, content, usage, "chat.completion"))
         await _send(conn, stream, 200, orjson.dumps(completion))
         return True
@@ -237,8 +241,9 @@ class FakeUpstream:
         await stream.send_all(conn.send(head))
         for chunk in self.first_chunks(body):
             await _event(conn, stream, chunk)
+        words = [(" " if i else "") + word for i, word in enumerate(content.split())]
         pieces = [{"role": "assistant", "content": ""}] + [
-            {"content": (" " if i else "") + word} for i, word in enumerate(content.split())
+            {"content": piece} for piece in (self.reply if self.reply is not None else words)
         ]
         delay = float(faults.get("chunk_delay", 0))
         if "usage_with_content" in faults:

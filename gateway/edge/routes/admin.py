@@ -147,6 +147,7 @@ async def set_policy(org_id: str) -> Response:
     org = await org_or_404(org_id)
     policy = validate_policy(await read_json_object("policy"))
     rt = runtime()
+    rt.call_parts.guardrails.check_names(policy.get("guardrails"), "guardrails")
     await rt.store.write(records.set_org_policy, org.id, policy)
     rt.orgs[org.id] = org.with_policy(policy)
     budget = policy.get("budget_usd_month")

@@ -77,7 +77,8 @@ async def create_sub_key() -> Response:
     body = await read_json_object()
     rt = runtime()
     catalog = {model.id for model in callable_models(rt, manager)}
-    settings = child_settings(manager, body, catalog, rt.clock.now())
+    guardrails = [g.name for g in rt.config.guardrails]
+    settings = child_settings(manager, body, catalog, rt.clock.now(), guardrails)
     record, token = rt.keyring.build(**settings)
     record = await rt.keyring.insert_child(record)
     view = record.public(rt.clock.now())

@@ -65,6 +65,8 @@ def request_view(row: dict[str, Any]) -> dict[str, Any]:
         "trace_id": row["trace_id"],
         # the provider attempts (routing); rows written before migration 10 list none
         "attempts": row.get("attempts") or [],
+        # the guardrails that denied, redacted or flagged (migration 11 on)
+        "guardrails": row.get("guardrails") or [],
         # the response cache: hit, miss or bypass (None: rows before it), the original a
         # hit was served from and what it saved
         "cache": row.get("cache"),
