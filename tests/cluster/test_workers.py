@@ -39,6 +39,7 @@ from tests.cluster.test_cluster import (
     race,
     rows,
 )
+from tests.cluster.test_cluster_idempotency import finished_keys_retried_at_once
 from tests.edge.test_dashboard_auth import PASSWORD, csrf_in
 from tests.money.test_durable_money import CONFIG, OUT_PRICE, WORST_CASE
 from tests.support.fake_upstream import FakeUpstream
@@ -169,6 +170,13 @@ async def test_a_keys_rpm_admits_exactly_rpm_over_two_workers(
     assert int(time.time() // 60) == minute, f"the race crossed a minute (it took {took:.1f} s)"
     assert answers == {(200, "ok"): rpm, (429, "rate_limited"): CALLS - rpm}
     assert set(served_by(db_of(workers))) == BOTH
+
+
+async def test_finished_keys_retried_at_once_over_two_workers_all_replay(
+    workers: Server, upstream: FakeUpstream
+) -> None:
+    token = await live_key([workers], await org_id(workers))
+    await finished_keys_retried_at_once([workers.url], token, upstream)
 
 
 async def test_kill_9_of_a_worker_under_load_is_restarted_and_keeps_the_books(
