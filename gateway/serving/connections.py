@@ -219,13 +219,22 @@ async def acquire(lock: trio.Lock) -> None:
 
 
 class CappedListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
-    """Accepts only while the shared limiter has a place for one more connection."""
+    """Accepts only while the shared limiter has a place for one more connection, and
+    not before ``opened`` is set (when given: a worker of several accepts once ready)."""
 
-    def __init__(self, listener: trio.SocketListener, limiter: trio.CapacityLimiter) -> None:
+    def __init__(
+        self,
+        listener: trio.SocketListener,
+        limiter: trio.CapacityLimiter,
+        opened: trio.Event | None = None,
+    ) -> None:
         self.listener = listener
         self.limiter = limiter
+        self.opened = opened
 
     async def accept(self) -> trio.abc.HalfCloseableStream:
+        if self.opened is not None:
+            await self.opened.wait()
         place = object()
         await self.limiter.acquire_on_behalf_of(place)
         try:

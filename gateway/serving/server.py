@@ -1,7 +1,8 @@
 """Serving: one root nursery holds the HTTP server, the store writer and the shards.
 
     root nursery
-      ├─ hypercorn         (nursery.start: bound; only health is served while starting;
+      ├─ hypercorn         (nursery.start: bound; only health is served while starting,
+      │                     and a worker of several accepts nothing until ready;
       │                     at most [server] max_connections open, gateway/serving/connections.py)
       │    start-up work   (gateway.serving.readiness: the rebuild from the store, ...)
       ├─ store writer      (nursery.start)
@@ -119,10 +120,16 @@ async def serve(
     sockets: Sockets | None = None,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] = wait_for_signal,
+    accept_when_ready: bool = False,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until ``shutdown_trigger`` returns; report the bound URLs once
     the start-up work is done and every part runs (the server is ready).
+
+    With ``accept_when_ready`` (a worker of several on one socket), no connection is
+    accepted before then: the kernel hands each one to a worker that waits in
+    ``accept``, so a worker still starting would answer 503 where a ready sibling
+    serves; the kernel's backlog holds a connection until some worker is ready.
 
     At most ``[server] max_connections`` clients are served at once: ``svc-gateway
     serve`` has fitted it and the upstream pools to the descriptor limit before building
@@ -141,6 +148,7 @@ async def serve(
         async with trio.open_nursery() as root:
             runtime.nursery = root
             started = trio.Event()
+            opened = started if accept_when_ready else None
 
             async def stop_trigger() -> None:
                 await shutdown_trigger()
@@ -159,6 +167,7 @@ async def serve(
                     sockets,
                     runtime.config.server.max_connections,
                     shutdown_trigger=stop_trigger,
+                    opened=opened,
                     task_status=task_status,
                 )
                 if started.is_set():
@@ -180,8 +189,8 @@ async def serve(
             if runtime.cluster is not None:
                 await root.start(runtime.cluster.run)
             root.start_soon(_flush_last_used, runtime)
-            started.set()
             readiness.ready()
+            started.set()
             log.info("ready", extra=event("ready", urls=binds))
             task_status.started(binds)
     finally:

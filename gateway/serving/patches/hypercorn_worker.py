@@ -382,10 +382,12 @@ async def serve_http(
     max_connections: int,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]],
+    opened: trio.Event | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """hypercorn 0.18.0's ``trio.run.worker_serve`` for plain HTTP, over capped listeners
-    (``app`` wrapped as its ``trio_worker`` wraps the app it loads).
+    (``app`` wrapped as its ``trio_worker`` wraps the app it loads) that accept nothing
+    before ``opened`` is set, when given.
 
     Same order: the app's lifespan starts, the listeners serve until
     ``shutdown_trigger`` returns, connections in progress get ``graceful_timeout``, then
@@ -401,7 +403,9 @@ async def serve_http(
         await lifespan.wait_for_startup()
         async with trio.open_nursery() as server_nursery:
             listeners = [
-                CappedListener(trio.SocketListener(trio.socket.from_stdlib_socket(sock)), limiter)
+                CappedListener(
+                    trio.SocketListener(trio.socket.from_stdlib_socket(sock)), limiter, opened
+                )
                 for sock in sockets.insecure_sockets
             ]
             binds = [
