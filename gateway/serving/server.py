@@ -40,6 +40,7 @@ from gateway.config.settings import Config
 from gateway.edge.app import create_app
 from gateway.edge.exchange import ExchangeRecorder
 from gateway.observe.logs import event
+from gateway.serving.connections import per_client_limit
 from gateway.serving.patches import quart_trio_connection, werkzeug_rules
 from gateway.serving.patches.asgi_guard import FinalSendGuard
 from gateway.serving.patches.hypercorn_worker import ServerConfig, serve_http
@@ -166,6 +167,7 @@ async def serve(
                     config,
                     sockets,
                     runtime.config.server.max_connections,
+                    per_client_limit(runtime.config.server),
                     shutdown_trigger=stop_trigger,
                     opened=opened,
                     task_status=task_status,
