@@ -280,6 +280,22 @@ async def test_retries_of_finished_keys_at_the_same_moment_all_replay(
     assert upstream.calls == 120
 
 
+async def test_a_repeat_with_a_malformed_tags_header_is_400(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
+    """A malformed X-Svc-Tags is refused on a repeat too, not replayed over (the
+    document forbids it; schemathesis found the replay accepting it)."""
+    token = await live_key(gw)
+    body = body_for("tagged")
+    assert (await post(gw, token, body, "tags-1")).status_code == 200
+    async with gw.client(token) as client:
+        again = await client.post(
+            CHAT, json=body, headers={"Idempotency-Key": "tags-1", "X-Svc-Tags": "no-equals"}
+        )
+    assert_error(again, 400, "invalid_tags", "X-Svc-Tags")
+    assert upstream.calls == 1
+
+
 async def test_a_retry_after_a_restart_still_replays(
     nursery: trio.Nursery, config: Any, upstream: FakeUpstream, clock: FakeClock
 ) -> None:
