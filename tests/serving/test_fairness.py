@@ -21,7 +21,9 @@ from tests.support.procs import Server, base_env, start_server
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(60)]
 
-TRICKLE_EVERY_S = 0.5
+#: a byte every this long: a slow client holding its connection (slowloris sends one
+#: every few seconds)
+TRICKLE_EVERY_S = 2.0
 
 
 async def trickler(host: str, port: int, address: str, stop: trio.Event) -> None:
@@ -78,19 +80,26 @@ async def under_attack(
             stop.set()
 
 
+def p99(answers: list[tuple[int, float]]) -> float:
+    took = sorted(seconds for _, seconds in answers)
+    return took[int(len(took) * 0.99) - 1]
+
+
 async def test_a_thousand_tricklers_from_one_address_leave_others_fast(tmp_path: Path) -> None:
     """1,000 trickling connections from 127.0.0.2 against the default cap (1,000): it
     holds at most half of it, and another client's calls keep p99 within 0.5 s (before:
-    up to 7 s, until the tricklers were cut)."""
+    up to 7 s, until the tricklers were cut). On a machine so loaded that the same calls
+    without the attack are slow already, the bound is 4 times their p99 instead."""
     srv = await trio.to_thread.run_sync(lambda: start_server(tmp_path))
     try:
-        with trio.fail_after(40):
+        with trio.fail_after(50):
+            calm = await under_attack(srv, {}, calls=100, settle_s=0)
             answers = await under_attack(srv, {"127.0.0.2": 1000}, calls=100, settle_s=3.0)
     finally:
         assert await trio.to_thread.run_sync(srv.stop) == 0, srv.stderr()[-3000:]
     assert [status for status, _ in answers] == [200] * 100
-    took = sorted(seconds for _, seconds in answers)
-    assert took[98] <= 0.5, took[-5:]
+    bound = max(0.5, 4 * p99(calm))
+    assert p99(answers) <= bound, (p99(answers), bound)
 
 
 async def test_near_the_cap_the_slowest_incomplete_requests_go_first(tmp_path: Path) -> None:
