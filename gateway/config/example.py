@@ -31,6 +31,7 @@ max_body_bytes = 10485760           # larger request bodies: 413 request_too_lar
 body_timeout_s = 30                 # a request body must arrive whole within this long
 max_buffered_body_bytes = 33554432  # large bodies held in memory at once, all requests
 max_connections = 1000              # open client connections
+max_connections_per_client = 500    # open connections of one client address (half the cap)
 public_catalog_rpm = 60             # keyless GET /v1/models per IP address per minute
 connection_idle_s = 30              # an idle kept-alive connection is closed after this
 webhook_retry_s = 5                 # spend-alert webhook: first retry after this, doubling

@@ -12,6 +12,7 @@ Environment overrides (all optional): ``SVC_SERVER_HOST``, ``SVC_SERVER_PORT``,
 ``SVC_SERVER_SHARDS``, ``SVC_SERVER_PLATFORM_RPM``, ``SVC_SERVER_ROTATION_GRACE_S``,
 ``SVC_SERVER_LOG_FORMAT``, ``SVC_SERVER_LOG_LEVEL``, ``SVC_SERVER_METRICS_TOKEN``,
 ``SVC_SERVER_SHUTDOWN_GRACE_S``, ``SVC_SERVER_BODY_TIMEOUT_S``, ``SVC_SERVER_MAX_CONNECTIONS``,
+``SVC_SERVER_MAX_CONNECTIONS_PER_CLIENT``,
 ``SVC_SERVER_WORKERS`` (a count or ``auto``);
 ``SVC_CLUSTER_NODE_ID``, ``SVC_CLUSTER_LEASE_S``; ``SVC_OBSERVABILITY_OTLP_ENDPOINT`` and
 the other scalar keys of ``[observability]`` (``SVC_OBSERVABILITY_<KEY>``).
@@ -145,6 +146,9 @@ class ServerConfig:
     max_buffered_body_bytes: int = 32 * 1024 * 1024
     #: open client connections; past it the next one waits in the listen backlog
     max_connections: int = 1000
+    #: open connections of one client address; None: half of max_connections
+    #: (gateway/serving/connections.py)
+    max_connections_per_client: int | None = None
     public_catalog_rpm: int = 60
     #: an idle kept-alive connection is closed after this long (longer than clients'
     #: own pool expiry, 5 s for httpx and the OpenAI SDK, so they close first)
@@ -435,6 +439,7 @@ def _parse_server(table: dict[str, Any]) -> ServerConfig:
         "body_timeout_s": (int, float),
         "max_buffered_body_bytes": int,
         "max_connections": int,
+        "max_connections_per_client": int,
         "public_catalog_rpm": int,
         "connection_idle_s": (int, float),
         "webhook_retry_s": (int, float),
@@ -498,6 +503,8 @@ def _validate_server(server: ServerConfig) -> None:
             raise ConfigError(f"server.{key}: must not be negative")
     if server.platform_rpm is not None:
         _positive(server.platform_rpm, "server.platform_rpm")
+    if server.max_connections_per_client is not None:
+        _positive(server.max_connections_per_client, "server.max_connections_per_client")
     if not server.db:
         raise ConfigError("server.db: must not be empty")
     if server.log_format not in LOG_FORMATS:
@@ -829,6 +836,7 @@ _ENV_SERVER: dict[str, Callable[[str], Any]] = {
     "shutdown_grace_s": float,
     "body_timeout_s": float,
     "max_connections": int,
+    "max_connections_per_client": int,
     "workers": _env_workers,
 }
 

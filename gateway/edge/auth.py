@@ -48,7 +48,7 @@ async def authenticate(rt: Runtime) -> KeyRecord:
     token = bearer_token()
     record = rt.keyring.authenticate(token) if token else None
     if record is None and token and rt.cluster is not None:
-        record = await rt.cluster.keys.find(token)
+        record = await rt.cluster.keys.find(token, request.remote_addr or "")
     if record is None:
         sent_elsewhere = token is None and "x-api-key" in request.headers
         raise GatewayError(

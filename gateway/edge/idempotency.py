@@ -24,7 +24,13 @@ called twice for one key. The claim is an insert that does nothing on an existin
 (:func:`gateway.store.claims.claim`): of attempts racing on several nodes, the one
 whose insert lands runs; every other is a repeat of it (:class:`ClaimHeld`), even one
 that was already admitted and reserved (its reservation is voided, nothing recorded).
-An attempt this process is still running answers its own repeats sooner, before any read.
+
+A repeat is answered from the store's row, read first: the stored answer, or the 409
+naming the attempt that holds the claim. Only an attempt that found no row enters
+``Runtime.idempotency_claims`` (this process's attempts between that read and their
+claim): a repeat arriving then is the 409 naming it. An attempt that has not read yet
+is never named, so retries of a finished key arriving together each get its answer
+(the old shortcut, before any read, named a retry that was only reading the row).
 
 A repeat (replay, 409 or 422) is admitted like every request: it counts in the key's
 request window and carries the rate-limit headers, but takes no in-flight slot and
@@ -92,7 +98,7 @@ async def serve(
     takes no in-flight slot and reserves nothing: with ``max_in_flight`` 1, a retry while
     the original runs is the 409 that names it, not a 429. Which attempt calls the
     provider is decided by the store's claim (:func:`gateway.store.claims.claim`),
-    across nodes; an attempt of this process still running answers the 409 sooner.
+    across nodes.
 
     A call that is not streamed runs in the server's nursery, not the handler's: a
     client that leaves (its handler cancelled) does not cut it. It runs on within its
@@ -101,23 +107,21 @@ async def serve(
     """
     slot = (record.id, idem_key)
     digest = body_hash(endpoint, body)
-    running = rt.idempotency_claims.get(slot)
-    if running is not None:
-        await admit_request(rt, record)
-        _refuse_repeat(running.body_hash, digest, running.request_id, in_progress=True)
-    claim = Claim(idem_key, digest, request_id())
-    rt.idempotency_claims[slot] = claim
 
     async def attempt() -> Response:
+        row = await rt.store.read(store_ops.get, *slot)
+        if row is not None and row["created_at"] > rt.clock.now() - RETENTION_S:
+            await admit_request(rt, record)
+            return _repeat(row, digest)
+        running = rt.idempotency_claims.get(slot)
+        if running is not None:  # past its read too, about to claim (or claimed since)
+            await admit_request(rt, record)
+            _refuse_repeat(running.body_hash, digest, running.request_id, in_progress=True)
+        claim = rt.idempotency_claims[slot] = Claim(idem_key, digest, request_id())
         try:
-            row = await rt.store.read(store_ops.get, *slot)
-            if row is not None and row["created_at"] > rt.clock.now() - RETENTION_S:
-                await admit_request(rt, record)
-                return _repeat(row, digest)
-            try:
-                return await run(claim)
-            except ClaimHeld as held:  # another attempt's claim won the insert
-                return _repeat(held.row, digest)
+            return await run(claim)
+        except ClaimHeld as held:  # another attempt's claim won the insert
+            return _repeat(held.row, digest)
         finally:
             del rt.idempotency_claims[slot]
 

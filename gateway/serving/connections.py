@@ -9,6 +9,16 @@ thousand clients that trickle their requests exhausted the process's descriptors
   :func:`gateway.serving.patches.hypercorn_worker.serve_http`). Past the cap the next
   ``accept`` waits: the kernel's listen backlog holds the new client until a connection
   closes, and the process never runs out of descriptors.
+- Fairness (:class:`ClientConnections`): one client address holds at most ``[server]
+  max_connections_per_client`` of them (half the cap by default): a connection past it
+  is closed as soon as accepted. And near the cap (fewer than :data:`HEADROOM` of its
+  places free), each accept first closes the connection whose request has been
+  incomplete the longest (a trickled head or body, for at least
+  :data:`MIN_INCOMPLETE_S`): the slowest requests go first, not the clients waiting in
+  the backlog. A connection between requests, or whose request is complete (its answer
+  in progress, a stream included), is never cut for room. Before, a thousand trickling
+  connections from one address held every place, and everyone else waited seconds
+  (issue 50).
 - ``serve`` raises the soft descriptor limit to the hard one at start
   (:func:`raise_descriptor_limit`) and, when even that cannot hold the cap beside the
   upstream connection pools and the server's own files, :func:`fit_descriptor_limit`
@@ -20,15 +30,15 @@ from __future__ import annotations
 
 import logging
 import resource
+import socket
 import sys
-from collections.abc import Callable
+import time
 from contextlib import suppress
 from dataclasses import replace
-from functools import partial
 
 import trio
 
-from gateway.config.settings import Config
+from gateway.config.settings import Config, ServerConfig
 from gateway.observe.logs import event
 from gateway.serving.patches import trio_socket
 
@@ -44,6 +54,13 @@ RESERVED_DESCRIPTORS = 128
 #: every place and everyone else waits in the listen backlog, an outage that only a
 #: warning in the log would explain; the start is refused instead
 MIN_CLIENT_CONNECTIONS = 64
+#: near the cap: fewer free places than this share of it
+HEADROOM = 0.05
+#: a request incomplete for less than this is never cut for room (a normal client's
+#: head and body arrive within milliseconds)
+MIN_INCOMPLETE_S = 1.0
+#: while no place is free: how often room is made again
+ROOM_CHECK_S = 0.25
 
 
 class DescriptorLimitError(Exception):
@@ -129,11 +146,22 @@ class CountedStream(trio.abc.HalfCloseableStream):
     :mod:`gateway.serving.patches.hypercorn_worker`).
     """
 
-    def __init__(self, stream: trio.SocketStream, release: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        stream: trio.SocketStream,
+        connections: ClientConnections,
+        address: str,
+        place: object,
+    ) -> None:
         self.stream = stream
         self.socket = stream.socket  # hypercorn reads the peer and local addresses
         self._raw = trio_socket.raw_socket(stream)
-        self._release: Callable[[], None] | None = release
+        self._connections: ClientConnections | None = connections
+        self.address = address
+        #: the borrower of its place under the cap
+        self.place = place
+        #: the request's progress: between requests, incomplete, complete (answering)
+        self.phase = IDLE
         self._sending = trio.Lock()
         self._eof_sent = False
         self._receiving = False
@@ -186,9 +214,33 @@ class CountedStream(trio.abc.HalfCloseableStream):
             try:
                 await self.stream.aclose()
             finally:
-                if self._release is not None:
-                    self._release()
-                    self._release = None
+                if self._connections is not None:
+                    self._connections.leave(self)
+                    self._connections = None
+
+    def request_bytes(self) -> None:
+        """Bytes of a request arrived: between requests, a request begins, incomplete."""
+        if self.phase is IDLE and self._connections is not None:
+            self.phase = INCOMPLETE
+            self._connections.incomplete[self] = time.monotonic()
+
+    def request_complete(self) -> None:
+        """The request's body arrived whole: its answer is the server's to give."""
+        self._settled(COMPLETE)
+
+    def request_done(self) -> None:
+        """The answer is sent: the connection waits for its next request."""
+        self._settled(IDLE)
+
+    def _settled(self, phase: str) -> None:
+        if self.phase is INCOMPLETE and self._connections is not None:
+            self._connections.incomplete.pop(self, None)
+        self.phase = phase
+
+    def cut(self) -> None:
+        """Close the connection for room: its reading task sees the end and closes it."""
+        with suppress(OSError):
+            self.socket.shutdown(socket.SHUT_RDWR)
 
     async def _linger(self) -> None:
         """After our FIN, let what the client still sends be read and dropped until it
@@ -218,22 +270,98 @@ async def acquire(lock: trio.Lock) -> None:
         lock.acquire_nowait()
 
 
-class CappedListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
-    """Accepts only while the shared limiter has a place for one more connection."""
+IDLE, INCOMPLETE, COMPLETE = "idle", "incomplete", "complete"
 
-    def __init__(self, listener: trio.SocketListener, limiter: trio.CapacityLimiter) -> None:
+
+def per_client_limit(server: ServerConfig) -> int:
+    """``[server] max_connections_per_client``, or half of ``max_connections``."""
+    return server.max_connections_per_client or max(1, server.max_connections // 2)
+
+
+class ClientConnections:
+    """The open client connections of one server: their places under the cap, their
+    count per client address, and which requests are incomplete since when."""
+
+    def __init__(self, cap: int, per_client: int) -> None:
+        self.limiter = trio.CapacityLimiter(cap)
+        self.per_client = per_client
+        self.headroom = max(1, int(cap * HEADROOM))
+        self.by_address: dict[str, int] = {}
+        #: connection → since when its request is incomplete; insertion order is that
+        #: order (a connection leaves and enters again at the end)
+        self.incomplete: dict[CountedStream, float] = {}
+
+    def admit(self, address: str) -> bool:
+        """One more connection of ``address``, unless it holds its limit already."""
+        held = self.by_address.get(address, 0)
+        if held >= self.per_client:
+            return False
+        self.by_address[address] = held + 1
+        return True
+
+    def leave(self, stream: CountedStream) -> None:
+        self.incomplete.pop(stream, None)
+        held = self.by_address[stream.address] - 1
+        if held:
+            self.by_address[stream.address] = held
+        else:
+            del self.by_address[stream.address]
+        self.limiter.release_on_behalf_of(stream.place)
+
+    def make_room(self) -> None:
+        """Near the cap: cut the connection whose request is incomplete the longest."""
+        if self.limiter.available_tokens >= self.headroom or not self.incomplete:
+            return
+        oldest, since = next(iter(self.incomplete.items()))
+        if time.monotonic() - since >= MIN_INCOMPLETE_S:
+            del self.incomplete[oldest]  # cut once
+            oldest.cut()
+
+
+class CappedListener(trio.abc.Listener[trio.abc.HalfCloseableStream]):
+    """Accepts only while ``connections`` has a place for one more connection (making
+    room near the cap), closes at once one past its address's limit, and accepts
+    nothing before ``opened`` is set (when given: a worker of several accepts once
+    ready)."""
+
+    def __init__(
+        self,
+        listener: trio.SocketListener,
+        connections: ClientConnections,
+        opened: trio.Event | None = None,
+    ) -> None:
         self.listener = listener
-        self.limiter = limiter
+        self.connections = connections
+        self.opened = opened
 
     async def accept(self) -> trio.abc.HalfCloseableStream:
-        place = object()
-        await self.limiter.acquire_on_behalf_of(place)
-        try:
-            stream = await self.listener.accept()
-        except BaseException:
-            self.limiter.release_on_behalf_of(place)
-            raise
-        return CountedStream(stream, partial(self.limiter.release_on_behalf_of, place))
+        if self.opened is not None:
+            await self.opened.wait()
+        connections = self.connections
+        while True:
+            place = object()
+            await self._place(place)
+            try:
+                stream = await self.listener.accept()
+                address = str(stream.socket.getpeername()[0])
+            except BaseException:
+                connections.limiter.release_on_behalf_of(place)
+                raise
+            if connections.admit(address):
+                return CountedStream(stream, connections, address, place)
+            connections.limiter.release_on_behalf_of(place)
+            stream.socket.close()  # past its address's limit: closed unread
+
+    async def _place(self, place: object) -> None:
+        """A place for ``place`` under the cap; while there is none, room is made every
+        :data:`ROOM_CHECK_S` (an incomplete request comes of age while we wait)."""
+        connections = self.connections
+        while True:
+            connections.make_room()
+            with trio.move_on_after(ROOM_CHECK_S) as waiting:
+                await connections.limiter.acquire_on_behalf_of(place)
+            if not waiting.cancelled_caught:
+                return
 
     async def aclose(self) -> None:
         await self.listener.aclose()

@@ -4,7 +4,9 @@
 
 - **STARTING**: hypercorn already answers, so that a load balancer sees the process;
   /healthz says ok, /readyz says ``starting``, every other path answers 503
-  ``service_unavailable``. The start-up work runs here, in order: :attr:`Readiness.startup`
+  ``service_unavailable``. Not a worker of several (``serve --workers N``): it shares
+  its socket with its siblings and accepts nothing until READY (:mod:`gateway.serving.workers`).
+  The start-up work runs here, in order: :attr:`Readiness.startup`
   (today the rebuild of spend from the store, then the demo organisation on an empty
   database; crash recovery of pending reservations belongs there too, before any call).
 - **READY**: everything is served; /readyz checks the store and the shards on each probe.

@@ -1,7 +1,8 @@
 """Serving: one root nursery holds the HTTP server, the store writer and the shards.
 
     root nursery
-      ├─ hypercorn         (nursery.start: bound; only health is served while starting;
+      ├─ hypercorn         (nursery.start: bound; only health is served while starting,
+      │                     and a worker of several accepts nothing until ready;
       │                     at most [server] max_connections open, gateway/serving/connections.py)
       │    start-up work   (gateway.serving.readiness: the rebuild from the store, ...)
       ├─ store writer      (nursery.start)
@@ -39,6 +40,7 @@ from gateway.config.settings import Config
 from gateway.edge.app import create_app
 from gateway.edge.exchange import ExchangeRecorder
 from gateway.observe.logs import event
+from gateway.serving.connections import per_client_limit
 from gateway.serving.patches import quart_trio_connection, werkzeug_rules
 from gateway.serving.patches.asgi_guard import FinalSendGuard
 from gateway.serving.patches.hypercorn_worker import ServerConfig, serve_http
@@ -119,10 +121,16 @@ async def serve(
     sockets: Sockets | None = None,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]] = wait_for_signal,
+    accept_when_ready: bool = False,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the gateway until ``shutdown_trigger`` returns; report the bound URLs once
     the start-up work is done and every part runs (the server is ready).
+
+    With ``accept_when_ready`` (a worker of several on one socket), no connection is
+    accepted before then: the kernel hands each one to a worker that waits in
+    ``accept``, so a worker still starting would answer 503 where a ready sibling
+    serves; the kernel's backlog holds a connection until some worker is ready.
 
     At most ``[server] max_connections`` clients are served at once: ``svc-gateway
     serve`` has fitted it and the upstream pools to the descriptor limit before building
@@ -141,6 +149,7 @@ async def serve(
         async with trio.open_nursery() as root:
             runtime.nursery = root
             started = trio.Event()
+            opened = started if accept_when_ready else None
 
             async def stop_trigger() -> None:
                 await shutdown_trigger()
@@ -158,7 +167,9 @@ async def serve(
                     config,
                     sockets,
                     runtime.config.server.max_connections,
+                    per_client_limit(runtime.config.server),
                     shutdown_trigger=stop_trigger,
+                    opened=opened,
                     task_status=task_status,
                 )
                 if started.is_set():
@@ -182,8 +193,8 @@ async def serve(
             root.start_soon(_flush_last_used, runtime)
             if runtime.cache is not None:
                 root.start_soon(runtime.cache.sweep_forever)
-            started.set()
             readiness.ready()
+            started.set()
             log.info("ready", extra=event("ready", urls=binds))
             task_status.started(binds)
     finally:

@@ -8,6 +8,9 @@ its store connections, hypercorn) and one node of the deployment
 of several nodes keeps every cap, balance, budget, rate window and in-flight limit
 exact across them. Worker 0 starts first (on an empty database it makes the demo
 data), the others once it is ready; the parent announces the server once all are.
+A worker accepts connections only once it is ready (``serve(accept_when_ready=True)``):
+one starting (a restart, or the group's start) leaves every connection to a ready
+sibling, or to the kernel's backlog until one is, never a 503 "starting".
 
 The parent runs no event loop and opens no database: it waits for signals
 (``sigtimedwait``, the signals blocked) and reaps its children.
@@ -45,6 +48,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import NoReturn
 
 import orjson
@@ -289,7 +293,9 @@ def _worker_main(
 
         async def run() -> None:
             async with trio.open_nursery() as nursery:
-                binds = await nursery.start(serve, runtime, sockets)
+                binds = await nursery.start(
+                    partial(serve, runtime, sockets, accept_when_ready=True)
+                )
                 settle_heap()
                 ready = {"url": binds[0], "database": runtime.store.name}
                 ready["token"] = runtime.demo_token

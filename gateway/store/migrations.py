@@ -472,8 +472,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m008_dashboard_people, _PG_008),
     Migration(_m009_sqlite_change_counter, ()),  # PostgreSQL's came with migration 7
     Migration(_m010_request_attempts, _PG_010),
-    Migration(_m012_guardrails, _PG_012),
     Migration(_m011_response_cache, _CACHE),
+    Migration(_m012_guardrails, _PG_012),
 )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from gateway.store import claims
@@ -84,12 +85,16 @@ def all_keys(conn: Conn) -> list[dict[str, Any]]:
     return sq.select(conn, "keys", "ORDER BY created_at, id")
 
 
-def key_by_prefix(conn: Conn, prefix: str) -> list[dict[str, Any]]:
-    """The key of ``prefix`` first, then what its validity and its successor need: its
-    parent and the keys it was rotated to, in order. Empty when no key has the prefix."""
-    key = sq.select_one(conn, "keys", "WHERE prefix = ?", (prefix,))
-    if key is None:
-        return []
+def keys_by_prefixes(conn: Conn, prefixes: Sequence[str]) -> dict[str, list[dict[str, Any]]]:
+    """The keys of ``prefixes`` found (one indexed read for them all), each as a list:
+    the key first, then what its validity and its successor need: its parent and the
+    keys it was rotated to, in order. A prefix of no key is absent."""
+    marks = ", ".join("?" * len(prefixes))
+    keys = sq.select(conn, "keys", f"WHERE prefix IN ({marks})", prefixes)
+    return {key["prefix"]: _with_kin(conn, key) for key in keys}
+
+
+def _with_kin(conn: Conn, key: dict[str, Any]) -> list[dict[str, Any]]:
     found = [key]
     if key["parent_id"] is not None and (parent := _key(conn, key["parent_id"])) is not None:
         found.append(parent)

@@ -17,7 +17,7 @@ import trio
 import trio.testing
 
 from gateway.accounts import key_record as k
-from gateway.accounts.key_lookup import LOOKUPS_AT_ONCE, LOOKUPS_PER_S, MISS_TTL_S, KeyLookup
+from gateway.accounts.key_lookup import LOOKUPS_PER_ADDRESS, MISS_TTL_S, KeyLookup
 from gateway.accounts.key_record import KeyRecord
 from gateway.accounts.keyring import Keyring
 from gateway.accounts.orgs import Org
@@ -28,17 +28,19 @@ ORG = "org_lookup"
 
 
 class CountingStore(Store):
-    """The real store; its reads of keys by prefix are counted, and held while ``hold``
-    is set (lookups in progress at once)."""
+    """The real store; its reads of keys by prefix are counted (``reads``, and the
+    prefixes they asked for: ``lookups``), and held while ``hold`` is set (lookups in
+    progress at once)."""
 
     def __init__(self, db: str) -> None:
         super().__init__(db)
-        self.lookups = 0
+        self.reads = self.lookups = 0
         self.hold: trio.Event | None = None
 
     async def read(self, op: Any, *args: Any) -> Any:
-        if op is records.key_by_prefix:
-            self.lookups += 1
+        if op is records.keys_by_prefixes:
+            self.reads += 1
+            self.lookups += len(args[0])
             if self.hold is not None:
                 await self.hold.wait()
         return await super().read(op, *args)
@@ -157,41 +159,43 @@ async def test_an_unknown_prefix_is_read_once_per_miss_ttl(node: TwoNodes) -> No
     assert node.store.lookups == 2
 
 
-async def test_lookups_per_second_are_bounded_whatever_the_prefixes(node: TwoNodes) -> None:
-    node.clock.now = 2000.0
-    for n in range(3 * LOOKUPS_PER_S):
-        assert await node.lookup.find(unknown_token(n)) is None
-    assert node.store.lookups == LOOKUPS_PER_S
-    # past the bound a real key too is the 401 (until the poll, as before lookups)...
+async def test_lookups_are_bounded_per_address_and_a_flood_spares_the_others(
+    node: TwoNodes,
+) -> None:
+    """A stranger's flood of varied prefixes spends its own address's budget only: a new
+    key used from another address is found at once (issue 50: a global budget was
+    spent by the flood, and new keys were 401 until the next poll)."""
+    for n in range(3 * LOOKUPS_PER_ADDRESS):
+        assert await node.lookup.find(unknown_token(n), "stranger") is None
+    assert node.store.lookups == LOOKUPS_PER_ADDRESS
     _, token = node.key()
-    assert await node.lookup.find(token) is None
-    assert node.store.lookups == LOOKUPS_PER_S
-    # ...and found in the next second
-    node.clock.now += 1.0
-    assert await node.lookup.find(token) is not None
-    assert node.store.lookups == LOOKUPS_PER_S + 1
-    # the misses remembered stay under the bound (each came from a lookup)
-    assert len(node.lookup._misses) <= LOOKUPS_PER_S
+    assert await node.lookup.find(token, "stranger") is None  # its budget is spent
+    assert node.store.lookups == LOOKUPS_PER_ADDRESS
+    assert await node.lookup.find(token, "client") is not None
+    assert node.store.lookups == LOOKUPS_PER_ADDRESS + 1
+    # the stranger's budget refills with time: half a second, half of it
+    node.clock.now += 0.5
+    for n in range(LOOKUPS_PER_ADDRESS):
+        assert await node.lookup.find(unknown_token(1000 + n), "stranger") is None
+    assert node.store.lookups == LOOKUPS_PER_ADDRESS + 1 + LOOKUPS_PER_ADDRESS // 2
 
 
-async def test_lookups_at_once_are_bounded_and_one_prefix_shares_one(node: TwoNodes) -> None:
+async def test_many_new_keys_at_once_are_found_in_a_few_reads(node: TwoNodes) -> None:
+    """20 keys made elsewhere, met at once (each 5 times): all found, in two reads at most (the
+    first prefix's, then every one that arrived while it ran)."""
     node.store.hold = trio.Event()
-    _, token = node.key()
+    made = [node.key() for _ in range(20)]
     answers: list[KeyRecord | None] = []
 
     async def find(token: str) -> None:
-        answers.append(await node.lookup.find(token))
+        answers.append(await node.lookup.find(token, "client"))
 
     async with trio.open_nursery() as nursery:
-        for n in range(LOOKUPS_AT_ONCE - 1):
-            nursery.start_soon(find, unknown_token(n))
-        for _ in range(5):  # the same token five times: one lookup
-            nursery.start_soon(find, token)
+        for _ in range(5):
+            for _, token in made:
+                nursery.start_soon(find, token)
         await trio.testing.wait_all_tasks_blocked()
-        assert node.store.lookups == LOOKUPS_AT_ONCE
-        # one more prefix while LOOKUPS_AT_ONCE run: the 401 at once, no read
-        assert await node.lookup.find(unknown_token(99)) is None
-        assert node.store.lookups == LOOKUPS_AT_ONCE
+        assert node.store.reads == 1  # the first prefix's read, held; the others wait
         node.store.hold.set()
-    assert answers.count(None) == LOOKUPS_AT_ONCE - 1
-    assert len([a for a in answers if a is not None]) == 5
+    assert sorted(a.id for a in answers if a is not None) == sorted([r.id for r, _ in made] * 5)
+    assert node.store.reads <= 2 and node.store.lookups == 20

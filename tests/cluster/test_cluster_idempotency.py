@@ -237,6 +237,55 @@ async def test_one_key_sent_to_three_nodes_at_once_calls_the_upstream_once(
     assert len(records(db)) == KEYS
 
 
+async def finished_keys_retried_at_once(
+    urls: list[str], token: str, upstream: FakeUpstream, keys: int = 120, retries: int = 3
+) -> None:
+    """``keys`` Idempotency-Keys called once each (round-robin over ``urls``), then
+    ``retries`` retries of every finished key at the same moment, one per url in turn:
+    each retry is the stored answer with the original's request id, and no retry
+    reaches the upstream (issue 50: a retry reading the row was named "in progress")."""
+    calls = upstream.calls
+    originals: dict[int, str] = {}
+    again: list[Answer] = []
+    limits = httpx.Limits(max_connections=keys * retries)
+    clients = [httpx.AsyncClient(base_url=url, timeout=60, limits=limits) for url in urls]
+
+    async def one(node: int, n: int, into: list[Answer]) -> None:
+        response = await clients[node].post(
+            CHAT,
+            json=body(n) | {"messages": [{"role": "user", "content": f"call {marker(n)}"}]},
+            headers=headers([token], n),
+        )
+        into.append(Answer.of(node, n, response))
+
+    try:
+        with trio.fail_after(60):
+            firsts: list[Answer] = []
+            async with trio.open_nursery() as nursery:
+                for n in range(keys):
+                    nursery.start_soon(one, n % len(urls), n, firsts)
+            assert Counter((a.status, a.code) for a in firsts) == {OK: keys}
+            originals = {a.n: str(a.request_id) for a in firsts}
+            async with trio.open_nursery() as nursery:
+                for n in range(keys):
+                    for r in range(retries):
+                        nursery.start_soon(one, (n + r) % len(urls), n, again)
+    finally:
+        for client in clients:
+            await client.aclose()
+    kinds = Counter((a.status, a.code) for a in again)
+    assert kinds == {OK: keys * retries}, kinds
+    assert all(a.request_id == originals[a.n] for a in again)
+    assert upstream.calls == calls + keys
+
+
+async def test_finished_keys_retried_at_once_on_three_nodes_all_replay(
+    nodes: list[Server], upstream: FakeUpstream
+) -> None:
+    token = await live_key(nodes, await org_id(nodes[0]))
+    await finished_keys_retried_at_once([s.url for s in nodes], token, upstream)
+
+
 async def test_a_node_killed_mid_burst_calls_no_key_twice_and_keeps_the_books(
     nodes: list[Server], upstream: FakeUpstream
 ) -> None:

@@ -244,6 +244,58 @@ async def test_twenty_concurrent_requests_make_one_upstream_call(
     assert records == 1
 
 
+async def test_retries_of_finished_keys_at_the_same_moment_all_replay(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
+    """120 finished keys, 3 retries of each at once: 360 stored answers, none a 409
+    naming a retry that was only reading the row (the shortcut before any read did)."""
+    token = await live_key(gw, caps={"rpm": 5000, "max_in_flight": 200})
+    keys = [f"done-{n}" for n in range(120)]
+    originals: dict[str, str] = {}
+    retries: list[tuple[str, httpx.Response]] = []
+    headers = {"Authorization": f"Bearer {token}"}
+    limits = httpx.Limits(max_connections=120)
+    async with httpx.AsyncClient(base_url=gw.url, timeout=30, limits=limits) as client:
+
+        async def call(idem: str, into: list[tuple[str, httpx.Response]]) -> None:
+            answer = await client.post(
+                CHAT, json=body_for(idem), headers={**headers, "Idempotency-Key": idem}
+            )
+            into.append((idem, answer))
+
+        firsts: list[tuple[str, httpx.Response]] = []
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                for idem in keys:
+                    nursery.start_soon(call, idem, firsts)
+            for idem, answer in firsts:
+                assert answer.status_code == 200, answer.text
+                originals[idem] = answer.headers["X-Request-Id"]
+            async with trio.open_nursery() as nursery:
+                for idem in keys * 3:
+                    nursery.start_soon(call, idem, retries)
+    kinds = Counter(answer.status_code for _, answer in retries)
+    assert kinds == {200: 360}, [a.text for _, a in retries if a.status_code != 200][:3]
+    assert all(a.headers["X-Request-Id"] == originals[idem] for idem, a in retries)
+    assert upstream.calls == 120
+
+
+async def test_a_repeat_with_a_malformed_tags_header_is_400(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
+    """A malformed X-Svc-Tags is refused on a repeat too, not replayed over (the
+    document forbids it; schemathesis found the replay accepting it)."""
+    token = await live_key(gw)
+    body = body_for("tagged")
+    assert (await post(gw, token, body, "tags-1")).status_code == 200
+    async with gw.client(token) as client:
+        again = await client.post(
+            CHAT, json=body, headers={"Idempotency-Key": "tags-1", "X-Svc-Tags": "no-equals"}
+        )
+    assert_error(again, 400, "invalid_tags", "X-Svc-Tags")
+    assert upstream.calls == 1
+
+
 async def test_a_retry_after_a_restart_still_replays(
     nursery: trio.Nursery, config: Any, upstream: FakeUpstream, clock: FakeClock
 ) -> None:

@@ -242,7 +242,12 @@ async def test_tricklers_and_large_bodies_leave_rss_bounded_and_the_catalog_answ
 async def test_past_max_connections_a_client_waits_for_a_free_place(tmp_path: Path) -> None:
     cap = 8
     srv = await trio.to_thread.run_sync(
-        lambda: start_server(tmp_path, env=base_env(SVC_SERVER_MAX_CONNECTIONS=str(cap)))
+        lambda: start_server(
+            tmp_path,
+            env=base_env(
+                SVC_SERVER_MAX_CONNECTIONS=str(cap), SVC_SERVER_MAX_CONNECTIONS_PER_CLIENT=str(cap)
+            ),
+        )
     )
     try:
         host, port = srv.url.removeprefix("http://").rsplit(":", 1)

@@ -17,6 +17,7 @@ from quart import Quart, Response, g, request
 from gateway.accounts.key_record import KeyRecord
 from gateway.calls import pipeline
 from gateway.calls.lifecycle import Call
+from gateway.calls.parse import tags
 from gateway.calls.pipeline import CHAT, RESPONSES, Endpoint
 from gateway.edge import idempotency
 from gateway.edge.auth import admit_request, authenticate, carry_rate_headers, require_scope
@@ -36,6 +37,10 @@ async def serve_call(endpoint: Endpoint, run: Run) -> Response:
     await require_scope(rt, record, endpoint.scope)
     try:
         idem_key = idempotency.header_value() if endpoint.idempotent else None
+        if idem_key is not None:
+            # a repeat is answered before the tags are read (step 4): a malformed header
+            # is refused all the same, as the document says (issue 50: a replay took it)
+            tags.parse_header(request.headers.get(tags.HEADER))
         # the whole body is read before step 3 takes an in-flight slot: a client that
         # never finishes sending holds its connection, never a slot of its key
         body = await read_json_object()

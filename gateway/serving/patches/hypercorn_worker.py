@@ -49,7 +49,12 @@ from hypercorn.utils import (
 )
 
 from gateway.edge.asgi import set_disconnect_watch, set_receive_now
-from gateway.serving.connections import CappedListener, CountedStream, acquire
+from gateway.serving.connections import (
+    CappedListener,
+    ClientConnections,
+    CountedStream,
+    acquire,
+)
 
 #: the upstream code this module was reviewed against (see gateway/serving/patches/):
 #: qualified name → (version, SHA-256 of its source)
@@ -212,8 +217,10 @@ class _Inbox:
     by a callback (:meth:`watch`, the scope's ``DISCONNECT_WATCH``) instead.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, complete: Callable[[], None]) -> None:
         self.limit = limit
+        #: told when the request's body has arrived whole (its last message is put)
+        self.complete = complete
         self.messages: deque[ASGIReceiveEvent] = deque()
         self._arrived = trio.lowlevel.ParkingLot()
         self._room = trio.lowlevel.ParkingLot()
@@ -231,6 +238,8 @@ class _Inbox:
             for callback in watchers:
                 callback()
             return
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            self.complete()
         while len(self.messages) >= self.limit:
             await self._room.park()
         self.messages.append(message)
@@ -257,7 +266,12 @@ class _Inbox:
 
 
 class _TaskGroup(TaskGroup):
-    """hypercorn 0.18.0's ``TaskGroup``, its requests' messages in an :class:`_Inbox`."""
+    """hypercorn 0.18.0's ``TaskGroup``, its requests' messages in an :class:`_Inbox`
+    that tells ``stream`` when a request has arrived whole."""
+
+    def __init__(self, stream: CountedStream) -> None:
+        super().__init__()
+        self.stream = stream
 
     async def spawn_app(
         self,
@@ -266,7 +280,7 @@ class _TaskGroup(TaskGroup):
         scope: Scope,
         send: Callable[[ASGISendEvent | None], Awaitable[None]],
     ) -> Callable[[ASGIReceiveEvent], Awaitable[None]]:
-        inbox = _Inbox(config.max_app_queue_size)
+        inbox = _Inbox(config.max_app_queue_size, self.stream.request_complete)
         set_disconnect_watch(scope, inbox.watch)
         set_receive_now(scope, inbox.receive_now)
         assert self._nursery is not None
@@ -308,7 +322,7 @@ class _Connection(TCPServer):
         try:
             client = parse_socket_addr(socket.family, socket.getpeername())
             server = parse_socket_addr(socket.family, socket.getsockname())
-            async with _TaskGroup() as task_group:
+            async with _TaskGroup(cast(CountedStream, self.stream)) as task_group:
                 self._task_group = task_group
                 self.protocol = ProtocolWrapper(
                     self.app,
@@ -344,6 +358,8 @@ class _Connection(TCPServer):
                         data = await self.stream.receive_some(MAX_RECV)
             except (trio.ClosedResourceError, trio.BrokenResourceError, trio.TooSlowError):
                 break
+            if data:
+                cast(CountedStream, self.stream).request_bytes()
             await self.protocol.handle(RawData(bytes(data)))
             if data == b"":
                 break
@@ -370,8 +386,10 @@ class _Connection(TCPServer):
             finally:
                 self.send_lock.release()
             return
-        if self.client_gone and isinstance(event, Updated) and event.idle:
-            return  # an answer finishing after the client left: no timer to wait for
+        if isinstance(event, Updated) and event.idle:
+            cast(CountedStream, self.stream).request_done()
+            if self.client_gone:
+                return  # an answer finishing after the client left: no timer to wait for
         await super().protocol_send(event)
 
 
@@ -380,12 +398,15 @@ async def serve_http(
     config: HyperConfig,
     sockets: Sockets,
     max_connections: int,
+    per_client: int,
     *,
     shutdown_trigger: Callable[[], Awaitable[None]],
+    opened: trio.Event | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """hypercorn 0.18.0's ``trio.run.worker_serve`` for plain HTTP, over capped listeners
-    (``app`` wrapped as its ``trio_worker`` wraps the app it loads).
+    (``app`` wrapped as its ``trio_worker`` wraps the app it loads) that accept nothing
+    before ``opened`` is set, when given.
 
     Same order: the app's lifespan starts, the listeners serve until
     ``shutdown_trigger`` returns, connections in progress get ``graceful_timeout``, then
@@ -395,13 +416,15 @@ async def serve_http(
     lifespan_state: dict[str, object] = {}
     lifespan = Lifespan(wrapped, config, lifespan_state)
     context = WorkerContext(None)
-    limiter = trio.CapacityLimiter(max_connections)
+    connections = ClientConnections(max_connections, per_client)
     async with trio.open_nursery() as lifespan_nursery:
         await lifespan_nursery.start(lifespan.handle_lifespan)
         await lifespan.wait_for_startup()
         async with trio.open_nursery() as server_nursery:
             listeners = [
-                CappedListener(trio.SocketListener(trio.socket.from_stdlib_socket(sock)), limiter)
+                CappedListener(
+                    trio.SocketListener(trio.socket.from_stdlib_socket(sock)), connections, opened
+                )
                 for sock in sockets.insecure_sockets
             ]
             binds = [
