@@ -39,7 +39,7 @@ from gateway.edge.public_limit import PublicCatalogLimiter
 from gateway.errors import GatewayError
 from gateway.observe.alerts import Alerts
 from gateway.observe.logs import event
-from gateway.observe.metrics import Metrics
+from gateway.observe.metrics import Metrics, shared_dir
 from gateway.providers.base import Provider
 from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers, live_on_mock_message
@@ -99,7 +99,10 @@ class Runtime:
             providers=(provider.name for provider in self.config.providers),
             mailbox_depths=lambda: self.pool.statistics().queue_lengths,
             dropped_spans=self.spans.dropped if self.spans is not None else None,
+            group_dir=shared_dir() if self.config.server.workers > 1 else None,
         )
+        if self.spans is not None:
+            self.spans.counts.on_drop = self.metrics.spans_dropped
         self.store.on_commit = self.metrics.store_committed
         self.readiness = Readiness(startup=[self.start_up])
         #: whether the start-up work makes demo data on an empty database: only under the
