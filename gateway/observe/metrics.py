@@ -25,7 +25,7 @@
                                                                    on only; read at scrape time)
 
 Label values are bounded by construction: ``endpoint`` is one of :data:`ENDPOINTS`;
-``code`` is an error-catalog code, ``ok`` or ``client_closed``; ``model`` a model of the
+``code`` is an error-catalog code, ``ok``, ``client_closed`` or ``unready`` (/readyz); ``model`` a model of the
 configured catalog (anything else is ``other``); ``provider`` a configured provider or
 ``mock``; ``shard`` an index below the configured count; ``reason`` ``queue_full`` or
 ``export_failed`` (:mod:`gateway.observe.otel`); ``deployment`` the index of a model's
@@ -92,7 +92,9 @@ ENDPOINTS = (
 CLIENT_CLOSED = "client_closed"
 #: the status logged (and recorded) for a request whose client left before its answer
 CLIENT_CLOSED_STATUS = 499
-CODES = frozenset(CATALOG) | {"ok", CLIENT_CLOSED}
+#: the code of /readyz's 503 (a probe's answer while starting or stopping, not an error)
+UNREADY = "unready"
+CODES = frozenset(CATALOG) | {"ok", CLIENT_CLOSED, UNREADY}
 #: how one attempt on a deployment ended (gateway.calls.provider_errors.retry_reason)
 ATTEMPT_OUTCOMES = frozenset(
     {
