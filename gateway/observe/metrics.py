@@ -25,13 +25,13 @@
                                                                    on only; read at scrape time)
 
 Label values are bounded by construction: ``endpoint`` is one of :data:`ENDPOINTS`;
-``code`` is an error-catalog code, ``ok``, ``client_closed`` or ``unready`` (/readyz); ``model`` a model of the
-configured catalog (anything else is ``other``); ``provider`` a configured provider or
-``mock``; ``shard`` an index below the configured count; ``reason`` ``queue_full`` or
-``export_failed`` (:mod:`gateway.observe.otel`); ``deployment`` the index of a model's
-deployment in its configuration (capped at :data:`MAX_DEPLOYMENT_LABEL`), ``outcome``
-one of :data:`ATTEMPT_OUTCOMES`. Never a key, an organisation, a
-tag or a request id.
+``code`` is an error-catalog code, ``ok``, ``client_closed`` or ``unready`` (/readyz);
+``model`` a model of the configured catalog (anything else is ``other``); ``provider`` a
+configured provider or ``mock``; ``shard`` an index below the configured count; ``reason``
+``queue_full`` or ``export_failed`` (:mod:`gateway.observe.otel`); ``deployment`` the
+index of a model's deployment in its configuration (capped at
+:data:`MAX_DEPLOYMENT_LABEL`), ``outcome`` one of :data:`ATTEMPT_OUTCOMES`. Never a key,
+an organisation, a tag or a request id.
 
 Each :class:`Metrics` has its own registry (two servers in one process, as in the tests,
 share no series).
