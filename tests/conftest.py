@@ -65,6 +65,7 @@ from tests.support.pg_cluster import Cluster, destroy, find_bin_dir, start_clust
 from tests.support.procs import ADMIN_TOKEN as PROCS_ADMIN_TOKEN
 from tests.support.procs import Server, start_server
 from tests.support.shared_tls import install as share_one_tls_context
+from tests.support.tools import missing_tool
 
 share_one_tls_context()
 
@@ -180,10 +181,7 @@ def pg_cluster() -> Iterator[Cluster]:
     the session's end however it ends."""
     bin_dir = find_bin_dir()
     if bin_dir is None:
-        missing = "PostgreSQL binaries (initdb, pg_ctl, psql) not found"
-        if os.environ.get("CI"):  # CI installs them: their absence is a failure there
-            pytest.fail(missing)
-        pytest.skip(f"{missing}: PostgreSQL store not tested")
+        missing_tool("postgresql", "initdb, pg_ctl and psql not found")
     cluster = start_cluster(bin_dir)
     try:
         yield cluster

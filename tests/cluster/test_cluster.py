@@ -39,6 +39,7 @@ from tests.money.test_durable_money import CONFIG, MAX_TOKENS, OUT_PRICE, WORST_
 from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster, free_port
 from tests.support.procs import ADMIN_TOKEN, Server, base_env, start_server
+from tests.support.tools import missing_tool
 from tests.support.waiting import until
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(150)]
@@ -493,9 +494,17 @@ async def test_the_database_briefly_unreachable_stops_and_resumes_every_node(
     assert got["pending"] == 0 and got["billed"] == got["debited"]
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed")
+@pytest.fixture
+def haproxy() -> str:
+    """haproxy's path (before the nodes start: a missing haproxy costs no cluster)."""
+    path = shutil.which("haproxy")
+    if path is None:
+        missing_tool("haproxy")
+    return path
+
+
 async def test_the_shipped_haproxy_config_in_front_of_three_nodes(
-    tmp_path: Path, nodes: list[Server], upstream: FakeUpstream
+    haproxy: str, tmp_path: Path, nodes: list[Server], upstream: FakeUpstream
 ) -> None:
     """deploy/haproxy.cfg with its ports changed to this test's: the cap race through it
     (a family hashed to one node) admits exactly k."""
@@ -505,7 +514,7 @@ async def test_the_shipped_haproxy_config_in_front_of_three_nodes(
         config = config.replace(f"127.0.0.1:808{n}", re.sub(r"^http://", "", server.url))
     (tmp_path / "haproxy.cfg").write_text(config)
     proxy = subprocess.Popen(
-        ["haproxy", "-db", "-f", str(tmp_path / "haproxy.cfg")],
+        [haproxy, "-db", "-f", str(tmp_path / "haproxy.cfg")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
