@@ -40,6 +40,7 @@ from gateway.errors import GatewayError
 from gateway.observe.alerts import Alerts
 from gateway.observe.logs import event
 from gateway.observe.metrics import Metrics, shared_dir
+from gateway.observe.refused_calls import RefusalCounts
 from gateway.providers.base import Provider
 from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers, live_on_mock_message
@@ -114,6 +115,10 @@ class Runtime:
         #: ``serve --workers``), else None
         several = is_postgres(self.config.server.db) or self.config.server.workers > 1
         self.cluster: Node | None = Node(self) if several else None
+        #: refused calls of known keys, counted by key, code and day
+        self.refusals = RefusalCounts(
+            self.store, self.clock.now, self.cluster.node_id if self.cluster else None
+        )
         #: what a model call uses of this server (the calls/ layer sees nothing else)
         self.call_parts = CallParts(
             store=self.store,

@@ -419,6 +419,27 @@ def _m010_request_attempts(db: Database) -> None:
 _PG_010 = ("ALTER TABLE requests ADD COLUMN attempts TEXT",)
 
 
+def _m011_refusal_counts(db: Database) -> None:
+    """Refused calls, counted by key, error code and UTC day (no record per refusal): each
+    node adds to rows of its own (``node_id``), so that two nodes never wait on one row."""
+    db.execute(
+        """CREATE TABLE refusal_counts (
+            key_id TEXT NOT NULL, code TEXT NOT NULL, day TEXT NOT NULL,
+            node_id TEXT NOT NULL, org_id TEXT NOT NULL, count INTEGER NOT NULL,
+            PRIMARY KEY (key_id, code, day, node_id))"""
+    )
+    db.execute("CREATE INDEX refusal_counts_org_day ON refusal_counts (org_id, day)")
+
+
+_PG_011 = (
+    """CREATE TABLE refusal_counts (
+        key_id TEXT NOT NULL, code TEXT NOT NULL, day TEXT NOT NULL,
+        node_id TEXT NOT NULL, org_id TEXT NOT NULL, count BIGINT NOT NULL,
+        PRIMARY KEY (key_id, code, day, node_id))""",
+    "CREATE INDEX refusal_counts_org_day ON refusal_counts (org_id, day)",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     """One schema version: its step on SQLite and its statements on PostgreSQL."""
@@ -438,6 +459,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m008_dashboard_people, _PG_008),
     Migration(_m009_sqlite_change_counter, ()),  # PostgreSQL's came with migration 7
     Migration(_m010_request_attempts, _PG_010),
+    Migration(_m011_refusal_counts, _PG_011),
 )
 
 

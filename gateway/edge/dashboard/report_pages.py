@@ -1,7 +1,7 @@
 """The read-only pages: Usage (a chart a day over a date range, totals by day, key, model
-or tag, CSV), Requests (the records, newest first, filtered by date, key, model, status
-and tag, in keyset pages; one record's detail) and Credits (balance, reserved, the
-ledger).
+or tag, CSV; the refused calls by day, key and code), Requests (the records, newest
+first, filtered by date, key, model, status and tag, in keyset pages; one record's
+detail) and Credits (balance, reserved, the ledger).
 
 They read through the same functions as ``/v1/usage``, ``/v1/requests/{id}`` and
 ``/v1/credits``, over every key of the signed-in user's organisation.
@@ -29,6 +29,7 @@ from gateway.edge.routes.usage import EMPTY, GROUPS, credits_view, request_view,
 from gateway.errors import GatewayError
 from gateway.store import dashboard as ops
 from gateway.store import records
+from gateway.store.refusal_counts import refusal_rows
 
 PAGE_SIZE = 50
 LEDGER_ROWS = 100
@@ -71,6 +72,7 @@ async def _usage(user: User, span: time_range.TimeRange) -> dict[str, Any]:
             return "(no tag)" if tag else "(none)"
         return names.get(value, str(value)) if by == "key" else str(value)
 
+    refused = await rt.store.read(refusal_rows, key_ids, None, *args[1:])
     points = {(row["day"], label(row["grp"])): nanos_to_usd(row[metric] or 0) for row in daily}
     title = f"Daily spend by {by}, {span.start} to {span.end}"
     chart, legend = bar_chart(span.days, points, title)
@@ -84,6 +86,7 @@ async def _usage(user: User, span: time_range.TimeRange) -> dict[str, Any]:
         "totals": usage_totals(total_rows[0] if total_rows else EMPTY),
         "groups": [{"group": label(r["grp"]), **usage_totals(r)} for r in group_rows],
         "daily": [{"day": r["day"], "group": label(r["grp"]), **usage_totals(r)} for r in daily],
+        "refusals": [{**r, "key": names.get(r["key_id"], r["key_id"])} for r in refused],
     }
 
 
