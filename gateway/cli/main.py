@@ -24,6 +24,8 @@ import trio
 
 from gateway import __version__
 from gateway.accounts.key_fields import MAX_COUNT, MAX_USD
+from gateway.cli.help_format import WholeSummaries
+from gateway.cli.try_provider import fake_upstream, provider
 from gateway.config.credentials import missing_credentials
 from gateway.config.example import EXAMPLE
 from gateway.config.settings import Config, ConfigError, load_config, parse_workers
@@ -84,22 +86,7 @@ def _json_mode(ctx: click.Context, _param: click.Parameter, value: bool) -> bool
     return value
 
 
-class _Group(click.Group):
-    """A group whose listing shows each verb's whole first sentence (click cuts it at the
-    terminal's width otherwise, mid-sentence); the lines wrap instead."""
-
-    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        rows = []
-        for name in self.list_commands(ctx):
-            command = self.get_command(ctx, name)
-            if command is not None and not command.hidden:
-                rows.append((name, command.get_short_help_str(limit=10_000)))
-        if rows:
-            with formatter.section("Commands"):
-                formatter.write_dl(rows)
-
-
-class _Cli(_Group):
+class _Cli(WholeSummaries):
     """The top-level group: under ``--json``, click's own refusals (a bad flag value, a
     missing option, an unknown verb) also print the error object on stdout, as
     :func:`fail` does; stderr and the exit status stay click's (usage, 2).
@@ -133,7 +120,7 @@ class _Cli(_Group):
             raise
 
 
-_Cli.group_class = _Group
+_Cli.group_class = WholeSummaries
 
 
 @click.group(
@@ -435,6 +422,10 @@ url_option = click.option("--url", help="Gateway URL (default $SVC_GATEWAY_URL o
 json_option = click.option(
     "--json", "as_json", is_flag=True, callback=_json_mode, help="Print one JSON object."
 )
+
+
+main.add_command(provider)
+main.add_command(fake_upstream)
 
 
 @main.group()

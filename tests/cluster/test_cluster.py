@@ -2,7 +2,7 @@
 
 Three ``python -m gateway serve`` processes (tests/support/procs.py) share a fresh database on
 the session's throwaway PostgreSQL (``pg_cluster``); live keys call the fake upstream
-(tests/support/fake_upstream.py), a real server in this test's trio loop. A client spreads
+(gateway/fakes/fake_upstream.py), a real server in this test's trio loop. A client spreads
 calls round-robin over the nodes. Admitted calls are held at the upstream
 (``[[fault hold]]``) until every call has its answer or is held, so no settlement frees
 headroom during a race: a cap of k worst-case reservations and a half admits exactly k.
@@ -33,10 +33,10 @@ import pytest
 import trio
 
 from gateway.config.settings import load_config
+from gateway.fakes.fake_upstream import FakeUpstream
 from shards import FakeClock
 from tests.conftest import Gateway, start_gateway
 from tests.money.test_durable_money import CONFIG, MAX_TOKENS, OUT_PRICE, WORST_CASE
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster, free_port
 from tests.support.procs import ADMIN_TOKEN, Server, base_env, start_server
 from tests.support.tools import missing_tool
