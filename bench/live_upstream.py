@@ -16,7 +16,7 @@ Run it from a clone, no install needed::
                                                   # (pip install -e '.[bench]')
 
 Three processes on 127.0.0.1: the fake OpenAI-compatible upstream of the tests
-(``tests/support/fake_upstream.py``, trio + h11, answers at once), a ``svc-gateway serve``
+(``gateway/fakes/fake_upstream.py``, trio + h11, answers at once), a ``svc-gateway serve``
 configured with that upstream as an ``openai`` provider, and this client: httpx for the
 one-caller phases (where the same client also calls the upstream directly), the lean
 keep-alive client of ``bench/raw_http.py`` for the 16-caller phases (so that the load
@@ -54,7 +54,7 @@ reading each server process's CPU time around each round: the CPU per call with 
 counting on and off, and their ratio per pair of adjacent rounds.
 
 ``--kinds`` (issue 31) runs one gateway with two providers, an ``anthropic`` one on the
-Anthropic fake of the tests (``tests/support/fake_anthropic.py``, which checks every
+Anthropic fake of the tests (``gateway/fakes/fake_anthropic.py``, which checks every
 request as the real API would) and an ``openai`` one on the OpenAI fake, and a model on
 each at the same prices. Pair after pair, 16 callers send the same prompt to one model,
 then to the other (which goes first alternates), non-streamed calls then short streams,

@@ -7,7 +7,7 @@ Run it from a clone, no install needed::
     python bench/workers.py --open-loop    # 50 calls/s: the gateway against the upstream
     python bench/workers.py --open-loop --trace DIR   # and what stalled the slow calls
 
-``--cpu``: two gateways on one fake upstream (``tests/support/fake_upstream.py``), one
+``--cpu``: two gateways on one fake upstream (``gateway/fakes/fake_upstream.py``), one
 with ``[server] workers = 1``, one with 2, each on its own SQLite file, and four sides
 (``SIDES``) taken in turn, the order rotating from round to round: the reference (1
 worker, 16 callers); 2 workers with 16 callers each (32: what a worker added costs per

@@ -18,7 +18,7 @@
   (:meth:`FakeUpstream.received`), an in-process server that it has done all it can
   (``trio.testing.wait_all_tasks_blocked``). A condition in another process is polled,
   bounded, by ``tests/support/waiting.py``'s ``until``, the one poll loop. A sleep is
-  left only in fakes (``tests/support/fake_upstream.py`` and ``fake_client.py``, the
+  left only in fakes (``gateway/fakes/fake_upstream.py`` and ``fake_client.py``, the
   scripted upstream of ``tests/providers/test_http1.py``: their pace is what a test is
   about), in samplers of what moves by itself (a process's memory, the latency of its
   answers) and on virtual time.
@@ -53,6 +53,7 @@ import pytest
 import trio
 
 from gateway.config.settings import Config, default_config, load_config
+from gateway.fakes.fake_upstream import FakeUpstream
 from gateway.serving.db_lock import DatabaseLock
 from gateway.serving.runtime import Runtime
 from gateway.serving.server import serve
@@ -60,11 +61,11 @@ from gateway.store import Store
 from gateway.store import sql as store_sql
 from shards import FakeClock
 from shards.clock import Clock
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster, destroy, find_bin_dir, start_cluster
 from tests.support.procs import ADMIN_TOKEN as PROCS_ADMIN_TOKEN
 from tests.support.procs import Server, start_server
 from tests.support.shared_tls import install as share_one_tls_context
+from tests.support.tools import missing_tool
 
 share_one_tls_context()
 
@@ -180,10 +181,7 @@ def pg_cluster() -> Iterator[Cluster]:
     the session's end however it ends."""
     bin_dir = find_bin_dir()
     if bin_dir is None:
-        missing = "PostgreSQL binaries (initdb, pg_ctl, psql) not found"
-        if os.environ.get("CI"):  # CI installs them: their absence is a failure there
-            pytest.fail(missing)
-        pytest.skip(f"{missing}: PostgreSQL store not tested")
+        missing_tool("postgresql", "initdb, pg_ctl and psql not found")
     cluster = start_cluster(bin_dir)
     try:
         yield cluster
@@ -276,7 +274,7 @@ async def start_gateway(
 
 @pytest.fixture
 async def upstream(nursery: trio.Nursery) -> FakeUpstream:
-    """The fake OpenAI-compatible upstream (tests/support/fake_upstream.py), a real server."""
+    """The fake OpenAI-compatible upstream (gateway/fakes/fake_upstream.py), a real server."""
     return await nursery.start(FakeUpstream().serve)
 
 

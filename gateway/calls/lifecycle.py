@@ -97,6 +97,8 @@ class SettledCall:
     billed_nanos: int
     #: the call's error code (a stream that failed in band was answered 200)
     code: str | None
+    #: the call has a request record (it reached the model); else it was refused before
+    recorded: bool = False
 
 
 def finish_reasons(answer: dict[str, Any]) -> list[str]:
@@ -529,7 +531,7 @@ class Call:
         self.parts.inflight.discard(self)
         self.parts.notice_spend(self.record, settlement.cap_nanos)
         if self.report is not None:
-            self.report.settled(self._settled_call(settlement, usage, error_code))
+            self.report.settled(self._settled_call(settlement, usage, error_code, recorded))
         return settlement
 
     @property
@@ -541,7 +543,7 @@ class Call:
         return self.report.trace if self.report is not None else None
 
     def _settled_call(
-        self, settlement: Settlement, usage: Usage | None, code: str | None
+        self, settlement: Settlement, usage: Usage | None, code: str | None, recorded: bool
     ) -> SettledCall:
         model = self.hold.model if self.hold is not None else None
         return SettledCall(
@@ -555,6 +557,7 @@ class Call:
             settled_nanos=settlement.cap_nanos,
             billed_nanos=settlement.billed_nanos,
             code=code,
+            recorded=recorded,
         )
 
     async def _write_settlement(

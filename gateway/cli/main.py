@@ -24,6 +24,8 @@ import trio
 
 from gateway import __version__
 from gateway.accounts.key_fields import MAX_COUNT, MAX_USD
+from gateway.cli.help_format import WholeSummaries
+from gateway.cli.try_provider import fake_upstream, provider
 from gateway.config.credentials import missing_credentials
 from gateway.config.example import EXAMPLE
 from gateway.config.settings import Config, ConfigError, load_config, parse_workers
@@ -84,7 +86,7 @@ def _json_mode(ctx: click.Context, _param: click.Parameter, value: bool) -> bool
     return value
 
 
-class _Cli(click.Group):
+class _Cli(WholeSummaries):
     """The top-level group: under ``--json``, click's own refusals (a bad flag value, a
     missing option, an unknown verb) also print the error object on stdout, as
     :func:`fail` does; stderr and the exit status stay click's (usage, 2).
@@ -118,14 +120,24 @@ class _Cli(click.Group):
             raise
 
 
-@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"]})
+_Cli.group_class = WholeSummaries
+
+
+@click.group(
+    cls=_Cli,
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
 @click.version_option(__version__, "--version", prog_name="svc-gateway")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """svc-gateway: a key-authenticated gateway for language-model calls.
 
     `serve` runs the gateway; the other verbs manage organisations and keys of a running
     gateway through its admin API (set SVC_ADMIN_TOKEN on both sides).
     """
+    if ctx.invoked_subcommand is None:  # bare `svc-gateway`: its help, on stdout, status 0
+        click.echo(ctx.get_help())
 
 
 # -- serve ---------------------------------------------------------------------------------
@@ -169,8 +181,9 @@ def serve(
     and on a new database a demo organisation with a sandbox key.
 
     One server per SQLite database (a second one is refused); on PostgreSQL every
-    server is a node of one deployment (``[cluster]``). ``--workers N``: N processes on
-    the port, each a node (on SQLite too: the server and its workers hold the one lock)."""
+    server is a node of one deployment (the config's [cluster] table). --workers N: N
+    processes on the port, each a node (on SQLite too: the server and its workers hold
+    the one lock)."""
     try:
         count = None if workers is None else parse_workers(workers, "--workers")
         config = load_config(config_path, host=host, port=port, db=db, workers=count)
@@ -411,6 +424,10 @@ json_option = click.option(
 )
 
 
+main.add_command(provider)
+main.add_command(fake_upstream)
+
+
 @main.group()
 def org() -> None:
     """Manage organisations: create, list, credits, policy, BYOK, spend-alert webhook."""
@@ -454,7 +471,13 @@ def org_credits(org_id: str, add_usd: float, url: str | None, as_json: bool) -> 
 
 @org.command("policy")
 @click.argument("org_id")
-@click.option("--file", "policy_file", type=click.Path(exists=True, dir_okay=False), required=True)
+@click.option(
+    "--file",
+    "policy_file",
+    type=click.Path(exists=True, dir_okay=False),
+    required=True,
+    help="A JSON object of policy keys (docs/CONFIG.md, policy).",
+)
 @url_option
 @json_option
 def org_policy(org_id: str, policy_file: str, url: str | None, as_json: bool) -> None:
@@ -511,19 +534,39 @@ def _tags(pairs: tuple[str, ...], option: str) -> dict[str, str]:
 
 @key.command("create")
 @click.option("--org", "org_id", required=True, help="Organisation id.")
-@click.option("--name", required=True)
-@click.option("--mode", type=click.Choice(["live", "sandbox"]), required=True)
-@click.option("--environment", type=click.Choice(["production", "staging", "development", "test"]))
+@click.option("--name", required=True, help="A name to tell the key by (not secret).")
+@click.option(
+    "--mode",
+    type=click.Choice(["live", "sandbox"]),
+    required=True,
+    help="live: real providers, billed; sandbox: the mock, never billed.",
+)
+@click.option(
+    "--environment",
+    type=click.Choice(["production", "staging", "development", "test"]),
+    help="A bookkeeping label; it does not change how calls are served.",
+)
 @click.option("--scopes", help="Comma-separated: inference,embeddings,usage:read,keys:manage.")
 @click.option("--keys-manage", is_flag=True, help="Allow this key to manage sub-keys.")
-@click.option("--usd-day", type=USD)
-@click.option("--usd-month", type=USD)
-@click.option("--rpm", type=COUNT)
-@click.option("--tpm", type=COUNT)
-@click.option("--max-in-flight", type=COUNT)
-@click.option("--max-output-tokens", type=COUNT)
-@click.option("--data-mode", type=click.Choice(["standard", "zero_retention", "confidential"]))
-@click.option("--byok", is_flag=True)
+@click.option("--usd-day", type=USD, help="Spend cap per UTC day, in USD.")
+@click.option("--usd-month", type=USD, help="Spend cap per calendar month (UTC), in USD.")
+@click.option("--rpm", type=COUNT, help="Requests per minute (429 rate_limited past it).")
+@click.option("--tpm", type=COUNT, help="Tokens per minute, input and output together.")
+@click.option("--max-in-flight", type=COUNT, help="Calls at once (429 past it).")
+@click.option(
+    "--max-output-tokens", type=COUNT, help="Largest output a call may ask for (default 4096)."
+)
+@click.option(
+    "--data-mode",
+    type=click.Choice(["standard", "zero_retention", "confidential"]),
+    help="standard (default); zero_retention: only providers that keep no content"
+    " serve it; confidential: its calls answer 501 not_implemented.",
+)
+@click.option(
+    "--byok",
+    is_flag=True,
+    help="Serve the key on its organisation's own provider key (org byok), billed apart.",
+)
 @click.option("--allowed-models", help="Comma-separated model ids.")
 @click.option("--required-tag", multiple=True, help="k=v, repeatable.")
 @click.option("--default-tag", multiple=True, help="k=v, repeatable.")
@@ -714,7 +757,12 @@ PASSWORD_ENV_HELP = (
 @user.command("create")
 @click.option("--org", "org_id", required=True, help="Organisation id.")
 @click.option("--email", required=True, help="The email the user signs in with.")
-@click.option("--role", type=click.Choice(["owner", "admin", "viewer"]), required=True)
+@click.option(
+    "--role",
+    type=click.Choice(["owner", "admin", "viewer"]),
+    required=True,
+    help="owner: everything, users too; admin: keys and settings; viewer: reads only.",
+)
 @click.option("--password-env", help=PASSWORD_ENV_HELP)
 @url_option
 @json_option

@@ -28,6 +28,7 @@ from gateway.accounts.catalog import nanos_to_usd
 from gateway.edge.asgi import App, Message, Receive, Scope, Send
 from gateway.observe.logs import event
 from gateway.observe.metrics import CLIENT_CLOSED, CLIENT_CLOSED_STATUS, Metrics, endpoint_of
+from gateway.observe.refused_calls import RefusalCounts
 from gateway.observe.tracing import (
     RequestOutcome,
     ServerSpan,
@@ -70,6 +71,8 @@ class Exchange:
     input_tokens: int | None = None
     output_tokens: int | None = None
     settled_nanos: int | None = None
+    #: the request's model call has a record (a refusal before the model has none)
+    recorded: bool = False
     #: the answer, and the model call once one is opened
     open_parts: int = 1
     answer_open: bool = True
@@ -150,6 +153,7 @@ class ExchangeReport:
             exchange.input_tokens = call.input_tokens
             exchange.output_tokens = call.output_tokens
         exchange.settled_nanos = call.settled_nanos
+        exchange.recorded = call.recorded
         if call.code is not None:
             # a stream that failed in band: answered 200, yet the call ended with an error
             exchange.code = call.code
@@ -166,9 +170,17 @@ def _header(scope: Scope, name: bytes) -> str | None:
 class ExchangeRecorder:
     """The ASGI wrapper that opens, times and reports every HTTP exchange."""
 
-    def __init__(self, app: App, metrics: Metrics, spans: Spans | None = None) -> None:
+    def __init__(
+        self,
+        app: App,
+        metrics: Metrics,
+        spans: Spans | None = None,
+        refusals: RefusalCounts | None = None,
+    ) -> None:
         self.app = app
         self.metrics = metrics
+        #: where refused calls of known keys are counted (None: not counted)
+        self.refusals = refusals
         #: where each request's span goes (None: traces are off)
         self.spans = spans
 
@@ -222,6 +234,13 @@ class ExchangeRecorder:
         seconds = ended - exchange.started
         first = exchange.first_byte - exchange.started if exchange.first_byte else None
         endpoint = endpoint_of(exchange.path)
+        if (
+            status >= 400
+            and exchange.key_id is not None
+            and not exchange.recorded
+            and self.refusals is not None
+        ):
+            self.refusals.note(exchange.key_id, exchange.org_id or "", code)
         self.metrics.answered(
             endpoint, status, code, seconds, first if exchange.event_stream else None
         )

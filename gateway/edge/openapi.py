@@ -408,8 +408,21 @@ SCHEMAS: dict[str, Any] = {
                     ("group", *USAGE_TOTALS),
                 ),
             },
+            # refused calls (no record each): counts by day, key and error code
+            "refusals": {
+                "type": "array",
+                "items": obj(
+                    {
+                        "day": {"type": "string", "format": "date"},
+                        "key_id": STRING,
+                        "code": STRING,
+                        "count": {"type": "integer", "minimum": 1},
+                    },
+                    ("day", "key_id", "code", "count"),
+                ),
+            },
         },
-        ("object", "start", "end", "group_by", "totals", "data"),
+        ("object", "start", "end", "group_by", "totals", "data", "refusals"),
     ),
     "Credits": obj(
         {

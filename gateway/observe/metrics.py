@@ -25,22 +25,35 @@
                                                                    on only; read at scrape time)
 
 Label values are bounded by construction: ``endpoint`` is one of :data:`ENDPOINTS`;
-``code`` is an error-catalog code, ``ok`` or ``client_closed``; ``model`` a model of the
-configured catalog (anything else is ``other``); ``provider`` a configured provider or
-``mock``; ``shard`` an index below the configured count; ``reason`` ``queue_full`` or
-``export_failed`` (:mod:`gateway.observe.otel`); ``deployment`` the index of a model's
-deployment in its configuration (capped at :data:`MAX_DEPLOYMENT_LABEL`), ``outcome``
-one of :data:`ATTEMPT_OUTCOMES`. Never a key, an organisation, a
-tag or a request id.
+``code`` is an error-catalog code, ``ok``, ``client_closed`` or ``unready`` (/readyz);
+``model`` a model of the configured catalog (anything else is ``other``); ``provider`` a
+configured provider or ``mock``; ``shard`` an index below the configured count; ``reason``
+``queue_full`` or ``export_failed`` (:mod:`gateway.observe.otel`); ``deployment`` the
+index of a model's deployment in its configuration (capped at
+:data:`MAX_DEPLOYMENT_LABEL`), ``outcome`` one of :data:`ATTEMPT_OUTCOMES`. Never a key,
+an organisation, a tag or a request id.
 
 Each :class:`Metrics` has its own registry (two servers in one process, as in the tests,
-share no series). The recording methods are what the request path calls; with
+share no series).
+
+Under ``serve --workers N`` (N > 1) every series is the whole group's: the parent makes a
+directory before it forks (:func:`shared_dir`, prometheus-client's multiprocess mode), each
+worker writes its values into files of its own there (a memory-mapped write per change),
+and a scrape, whichever worker answers it, sums every file. The parent keeps the
+directory across worker restarts, so the files of a worker that ended (even by kill -9)
+keep counting: no counter goes backwards. Gauges say how they combine:
+``svc_calls_in_flight`` sums the live workers (the parent forgets a worker's part when it
+reaps it), ``svc_build_info`` takes the highest. ``svc_shard_mailbox_depth`` is read at
+scrape time from the answering worker's shards only, and the ``process_*`` series are
+left out (each would describe one worker; a counter among them would jump between
+workers). The recording methods are what the request path calls; with
 ``[server] metrics = false`` they return at once. Children of labelled series are cached
 per label tuple: ``labels()`` costs several times an ``inc()``.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
@@ -52,6 +65,8 @@ from prometheus_client import (
     Histogram,
     ProcessCollector,
     generate_latest,
+    multiprocess,
+    values,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -77,7 +92,9 @@ ENDPOINTS = (
 CLIENT_CLOSED = "client_closed"
 #: the status logged (and recorded) for a request whose client left before its answer
 CLIENT_CLOSED_STATUS = 499
-CODES = frozenset(CATALOG) | {"ok", CLIENT_CLOSED}
+#: the code of /readyz's 503 (a probe's answer while starting or stopping, not an error)
+UNREADY = "unready"
+CODES = frozenset(CATALOG) | {"ok", CLIENT_CLOSED, UNREADY}
 #: how one attempt on a deployment ended (gateway.calls.provider_errors.retry_reason)
 ATTEMPT_OUTCOMES = frozenset(
     {
@@ -111,6 +128,9 @@ _EXACT = {
     "/v1/credits": "credits",
 }
 
+#: the directory of the group's metric files (set by the parent of ``serve --workers``)
+SHARED_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
 # series are only ever read through our registries; "_created" twins would double them
 prometheus_client.disable_created_metrics()
 
@@ -129,6 +149,19 @@ def endpoint_of(path: str) -> str:
     if path == "/admin" or path.startswith("/admin/"):
         return "admin"
     return "other"
+
+
+def shared_dir() -> str | None:
+    """The group's metric directory when this process is a worker of several, else None."""
+    return os.environ.get(SHARED_DIR_ENV) or None
+
+
+def forget_worker(pid: int) -> None:
+    """The parent reaped worker ``pid``: its part of the live-summed gauges goes (its
+    counters and histograms stay in the sums)."""
+    path = shared_dir()
+    if path is not None:
+        multiprocess.mark_process_dead(pid, path)  # type: ignore[no-untyped-call]
 
 
 class _MailboxCollector(Collector):
@@ -175,10 +208,16 @@ class Metrics:
         providers: Iterable[str],
         mailbox_depths: Callable[[], Iterable[int]],
         dropped_spans: Callable[[], Mapping[str, int]] | None = None,
+        group_dir: str | None = None,
     ) -> None:
+        """``group_dir``: the group's metric directory (:func:`shared_dir`) when this
+        process is one of several workers, else None (the series live in this object)."""
         self.enabled = enabled
         self.models = frozenset(models)
         self.providers = frozenset(providers) | {"mock"}
+        if group_dir is not None and not getattr(values.ValueClass, "_multiprocess", False):
+            # every value made from now on is a memory-mapped file's (a worker's process)
+            values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]
         self.registry = registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "svc_requests_total",
@@ -208,7 +247,10 @@ class Metrics:
             registry=registry,
         )
         self.in_flight = Gauge(
-            "svc_calls_in_flight", "Model calls admitted and not yet settled.", registry=registry
+            "svc_calls_in_flight",
+            "Model calls admitted and not yet settled.",
+            registry=registry,
+            multiprocess_mode="livesum",
         )
         self.tokens = Counter(
             "svc_tokens_total",
@@ -268,7 +310,11 @@ class Metrics:
             registry=registry,
         )
         Gauge(
-            "svc_build_info", "The running version (value 1).", ["version"], registry=registry
+            "svc_build_info",
+            "The running version (value 1).",
+            ["version"],
+            registry=registry,
+            multiprocess_mode="max",
         ).labels(version).set(1)
         self.cache_requests = Counter(
             "svc_cache_requests_total",
@@ -281,11 +327,27 @@ class Metrics:
             "What the calls served from the response cache would have cost (USD).",
             registry=registry,
         )
-        registry.register(_MailboxCollector(mailbox_depths))
-        if dropped_spans is not None:
-            registry.register(_DroppedSpansCollector(dropped_spans))
-        ProcessCollector(registry=registry)
         self._children: dict[tuple[Any, ...], Any] = {}
+        if group_dir is not None:
+            # the series above write into the group's files; a scrape reads all of them
+            registry = self.registry = CollectorRegistry(auto_describe=True)
+            multiprocess.MultiProcessCollector(registry, path=group_dir)  # type: ignore[no-untyped-call]
+        else:
+            ProcessCollector(registry=registry)
+        registry.register(_MailboxCollector(mailbox_depths))
+        if dropped_spans is not None and group_dir is None:
+            registry.register(_DroppedSpansCollector(dropped_spans))
+        #: the group's ``svc_trace_spans_dropped_total``, fed by :meth:`spans_dropped`
+        self.group_dropped = (
+            Counter(
+                "svc_trace_spans_dropped",
+                "Spans not exported: the queue was full, or the collector did not take them.",
+                ["reason"],
+                registry=None,
+            )
+            if group_dir is not None
+            else None
+        )
 
     def _child(self, metric: Any, *labels: str) -> Any:
         key = (id(metric), *labels)
@@ -387,6 +449,12 @@ class Metrics:
         """A guardrail's verdict on one direction of one call (never what it matched)."""
         if self.enabled:
             self._child(self.guardrail_verdicts, guardrail, direction, verdict).inc()
+
+    def spans_dropped(self, reason: str, count: int) -> None:
+        """Spans dropped by this worker (only under ``--workers``: one process reads its
+        own exporter's counts at scrape time instead)."""
+        if self.group_dropped is not None:
+            self.group_dropped.labels(reason).inc(count)
 
     def store_committed(self, seconds: float) -> None:
         """Called from the store's writer thread (prometheus-client is thread-safe)."""

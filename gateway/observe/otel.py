@@ -23,7 +23,7 @@ token or a credential: only the values passed to :meth:`OtlpSpans.server` and
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import trio
 from opentelemetry import trace as otel_trace
@@ -144,6 +144,8 @@ class DropCounts:
         self.handed = 0
         self.by_reason = dict.fromkeys(DROP_REASONS, 0)
         self._lock = threading.Lock()
+        #: told of each drop too (a worker of several: the group's counter)
+        self.on_drop: Callable[[str, int], None] | None = None
 
     def handed_over(self, count: int) -> None:
         self.handed += count
@@ -151,6 +153,8 @@ class DropCounts:
     def dropped(self, reason: str, count: int = 1) -> None:
         with self._lock:
             self.by_reason[reason] += count
+        if self.on_drop is not None:
+            self.on_drop(reason, count)
 
     def snapshot(self) -> Mapping[str, int]:
         with self._lock:

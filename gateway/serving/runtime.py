@@ -42,7 +42,8 @@ from gateway.edge.public_limit import PublicCatalogLimiter
 from gateway.errors import GatewayError
 from gateway.observe.alerts import Alerts
 from gateway.observe.logs import event
-from gateway.observe.metrics import Metrics
+from gateway.observe.metrics import Metrics, shared_dir
+from gateway.observe.refused_calls import RefusalCounts
 from gateway.providers.base import Provider
 from gateway.providers.guardrail_webhook import GuardrailWebhooks
 from gateway.providers.mock import MockProvider
@@ -103,7 +104,10 @@ class Runtime:
             providers=(provider.name for provider in self.config.providers),
             mailbox_depths=lambda: self.pool.statistics().queue_lengths,
             dropped_spans=self.spans.dropped if self.spans is not None else None,
+            group_dir=shared_dir() if self.config.server.workers > 1 else None,
         )
+        if self.spans is not None:
+            self.spans.counts.on_drop = self.metrics.spans_dropped
         self.store.on_commit = self.metrics.store_committed
         self.readiness = Readiness(startup=[self.start_up])
         #: whether the start-up work makes demo data on an empty database: only under the
@@ -123,6 +127,10 @@ class Runtime:
         self.cluster: Node | None = Node(self) if several else None
         #: the client of ``webhook`` guardrails
         self.guardrail_webhooks = GuardrailWebhooks()
+        #: refused calls of known keys, counted by key, code and day
+        self.refusals = RefusalCounts(
+            self.store, self.clock.now, self.cluster.node_id if self.cluster else None
+        )
         #: what a model call uses of this server (the calls/ layer sees nothing else)
         self.call_parts = CallParts(
             store=self.store,

@@ -40,6 +40,7 @@ from gateway.config.settings import Config
 from gateway.edge.app import create_app
 from gateway.edge.exchange import ExchangeRecorder
 from gateway.observe.logs import event
+from gateway.observe.refused_calls import FLUSH_S as REFUSALS_FLUSH_S
 from gateway.serving.connections import per_client_limit
 from gateway.serving.patches import quart_trio_connection, werkzeug_rules
 from gateway.serving.patches.asgi_guard import FinalSendGuard
@@ -98,6 +99,12 @@ async def _flush_last_used(runtime: Runtime) -> None:
         await runtime.keyring.flush_last_used()
 
 
+async def _flush_refusals(runtime: Runtime) -> None:
+    while True:
+        await trio.sleep(REFUSALS_FLUSH_S)
+        await runtime.refusals.flush()
+
+
 async def _cut_after(runtime: Runtime, grace: float) -> None:
     """The end of the grace: cut every call still in flight."""
     await trio.sleep(grace)
@@ -140,7 +147,9 @@ async def serve(
         sockets = bind_sockets(config)
     quart_app = create_app(runtime, werkzeug_rules.LazyBuilders)
     quart_trio_connection.install(quart_app)
-    app = ExchangeRecorder(FinalSendGuard(quart_app), runtime.metrics, runtime.spans)
+    app = ExchangeRecorder(
+        FinalSendGuard(quart_app), runtime.metrics, runtime.spans, runtime.refusals
+    )
     readiness = runtime.readiness
     drain_s = runtime.config.server.drain_s
     grace = runtime.config.server.shutdown_grace_s
@@ -176,6 +185,7 @@ async def serve(
                     with trio.CancelScope(shield=True):
                         await _settle_in_flight(runtime)
                         await runtime.keyring.flush_last_used()
+                        await runtime.refusals.flush()
                         await runtime.alerts.aclose()  # before the store writer stops
                         if runtime.cluster is not None:
                             await runtime.cluster.leave()
@@ -193,6 +203,7 @@ async def serve(
             root.start_soon(_flush_last_used, runtime)
             if runtime.cache is not None:
                 root.start_soon(runtime.cache.sweep_forever)
+            root.start_soon(_flush_refusals, runtime)
             readiness.ready()
             started.set()
             log.info("ready", extra=event("ready", urls=binds))

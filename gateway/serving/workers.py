@@ -26,6 +26,11 @@ The parent runs no event loop and opens no database: it waits for signals
 - A worker that cannot start during the group's start-up stops the group
   (:class:`WorkersError`: ``serve`` exits 1).
 
+The group's metrics: before the first fork the parent makes a directory for
+prometheus-client's multiprocess files (``PROMETHEUS_MULTIPROC_DIR``, inherited by every
+worker; :mod:`gateway.observe.metrics`), keeps it while the group runs, whatever its
+workers do, and removes it at the end. It tells the metrics of each worker it reaps.
+
 Workers run in their own process group (a terminal's Ctrl-C reaches the parent only,
 which forwards one SIGTERM) and, on Linux, end with the parent if it is killed.
 
@@ -43,8 +48,10 @@ import ctypes
 import logging
 import os
 import select
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -57,6 +64,7 @@ from hypercorn.config import Sockets
 
 from gateway.config.settings import Config
 from gateway.observe.logs import event
+from gateway.observe.metrics import SHARED_DIR_ENV, forget_worker
 from gateway.serving.heap import settle_heap
 from gateway.serving.runtime import Runtime
 from gateway.serving.server import CUT_MARGIN_S, SETTLE_WAIT_S, serve
@@ -114,10 +122,16 @@ def run_workers(config: Config, sockets: Sockets, *, demo: bool, announce: Annou
     # blocked for good: taken by sigtimedwait, and the process ends after the group (a
     # signal sent during or after the stop must not end it before its workers)
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+    metrics_dir = tempfile.mkdtemp(prefix="svc-gateway-metrics-")
+    os.environ[SHARED_DIR_ENV] = metrics_dir
     try:
         group.run(demo=demo, announce=announce)
     finally:
-        group.stop()
+        try:
+            group.stop()
+        finally:
+            del os.environ[SHARED_DIR_ENV]
+            shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 class _Group:
@@ -241,6 +255,7 @@ class _Group:
             pid, status = os.waitpid(worker.pid, os.WNOHANG)
             if pid == 0:
                 continue
+            forget_worker(pid)
             worker.pid = 0
             self._close_ready(worker)
             code = os.waitstatus_to_exitcode(status)

@@ -453,6 +453,27 @@ _PG_012 = (
 )
 
 
+def _m013_refusal_counts(db: Database) -> None:
+    """Refused calls, counted by key, error code and UTC day (no record per refusal): each
+    node adds to rows of its own (``node_id``), so that two nodes never wait on one row."""
+    db.execute(
+        """CREATE TABLE refusal_counts (
+            key_id TEXT NOT NULL, code TEXT NOT NULL, day TEXT NOT NULL,
+            node_id TEXT NOT NULL, org_id TEXT NOT NULL, count INTEGER NOT NULL,
+            PRIMARY KEY (key_id, code, day, node_id))"""
+    )
+    db.execute("CREATE INDEX refusal_counts_org_day ON refusal_counts (org_id, day)")
+
+
+_PG_013 = (
+    """CREATE TABLE refusal_counts (
+        key_id TEXT NOT NULL, code TEXT NOT NULL, day TEXT NOT NULL,
+        node_id TEXT NOT NULL, org_id TEXT NOT NULL, count BIGINT NOT NULL,
+        PRIMARY KEY (key_id, code, day, node_id))""",
+    "CREATE INDEX refusal_counts_org_day ON refusal_counts (org_id, day)",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     """One schema version: its step on SQLite and its statements on PostgreSQL."""
@@ -474,6 +495,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m010_request_attempts, _PG_010),
     Migration(_m011_response_cache, _CACHE),
     Migration(_m012_guardrails, _PG_012),
+    Migration(_m013_refusal_counts, _PG_013),
 )
 
 

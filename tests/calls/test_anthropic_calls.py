@@ -1,5 +1,5 @@
 """Live calls through an ``anthropic`` provider: a real gateway, the fake Messages API
-(tests/support/fake_anthropic.py, which refuses what the real API refuses), the official
+(gateway/fakes/fake_anthropic.py, which refuses what the real API refuses), the official
 ``openai`` client. Each answer has OpenAI's shape; the request record's usage is what the
 fake reported; each fault maps to the spec's status, code, Retry-After and settlement row
 as for the ``openai`` kind (tests/calls/test_live_settlement.py)."""
@@ -21,6 +21,7 @@ import trio
 from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.calls.provider_errors import REFUSED_PHRASE
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
+from gateway.fakes.fake_anthropic import FakeAnthropic
 from tests.calls.test_live_settlement import (
     MAX_TOKENS,
     assert_timeout_counts_the_full_estimate,
@@ -33,7 +34,6 @@ from tests.calls.test_live_settlement import (
     stream_data,
 )
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_anthropic import FakeAnthropic
 
 OUR_KEY = "sk-ant-gateway-own-key-0123456789"
 ORG_KEY = "acme.anthropic.credential~99"

@@ -1,5 +1,5 @@
 """The ``azure`` kind end to end: the official ``openai`` client, a live key, a real
-gateway and a fake Azure OpenAI resource (tests/support/fake_azure.py) that accepts only
+gateway and a fake Azure OpenAI resource (gateway/fakes/fake_azure.py) that accepts only
 what Azure accepts, on both surfaces: deployments (``api_version`` set) and v1.
 
 Each call checks what the client got, and that the fake refused nothing (the key in
@@ -26,9 +26,9 @@ from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.calls.provider_errors import REFUSED_PHRASE
 from gateway.config.settings import ModelConfig, ProviderConfig
+from gateway.fakes.fake_azure import JSON_ANSWER, TOOL_CALL, FakeAzure
 from gateway.providers.azure import CONTENT_FILTER_PHRASE
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_azure import JSON_ANSWER, TOOL_CALL, FakeAzure
 
 AZURE_KEY = "4f1e2d3c4b5a69788796a5b4c3d2e1f0"  # Azure's keys: 32 hex digits
 ORG_AZURE_KEY = "acme0azure0resource0key0000000042"

@@ -1,4 +1,4 @@
-"""Live keys through a real gateway to the fake Bedrock Runtime (tests/support/fake_bedrock.py).
+"""Live keys through a real gateway to the fake Bedrock Runtime (gateway/fakes/fake_bedrock.py).
 
 The official ``openai`` client on both endpoints, streamed and not; usage and settlement
 on the request record; each Bedrock fault → the spec's status, code, Retry-After and
@@ -24,6 +24,7 @@ import trio
 from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.calls.provider_errors import REFUSED_PHRASE
 from gateway.config.settings import ModelConfig, ProviderConfig
+from gateway.fakes.fake_bedrock import BAD_SIGNATURE, FakeBedrock
 from tests.calls.test_live_settlement import (
     IN_PRICE,
     MAX_TOKENS,
@@ -37,7 +38,6 @@ from tests.calls.test_live_settlement import (
     stream_data,
 )
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_bedrock import BAD_SIGNATURE, FakeBedrock
 
 KEY_ID = "AKIAGATEWAYBEDROCK01"
 SECRET = "gw/Secret+Access/Key0123456789abcdefghijK"

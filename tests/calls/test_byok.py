@@ -19,8 +19,8 @@ import trio
 
 from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.config.settings import ModelConfig, ProviderConfig
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_upstream import FakeUpstream
 
 OUR_KEY = "sk-gateway-own-key-0123456789"
 ORG_KEY = "sk-acme-own-key-9876543210"

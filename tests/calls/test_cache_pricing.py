@@ -24,8 +24,8 @@ import trio
 from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.config.settings import ModelConfig, ProviderConfig
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.both_stores
 

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.tools import missing_tool
+
 pytestmark = pytest.mark.processes
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,7 +57,7 @@ def _unavailable() -> str | None:
     """Why the CLI cannot run here, or None."""
     for tool in ("claude", "unshare", "ip"):
         if shutil.which(tool) is None:
-            return f"{tool} is not installed (.ci/run installs @anthropic-ai/claude-code)"
+            missing_tool("claude", f"{tool} not found")
     probe = subprocess.run(
         ["unshare", "-rn", "true"], capture_output=True, text=True, timeout=30, check=False
     )

@@ -1,5 +1,5 @@
 """Live keys through a ``gemini`` provider: a real gateway, the official ``openai`` client,
-and the fake Gemini API (tests/support/fake_gemini.py), which refuses every request the
+and the fake Gemini API (gateway/fakes/fake_gemini.py), which refuses every request the
 real API would refuse, so a translation bug fails here.
 
 The happy paths (chat, streams, responses, tools, json_schema, images, embeddings) and
@@ -26,9 +26,9 @@ from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.calls.provider_errors import REFUSED_PHRASE
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
+from gateway.fakes.fake_gemini import PIXEL, SIGNATURE, WEATHER, FakeGemini
 from tests.calls.test_live_settlement import call, settled, state
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_gemini import PIXEL, SIGNATURE, WEATHER, FakeGemini
 
 IN_PRICE, OUT_PRICE = 3.0, 15.0
 MAX_TOKENS = 50

@@ -31,10 +31,10 @@ from gateway.cli.main import main
 from gateway.config.cache import CacheConfig
 from gateway.config.guardrails import GuardrailConfig
 from gateway.config.settings import ModelConfig, ProviderConfig
+from gateway.fakes.fake_anthropic import FakeAnthropic
+from gateway.fakes.fake_upstream import FakeUpstream, _send, serve_loopback
 from tests.calls.test_live_settlement import state
 from tests.conftest import ADMIN_TOKEN, Gateway, make_config, query_db, start_gateway
-from tests.support.fake_anthropic import FakeAnthropic
-from tests.support.fake_upstream import FakeUpstream, _send, serve_loopback
 
 T = TypeVar("T")
 CARD = "4111 1111 1111 1111"

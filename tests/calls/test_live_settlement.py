@@ -22,8 +22,8 @@ from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.calls.provider_errors import REFUSED_PHRASE
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.both_stores
 

@@ -21,10 +21,10 @@ import trio
 
 from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.calls.parse.anthropic_messages import parse_messages
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.calls.test_admission_http import HeldMock, cap_for
 from tests.calls.test_cache_pricing import start_cache_priced
 from tests.conftest import Gateway
-from tests.support.fake_upstream import FakeUpstream
 
 T = TypeVar("T")
 MODEL = "gpt-4o-mini"

@@ -1,5 +1,5 @@
 """/v1/messages passed through to an ``anthropic`` deployment, and translated for an
-``openai`` one, on one gateway: the fake Messages API (tests/support/fake_anthropic.py,
+``openai`` one, on one gateway: the fake Messages API (gateway/fakes/fake_anthropic.py,
 which refuses what the real API refuses, beta fields included unless their beta is
 sent) and the fake OpenAI upstream, both real servers that record what they received.
 
@@ -26,10 +26,10 @@ import trio
 from gateway.calls import counting
 from gateway.calls.parse.anthropic_messages import parse_messages
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
+from gateway.fakes.fake_anthropic import FakeAnthropic
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.calls.test_live_settlement import settled, state
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_anthropic import FakeAnthropic
-from tests.support.fake_upstream import FakeUpstream
 
 OUR_KEY = "sk-ant-gateway-own-key-0123456789"
 UPSTREAM_KEY = "sk-upstream-native-0123456789"

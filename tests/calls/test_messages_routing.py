@@ -18,12 +18,12 @@ import pytest
 import trio
 
 from gateway.config.settings import DeploymentConfig, ModelConfig, ProviderConfig
+from gateway.fakes.fake_anthropic import FakeAnthropic
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.calls.test_live_settlement import settled, state
 from tests.calls.test_messages_native import OUR_KEY, UPSTREAM_KEY, fake, live_key, run
 from tests.calls.test_routing import refusing_url
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_anthropic import FakeAnthropic
-from tests.support.fake_upstream import FakeUpstream
 
 __all__ = ["fake"]  # the fixture, shared with the passthrough tests
 

@@ -20,8 +20,8 @@ import trio
 
 from gateway.calls.provider_errors import REFUSED_PHRASE
 from gateway.config.settings import ModelConfig, ProviderConfig
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_upstream import FakeUpstream
 
 # credentials of no known shape: only the exact-value rule can catch them
 OUR_KEY = "our.provider.credential~42"

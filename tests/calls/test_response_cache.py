@@ -20,12 +20,12 @@ from gateway.accounts.catalog import NANOS_PER_USD, nanos_to_usd
 from gateway.config.cache import CacheConfig
 from gateway.config.settings import Config, ModelConfig, ProviderConfig
 from gateway.edge.dashboard.format import exact
+from gateway.fakes.fake_upstream import FakeUpstream
 from gateway.store import cache_entries
 from shards import FakeClock
 from tests.calls.test_anthropic_calls import with_client
 from tests.conftest import Gateway, make_config, query_db, start_gateway
 from tests.edge.test_dashboard_auth import PASSWORD, admin_user, signed_in
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.waiting import until
 
 pytestmark = pytest.mark.both_stores

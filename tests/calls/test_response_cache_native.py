@@ -14,10 +14,10 @@ import pytest
 import trio
 
 from gateway.config.cache import CacheConfig
+from gateway.fakes.fake_anthropic import FakeAnthropic
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.calls.test_messages_native import OUR_KEY, UPSTREAM_KEY, native_config
 from tests.conftest import Gateway, start_gateway
-from tests.support.fake_anthropic import FakeAnthropic
-from tests.support.fake_upstream import FakeUpstream
 
 
 @pytest.fixture

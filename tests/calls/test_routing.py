@@ -1,6 +1,6 @@
 """Several deployments per model (issue 35): retries before the first byte, health,
 strategies, the record's attempts, one settlement. Two real fake upstreams behind one
-model; each upstream's behaviour is its standing fault (tests/support/fake_upstream.py).
+model; each upstream's behaviour is its standing fault (gateway/fakes/fake_upstream.py).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import trio
 
 from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.config.settings import Config, DeploymentConfig, ModelConfig, ProviderConfig
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.conftest import Gateway, make_config, start_gateway
 from tests.edge.test_dashboard_auth import PASSWORD, admin_user, signed_in
-from tests.support.fake_upstream import FakeUpstream
 
 IN_PRICE, OUT_PRICE = 3.0, 15.0
 MAX_TOKENS = 20

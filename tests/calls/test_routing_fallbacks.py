@@ -17,6 +17,7 @@ import trio
 
 from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.config.settings import DeploymentConfig
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.calls.test_routing import (
     Pair,
     chat,
@@ -30,7 +31,6 @@ from tests.calls.test_routing import (
     spent,
 )
 from tests.conftest import start_gateway
-from tests.support.fake_upstream import FakeUpstream
 
 #: the fallback is ten times dearer
 BACKUP_IN, BACKUP_OUT = 30.0, 150.0

@@ -2,7 +2,7 @@
 
 Three ``python -m gateway serve`` processes (tests/support/procs.py) share a fresh database on
 the session's throwaway PostgreSQL (``pg_cluster``); live keys call the fake upstream
-(tests/support/fake_upstream.py), a real server in this test's trio loop. A client spreads
+(gateway/fakes/fake_upstream.py), a real server in this test's trio loop. A client spreads
 calls round-robin over the nodes. Admitted calls are held at the upstream
 (``[[fault hold]]``) until every call has its answer or is held, so no settlement frees
 headroom during a race: a cap of k worst-case reservations and a half admits exactly k.
@@ -33,12 +33,13 @@ import pytest
 import trio
 
 from gateway.config.settings import load_config
+from gateway.fakes.fake_upstream import FakeUpstream
 from shards import FakeClock
 from tests.conftest import Gateway, start_gateway
 from tests.money.test_durable_money import CONFIG, MAX_TOKENS, OUT_PRICE, WORST_CASE
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster, free_port
 from tests.support.procs import ADMIN_TOKEN, Server, base_env, start_server
+from tests.support.tools import missing_tool
 from tests.support.waiting import until
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(150)]
@@ -493,9 +494,17 @@ async def test_the_database_briefly_unreachable_stops_and_resumes_every_node(
     assert got["pending"] == 0 and got["billed"] == got["debited"]
 
 
-@pytest.mark.skipif(shutil.which("haproxy") is None, reason="haproxy is not installed")
+@pytest.fixture
+def haproxy() -> str:
+    """haproxy's path (before the nodes start: a missing haproxy costs no cluster)."""
+    path = shutil.which("haproxy")
+    if path is None:
+        missing_tool("haproxy")
+    return path
+
+
 async def test_the_shipped_haproxy_config_in_front_of_three_nodes(
-    tmp_path: Path, nodes: list[Server], upstream: FakeUpstream
+    haproxy: str, tmp_path: Path, nodes: list[Server], upstream: FakeUpstream
 ) -> None:
     """deploy/haproxy.cfg with its ports changed to this test's: the cap race through it
     (a family hashed to one node) admits exactly k."""
@@ -505,7 +514,7 @@ async def test_the_shipped_haproxy_config_in_front_of_three_nodes(
         config = config.replace(f"127.0.0.1:808{n}", re.sub(r"^http://", "", server.url))
     (tmp_path / "haproxy.cfg").write_text(config)
     proxy = subprocess.Popen(
-        ["haproxy", "-db", "-f", str(tmp_path / "haproxy.cfg")],
+        [haproxy, "-db", "-f", str(tmp_path / "haproxy.cfg")],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -13,9 +13,9 @@ import httpx
 import pytest
 import trio
 
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.cluster.test_cluster import fresh_db, live_key, org_id
 from tests.money.test_durable_money import CONFIG, OUT_PRICE
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster
 from tests.support.procs import Server, base_env, cli_json, start_server
 

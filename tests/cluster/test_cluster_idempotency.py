@@ -22,9 +22,9 @@ import httpx
 import pytest
 import trio
 
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.cluster.test_cluster import LEASE_S, books, db_of, live_key, nodes, org_id, rows
 from tests.money.test_durable_money import MAX_TOKENS
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.procs import Server
 from tests.support.waiting import until
 

@@ -25,8 +25,8 @@ import pytest
 import trio
 
 from gateway.accounts.key_lookup import LOOKUPS_PER_ADDRESS, MISS_TTL_S
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.cluster.test_cluster import ADMIN, admin, body, live_key, nodes, org_id, rows, start_node
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster
 from tests.support.procs import Server
 from tests.support.waiting import until

@@ -16,9 +16,9 @@ import pytest
 import trio
 
 from gateway.accounts.catalog import NANOS_PER_USD
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.cluster.test_cluster import fresh_db, in_process_node, rows
 from tests.conftest import ADMIN_TOKEN, Gateway
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster
 
 pytestmark = pytest.mark.timeout(120)

@@ -3,7 +3,7 @@
 One ``python -m gateway serve --workers 2`` process (tests/support/procs.py) on a new
 SQLite file, and on a fresh database of the session's throwaway PostgreSQL; its workers
 are nodes of one deployment.
-Live keys call the fake upstream (tests/support/fake_upstream.py), as in
+Live keys call the fake upstream (gateway/fakes/fake_upstream.py), as in
 tests/cluster/test_cluster.py, whose race and books this file reuses: the kernel spreads
 the race's connections over the two workers, and the records say which worker served
 each call (``requests.node_id``).
@@ -27,6 +27,7 @@ import pytest
 import trio
 
 from gateway.config.settings import ConfigError, load_config
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.cluster.test_cluster import (
     ADMIN,
     CALLS,
@@ -43,7 +44,6 @@ from tests.cluster.test_cluster import (
 from tests.cluster.test_cluster_idempotency import finished_keys_retried_at_once
 from tests.edge.test_dashboard_auth import PASSWORD, csrf_in
 from tests.money.test_durable_money import CONFIG, OUT_PRICE, WORST_CASE
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster
 from tests.support.procs import (
     Server,

@@ -93,7 +93,7 @@ def test_every_toml_snippet_of_the_docs_loads(
 
 
 def test_there_are_snippets_to_check() -> None:
-    assert {path.name for path, _, _ in SNIPPETS} >= {"README.md", "CONFIG.md"}
+    assert {path.name for path, _, _ in SNIPPETS} >= {"clients.md", "CONFIG.md", "openai.md"}
 
 
 def test_the_policy_snippets_validate_and_every_policy_key_is_documented() -> None:
@@ -125,9 +125,9 @@ def test_every_key_and_override_is_in_the_reference() -> None:
         assert f"`{name}`" in reference, name
 
 
-def readme_block(heading: str) -> str:
-    """The first ```sh block after ``heading`` in README.md."""
-    text = (REPO_ROOT / "README.md").read_text()
+def readme_block(heading: str, page: str = "README.md") -> str:
+    """The first ```sh block after ``heading`` in README.md (or another ``page``)."""
+    text = (REPO_ROOT / page).read_text()
     section = text[text.index(heading) :]
     return fenced_text(section)
 
@@ -147,10 +147,11 @@ def free_port() -> int:
 @pytest.mark.timeout(180)
 @pytest.mark.processes
 def test_the_readme_operator_blocks_work_as_typed(tmp_path: Path) -> None:
-    """The operator block, the Claude Code block, then the configuration block, typed into
-    a fresh bash in a checkout whose ``.venv`` holds this test's interpreter and the
+    """The README's operator block, then the Claude Code block of docs/clients.md and the
+    configuration block of docs/providers/openai.md (in the walk-through's shell), typed
+    into a fresh bash in a checkout whose ``.venv`` holds this test's interpreter and the
     command's entry point; the fake key stands for a real one (the provider is never
-    called)."""
+    called). The walk-through leaves no file in the checkout but its database."""
     bin_dir = tmp_path / ".venv" / "bin"  # what `pip install .` makes of pyproject.toml
     bin_dir.mkdir(parents=True)
     (bin_dir / "python3").symlink_to(sys.executable)
@@ -162,8 +163,10 @@ def test_the_readme_operator_blocks_work_as_typed(tmp_path: Path) -> None:
     )
     entry.chmod(0o755)
     operator = readme_block("## Operating it from the command line")
-    claude_code = readme_block("## Claude Code and the Anthropic SDKs")
-    configured = readme_block("## Configuration: a real provider")
+    claude_code = readme_block("## Claude Code and the Anthropic SDKs", "docs/clients.md")
+    configured = readme_block(
+        "## A configuration that serves live keys", "docs/providers/openai.md"
+    )
     configured = configured.replace("export OPENAI_API_KEY=sk-...", "export OPENAI_API_KEY=sk-x")
     blocks = operator + claude_code + configured
     script = "set -euo pipefail\nset -m\n" + blocks + "kill %1; wait\n"
@@ -193,3 +196,5 @@ def test_the_readme_operator_blocks_work_as_typed(tmp_path: Path) -> None:
     assert '"object":"key"' in out or '"prefix"' in out, out
     assert "svc_live_" in out  # the live key of the configuration block
     assert '"type":"message"' in out  # the Claude Code block's call of /v1/messages
+    left = {path.name for path in tmp_path.iterdir()} - {".venv", "snippet.toml"}
+    assert {name for name in left if not name.startswith("svc-gateway.db")} == set(), left

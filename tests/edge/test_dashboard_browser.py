@@ -7,8 +7,8 @@ Each page is saved as a screenshot: into docs/dashboard/ (the committed set) whe
 ``SVC_DASHBOARD_SHOTS=1``, otherwise into a temporary directory, so a test run leaves
 the work tree as it was (times and ids differ on every run).
 
-Without chromium these tests are skipped, except in CI (``CI`` set), where .ci/run
-installs it and a missing browser is a failure.
+Without chromium these tests are skipped, except where every tool is required (``CI``
+set, or ``SVC_REQUIRE_ALL=1``: tests/support/tools.py), where a missing browser fails.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import openai
 import pytest
 
 from tests.support.procs import ADMIN_TOKEN, REPO_ROOT, Server, base_env, cli_json, start_server
+from tests.support.tools import missing_tool
 
 pytestmark = pytest.mark.browser
 
@@ -51,9 +52,7 @@ PASSWORD = "correct horse battery staple"
 TIMEOUT_MS = 15_000
 
 if not Path(CHROMIUM).exists() and not shutil.which(CHROMIUM):
-    if os.environ.get("CI"):
-        raise RuntimeError(f"chromium is required in CI ({CHROMIUM}); .ci/run installs it")
-    pytest.skip(f"no chromium at {CHROMIUM}", allow_module_level=True)
+    missing_tool("chromium", f"looked for {CHROMIUM}", module=True)
 
 
 @dataclass

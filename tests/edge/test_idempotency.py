@@ -18,10 +18,10 @@ import orjson
 import pytest
 import trio
 
+from gateway.fakes.fake_upstream import FakeUpstream
 from shards import FakeClock
 from tests.calls.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 from tests.conftest import Gateway, start_gateway
-from tests.support.fake_upstream import FakeUpstream
 
 pytestmark = pytest.mark.both_stores
 

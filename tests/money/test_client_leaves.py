@@ -1,7 +1,7 @@
 """A client that leaves a non-streamed call mid-way (issue 29, point 3).
 
 One ``python -m gateway serve`` process (tests/support/procs.py) on a SQLite file, logging JSON;
-a live key calls the fake upstream (tests/support/fake_upstream.py), which holds the call
+a live key calls the fake upstream (gateway/fakes/fake_upstream.py), which holds the call
 (``[[fault hold]]``) and counts a held call whose connection the gateway closed
 (``abandoned``). The client is a raw socket, closed once the upstream holds the call.
 
@@ -27,9 +27,9 @@ import orjson
 import pytest
 import trio
 
+from gateway.fakes.fake_upstream import WORDS, FakeUpstream
 from tests.conftest import db_for
 from tests.money.test_durable_money import chat_body, live_key, nanos, start
-from tests.support.fake_upstream import WORDS, FakeUpstream
 from tests.support.procs import Server
 from tests.support.waiting import until
 

@@ -1,7 +1,7 @@
 """Durable money against real processes (DESIGN.md "Durable money").
 
 The gateway runs as ``python -m gateway serve`` (tests/support/procs.py) on a real SQLite file,
-live keys call the fake upstream (tests/support/fake_upstream.py, a real server in this test's
+live keys call the fake upstream (gateway/fakes/fake_upstream.py, a real server in this test's
 trio loop), and the process is killed with SIGKILL mid-load, then restarted on the same
 file; or stopped with SIGTERM while streams are open. Every wait is on an event of the
 fake upstream or of the clients, bounded by ``trio.fail_after``.
@@ -21,9 +21,9 @@ import orjson
 import pytest
 import trio
 
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.calls.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 from tests.conftest import db_for, query_db, start_gateway
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.procs import ADMIN_TOKEN, Server, base_env, start_server
 
 MAX_TOKENS = 50

@@ -24,9 +24,9 @@ import psycopg
 import pytest
 import trio
 
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.cluster.test_cluster import start_node
 from tests.money.test_durable_money import WORST_CASE, chat_body, live_key, nanos, received_markers
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster
 from tests.support.procs import Server
 

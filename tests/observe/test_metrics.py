@@ -20,10 +20,10 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from gateway.config.settings import load_config
+from gateway.fakes.fake_upstream import FakeUpstream
 from gateway.observe.metrics import ENDPOINTS, endpoint_of
 from tests.calls.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_upstream import FakeUpstream
 
 REPO = Path(__file__).resolve().parents[2]
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -23,6 +23,7 @@ import trio
 
 from gateway.accounts.key_record import parse_token
 from gateway.config.settings import ConfigError, ObservabilityConfig, load_config
+from gateway.fakes.fake_upstream import WORDS, FakeUpstream
 from tests.calls.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 from tests.conftest import Gateway, make_config, start_gateway
 from tests.support.fake_collector import (
@@ -31,7 +32,6 @@ from tests.support.fake_collector import (
     closed_port,
     running_collector,
 )
-from tests.support.fake_upstream import WORDS, FakeUpstream
 from tests.support.procs import base_env, start_server
 from tests.support.waiting import until
 

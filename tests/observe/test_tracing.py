@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import trio
 
+from gateway.fakes.fake_upstream import FakeUpstream
 from gateway.observe.tracing import from_headers
 from tests.calls.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 from tests.conftest import Gateway, start_gateway
-from tests.support.fake_upstream import FakeUpstream
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"

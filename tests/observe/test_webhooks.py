@@ -27,6 +27,7 @@ import trio
 from gateway.accounts.catalog import NANOS_PER_USD
 from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.config.settings import Config
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.calls.test_live_settlement import (
     IN_PRICE,
     MAX_TOKENS,
@@ -35,7 +36,6 @@ from tests.calls.test_live_settlement import (
     live_config,
 )
 from tests.conftest import Gateway, start_gateway
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.procs import assert_one_line_error, base_env, cli_json, run_cli, start_server
 
 

@@ -1,4 +1,4 @@
-"""The anthropic kind against the fake Messages API (tests/support/fake_anthropic.py), a
+"""The anthropic kind against the fake Messages API (gateway/fakes/fake_anthropic.py), a
 real server that refuses what the real API refuses: every call here also checks that the
 translated request was one Anthropic accepts (``fake.rejected`` stays empty)."""
 
@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from gateway.config.settings import ProviderConfig
+from gateway.fakes.fake_anthropic import ERROR_TEXT, FakeAnthropic
 from gateway.providers.anthropic import AnthropicProvider
 from gateway.providers.anthropic_translate import ANSWER_TOOL, DEFAULT_MAX_TOKENS
 from gateway.providers.base import (
@@ -27,7 +28,6 @@ from gateway.providers.base import (
     ProviderTimedOut,
     ProviderUnreachable,
 )
-from tests.support.fake_anthropic import ERROR_TEXT, FakeAnthropic
 
 KEY = "anthropic.test.credential~1"
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk"

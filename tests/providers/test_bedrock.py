@@ -11,6 +11,7 @@ import pytest
 import trio
 
 from gateway.config.settings import ProviderConfig
+from gateway.fakes.fake_bedrock import FakeBedrock
 from gateway.providers.base import (
     ProviderDropped,
     ProviderError,
@@ -24,7 +25,6 @@ from gateway.providers.base import (
 )
 from gateway.providers.bedrock import BedrockProvider
 from gateway.providers.bedrock.converse import converse_request, ignored_parameters
-from tests.support.fake_bedrock import FakeBedrock
 
 KEY_ID = "AKIAFAKEBEDROCK00001"
 SECRET = "fake/Secret+Access/Key0123456789abcdefXYZ"

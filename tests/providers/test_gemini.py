@@ -1,5 +1,5 @@
 """The gemini kind (gateway/providers/gemini/) against the fake Gemini API, a real server
-that refuses every request the real API would refuse (tests/support/fake_gemini.py);
+that refuses every request the real API would refuse (gateway/fakes/fake_gemini.py);
 and its translations, table by table."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from gateway.config.settings import ProviderConfig, load_config
+from gateway.fakes.fake_gemini import PIXEL, SIGNATURE, WEATHER, FakeGemini
 from gateway.providers.base import (
     EmbeddingRequest,
     ProviderDropped,
@@ -30,7 +31,6 @@ from gateway.providers.gemini.gemini_request import generate_request, tool_call_
 from gateway.providers.gemini.gemini_schema import SchemaRefused, gemini_schema
 from gateway.providers.mock import MockProvider
 from gateway.providers.registry import build_providers
-from tests.support.fake_gemini import PIXEL, SIGNATURE, WEATHER, FakeGemini
 
 KEY = "gemini.test.key~0123456789"
 

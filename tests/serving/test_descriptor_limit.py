@@ -7,7 +7,7 @@ when too few client connections would be left. It used to serve with a cap of 1.
 
 The process tests run real ``serve`` processes whose soft and hard descriptor limits
 are lowered before they start, live keys calling the fake upstream
-(tests/support/fake_upstream.py) in this test's trio loop.
+(gateway/fakes/fake_upstream.py) in this test's trio loop.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import pytest
 import trio
 
 from gateway.config.settings import Config, ProviderConfig, ServerConfig
+from gateway.fakes.fake_upstream import FakeUpstream
 from gateway.serving.connections import (
     MIN_CLIENT_CONNECTIONS,
     RESERVED_DESCRIPTORS,
     DescriptorLimitError,
     fit_descriptor_limit,
 )
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.procs import (
     ADMIN_TOKEN,
     START_TIMEOUT_S,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from functools import partial
 from pathlib import Path
@@ -69,10 +70,12 @@ class Served:
 
 
 async def test_readyz_is_503_while_start_up_work_runs(
-    nursery: trio.Nursery, tmp_path: Path
+    nursery: trio.Nursery, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Start-up work (the rebuild, then a step the test holds) runs while hypercorn
-    already answers: /healthz ok, /readyz starting, every other path 503."""
+    already answers: /healthz ok, /readyz starting (logged and counted with the code
+    ``unready``, never ``internal_error``), every other path 503."""
+    caplog.set_level(logging.INFO, logger="gateway.request")
     runtime = Runtime.open(make_config(tmp_path))
     release = trio.Event()
     runtime.readiness.startup.append(release.wait)
@@ -83,6 +86,10 @@ async def test_readyz_is_503_while_start_up_work_runs(
         starting = await get(server.url, "/readyz")
         assert starting.status_code == 503
         assert starting.json() == {"status": "unready", "reason": "starting"}
+        lines = [r.getMessage() for r in caplog.records if "/readyz" in r.getMessage()]
+        assert lines == ["GET /readyz 503 unready"], lines
+        scraped = (await get(server.url, "/metrics")).text
+        assert 'svc_requests_total{code="unready",endpoint="other",status="503"} 1.0' in scraped
         refused = await get(server.url, "/v1/models")
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "service_unavailable"

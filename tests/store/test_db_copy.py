@@ -20,10 +20,10 @@ import pytest
 import trio
 
 from gateway.config.settings import Config
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.calls.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 from tests.conftest import Gateway, start_gateway
 from tests.edge.test_dashboard_auth import PASSWORD, admin_user, signed_in
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster
 from tests.support.procs import assert_one_line_error, run_cli
 

@@ -21,12 +21,12 @@ import pytest
 import trio
 
 from gateway.config.settings import Config
+from gateway.fakes.fake_upstream import FakeUpstream
 from gateway.observe import alerts
 from gateway.store import READ_RETRY_S, Store
 from gateway.store.sql import Conn
 from tests.calls.test_live_settlement import UPSTREAM_KEY, body_for, live_config
 from tests.conftest import start_gateway
-from tests.support.fake_upstream import FakeUpstream
 from tests.support.pg_cluster import Cluster, free_port
 from tests.support.procs import Server, assert_one_line_error, base_env, run_cli, start_server
 from tests.support.waiting import until

@@ -1,9 +1,11 @@
-"""The Keys pages: the organisation's keys with today's and this month's spend, and every
+"""The Keys pages: the organisation's keys with today's and this month's spend, every
 change an owner or admin makes to them, each through :mod:`gateway.accounts.key_actions` (the
-admin API's code) so the dashboard follows exactly the rules of the CLI."""
+admin API's code) so the dashboard follows exactly the rules of the CLI; a key's page also
+lists its refused calls of the last 30 days (no record each: counts by day and code)."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from quart import Response, request
@@ -15,6 +17,7 @@ from gateway.edge.dashboard.web import User, bp, form_user, page, page_user, see
 from gateway.edge.http import caught_up, runtime
 from gateway.edge.routes.key import key_view
 from gateway.errors import GatewayError
+from gateway.store.refusal_counts import refusal_rows
 
 NOTICES = {
     "disable": "Key {name} is disabled: its calls are refused until it is enabled.",
@@ -146,7 +149,17 @@ def _caps_values(record: KeyRecord) -> dict[str, Any]:
     return {f"caps.{name}": value for name, value in record.caps.public().items()}
 
 
-def _caps_context(record: KeyRecord, values: dict[str, Any], errors: dict[str, str]) -> Any:
+#: the key's page lists its refused calls of this many days, today's included
+REFUSALS_DAYS = 30
+
+
+async def _caps_context(
+    record: KeyRecord, values: dict[str, Any], errors: dict[str, str]
+) -> dict[str, Any]:
+    rt = runtime()
+    today = datetime.fromtimestamp(rt.clock.now(), UTC).date()
+    since = (today - timedelta(days=REFUSALS_DAYS - 1)).isoformat()
+    refused = await rt.store.read(refusal_rows, [record.id], None, since, today.isoformat())
     return {
         "nav": "keys",
         "key": record,
@@ -154,6 +167,8 @@ def _caps_context(record: KeyRecord, values: dict[str, Any], errors: dict[str, s
         "errors": errors,
         "cap_fields": forms.CAP_LABELS,
         "blank": forms.blank_means(),
+        "refusals": refused,
+        "since": since,
     }
 
 
@@ -161,7 +176,7 @@ def _caps_context(record: KeyRecord, values: dict[str, Any], errors: dict[str, s
 async def caps_form(key_id: str) -> Response:
     user = await page_user()
     record = await org_key(user, key_id)
-    return await page("key_caps.html", **_caps_context(record, _caps_values(record), {}))
+    return await page("key_caps.html", **await _caps_context(record, _caps_values(record), {}))
 
 
 @bp.post("/keys/<key_id>/caps")
@@ -174,5 +189,6 @@ async def save_caps(key_id: str) -> Response:
         await audit.record(user, "key.caps_changed", record.name, record.prefix)
     except GatewayError as error:
         errors = {error.param or "form": error.message or ""}
-        return await page("key_caps.html", 400, **_caps_context(record, form.to_dict(), errors))
+        context = await _caps_context(record, form.to_dict(), errors)
+        return await page("key_caps.html", 400, **context)
     return see_other(f"/dashboard/keys?notice=caps:{record.id}")

@@ -1,7 +1,7 @@
 """The read-only pages: Usage (a chart a day over a date range, totals by day, key, model
-or tag, CSV), Requests (the records, newest first, filtered by date, key, model, status
-and tag, in keyset pages; one record's detail) and Credits (balance, reserved, the
-ledger).
+or tag, CSV; the refused calls by day, key and code), Requests (the records, newest
+first, filtered by date, key, model, status and tag, in keyset pages; one record's
+detail) and Credits (balance, reserved, the ledger).
 
 They read through the same functions as ``/v1/usage``, ``/v1/requests/{id}`` and
 ``/v1/credits``, over every key of the signed-in user's organisation.
@@ -29,6 +29,7 @@ from gateway.edge.routes.usage import EMPTY, GROUPS, credits_view, request_view,
 from gateway.errors import GatewayError
 from gateway.store import cache_entries, records
 from gateway.store import dashboard as ops
+from gateway.store.refusal_counts import refusal_rows
 
 PAGE_SIZE = 50
 LEDGER_ROWS = 100
@@ -73,6 +74,7 @@ async def _usage(user: User, span: time_range.TimeRange) -> dict[str, Any]:
 
     # what the response cache saved, by key: the original cost of each hit
     saved = await rt.store.read(cache_entries.saved_by_key, user.org_id, *span.bounds)
+    refused = await rt.store.read(refusal_rows, key_ids, None, *args[1:])
     points = {(row["day"], label(row["grp"])): nanos_to_usd(row[metric] or 0) for row in daily}
     title = f"Daily spend by {by}, {span.start} to {span.end}"
     chart, legend = bar_chart(span.days, points, title)
@@ -91,6 +93,7 @@ async def _usage(user: User, span: time_range.TimeRange) -> dict[str, Any]:
             for key_id, nanos in sorted(saved.items())
             if key_id in names
         ],
+        "refusals": [{**r, "key": names.get(r["key_id"], r["key_id"])} for r in refused],
     }
 
 

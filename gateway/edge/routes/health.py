@@ -14,7 +14,9 @@ from __future__ import annotations
 from quart import Quart, Response
 
 from gateway import __version__
+from gateway.edge.exchange import refused
 from gateway.edge.http import json_response, runtime
+from gateway.observe.metrics import UNREADY
 from gateway.serving.readiness import STORE_TIMEOUT_S, Phase, unready_reason
 
 #: answered in every phase; every other path waits for READY (see gateway.edge.app)
@@ -39,6 +41,7 @@ async def readyz() -> Response:
     )
     if reason is None:
         return json_response({"status": "ready"}, headers=NO_STORE)
+    refused(UNREADY)  # logged and counted as what it is: no code would read internal_error
     return json_response({"status": "unready", "reason": reason}, 503, headers=NO_STORE)
 
 

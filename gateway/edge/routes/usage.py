@@ -1,9 +1,10 @@
 """Reads with usage:read: GET /v1/usage, GET /v1/credits, GET /v1/requests/{id}.
 
-Answered from the store (usage, records) and the organisation's account in the shards
-(credits). Costs: ``cost_usd`` is what was billed; ``settled_usd`` is what counted
-against spend caps (they differ when a provider reported no usage, and for sandbox keys,
-which are never billed).
+Answered from the store (usage, records, and ``refusals``: the key's and its sub-keys'
+refused calls counted by day and code, :mod:`gateway.observe.refused_calls`) and the
+organisation's account in the shards (credits). Costs: ``cost_usd`` is what was billed;
+``settled_usd`` is what counted against spend caps (they differ when a provider reported
+no usage, and for sandbox keys, which are never billed).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from gateway.edge.auth import admit_reader
 from gateway.edge.http import json_response, runtime
 from gateway.errors import GatewayError
 from gateway.store import records
+from gateway.store.refusal_counts import refusal_rows
 
 if TYPE_CHECKING:
     from gateway.serving.runtime import Runtime
@@ -185,6 +187,7 @@ async def get_usage() -> Response:
     if group is not None:
         rows = await rt.store.read(records.usage_rows, *args, group)
         body["data"] = [{"group": row["grp"], **usage_totals(row)} for row in rows]
+    body["refusals"] = await rt.store.read(refusal_rows, key_ids, None, *args[1:])
     return json_response(body)
 
 

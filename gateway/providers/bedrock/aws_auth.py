@@ -1,7 +1,8 @@
 """AWS credentials of a bedrock provider, SigV4 signing by botocore, and their redaction.
 
-Credentials are read from the environment at each call (as the other kinds read their key
-at each use): a rotated key pair takes effect without a restart. Where they come from:
+Credentials are read from the process environment at each call (as the other kinds read
+their key at each use). That environment is fixed when the process starts, so a rotated
+key pair takes effect at the next start. Where they come from:
 
     the call's ProviderRequest.api_key     credentials
     -------------------------------------  ------------------------------------------------

@@ -33,7 +33,7 @@ import h11
 import orjson
 import trio
 
-from tests.support.fake_upstream import (
+from gateway.fakes.fake_upstream import (
     FakeUpstream,
     _completion,
     _event,
@@ -174,7 +174,11 @@ class FakeAzure(FakeUpstream):
         return await self._answer_with(conn, stream, body, message)
 
     async def _answer_with(
-        self, conn: h11.Connection, stream: trio.SocketStream, body: dict, message: dict
+        self,
+        conn: h11.Connection,
+        stream: trio.SocketStream,
+        body: dict[str, Any],
+        message: dict[str, Any],
     ) -> bool:
         """Answer ``message`` (a tool call, or JSON content), streamed or not."""
         reason = "tool_calls" if "tool_calls" in message else "stop"

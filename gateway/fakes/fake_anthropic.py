@@ -38,7 +38,7 @@ import h11
 import orjson
 import trio
 
-from tests.support.fake_upstream import WORDS, _send, directives, serve_loopback
+from gateway.fakes.fake_upstream import WORDS, _send, directives, serve_loopback
 
 VERSION = "2023-06-01"
 ERROR_TEXT = "anthropic says no: see https://internal.example/v1/x key sk-ant-abcdefgh12345678"
@@ -104,6 +104,8 @@ class FakeAnthropic:
     #: the x-api-key values it accepts
     keys: set[str] = field(default_factory=set)
     url: str = ""
+    #: the loopback port to listen on (0: a free one)
+    port: int = 0
     calls: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     headers: list[dict[str, str]] = field(default_factory=list)
@@ -118,7 +120,7 @@ class FakeAnthropic:
             self.url = f"http://127.0.0.1:{port}"
             task_status.started(self)
 
-        await serve_loopback(self._answer, started)
+        await serve_loopback(self._answer, started, self.port)
 
     async def _answer(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
@@ -170,7 +172,7 @@ class FakeAnthropic:
             return await _stream_answer(
                 conn, stream, body, faults, blocks, usage, ending, self.reply
             )
-        message = {
+        answer = {
             "id": "msg_fake01",
             "type": "message",
             "role": "assistant",
@@ -180,7 +182,7 @@ class FakeAnthropic:
             "stop_sequence": stop_sequence,
             "usage": usage,
         }
-        await _send(conn, stream, 200, orjson.dumps(message))
+        await _send(conn, stream, 200, orjson.dumps(answer))
         return True
 
     def _check(self, request: h11.Request, headers: dict[str, str], body: Any) -> None:

@@ -81,6 +81,8 @@ def prompt_tokens(body: dict[str, Any]) -> int:
 @dataclass
 class FakeUpstream:
     url: str = ""
+    #: the loopback port to listen on (0: a free one)
+    port: int = 0
     calls: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     auth: list[str | None] = field(default_factory=list)
@@ -128,7 +130,7 @@ class FakeUpstream:
             self.url = f"http://127.0.0.1:{port}/v1"
             task_status.started(self)
 
-        await serve_loopback(self._answer, started)
+        await serve_loopback(self._answer, started, self.port)
 
     async def _answer(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
@@ -231,7 +233,11 @@ class FakeUpstream:
         return not left
 
     async def _stream(
-        self, conn: h11.Connection, stream: trio.SocketStream, body: dict, faults: dict[str, str]
+        self,
+        conn: h11.Connection,
+        stream: trio.SocketStream,
+        body: dict[str, Any],
+        faults: dict[str, str],
     ) -> bool:
         content, usage = _reply(body, faults, self.max_words)
         head = h11.Response(
@@ -246,6 +252,7 @@ class FakeUpstream:
             {"content": piece} for piece in (self.reply if self.reply is not None else words)
         ]
         delay = float(faults.get("chunk_delay", 0))
+        last: dict[str, Any] = {}
         if "usage_with_content" in faults:
             last = {"index": 0, "delta": pieces.pop(), "finish_reason": "stop"}
         for index, delta in enumerate(pieces):
@@ -287,7 +294,7 @@ class FakeUpstream:
         return True
 
     async def _embeddings(
-        self, conn: h11.Connection, stream: trio.SocketStream, body: dict
+        self, conn: h11.Connection, stream: trio.SocketStream, body: dict[str, Any]
     ) -> bool:
         inputs = body.get("input")
         inputs = [inputs] if isinstance(inputs, str) else list(inputs or [])
@@ -353,10 +360,10 @@ def _completion(
 Answer = Callable[[h11.Connection, trio.SocketStream, h11.Request, bytes], Awaitable[bool]]
 
 
-async def serve_loopback(answer: Answer, started: Callable[[int], None]) -> None:
-    """Serve on a free loopback port (``started`` is told which), each connection's
-    requests answered in turn by ``answer``."""
-    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+async def serve_loopback(answer: Answer, started: Callable[[int], None], port: int = 0) -> None:
+    """Serve on a loopback port (0: a free one; ``started`` is told which), each
+    connection's requests answered in turn by ``answer``."""
+    listeners = await trio.open_tcp_listeners(port, host="127.0.0.1")
     started(listeners[0].socket.getsockname()[1])
     await trio.serve_listeners(partial(serve_connection, answer=answer), listeners)
 

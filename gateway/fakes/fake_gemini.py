@@ -45,9 +45,9 @@ import h11
 import orjson
 import trio
 
+from gateway.fakes.fake_upstream import WORDS, _send, serve_loopback
 from gateway.providers.gemini.gemini_schema import SCHEMA_FIELDS as SCHEMA
 from gateway.providers.gemini.gemini_schema import TYPES
-from tests.support.fake_upstream import WORDS, _send, serve_loopback
 
 _DIRECTIVE = re.compile(r"\[\[fault ([^\]]*)\]\]")
 TOP_LEVEL = frozenset(
@@ -161,6 +161,8 @@ def prompt_tokens(body: dict[str, Any]) -> int:
 class FakeGemini:
     key: str
     url: str = ""
+    #: the loopback port to listen on (0: a free one)
+    port: int = 0
     calls: int = 0
     bodies: list[dict[str, Any]] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)
@@ -174,7 +176,7 @@ class FakeGemini:
             self.url = f"http://127.0.0.1:{port}"
             task_status.started(self)
 
-        await serve_loopback(self._reply, started)
+        await serve_loopback(self._reply, started, self.port)
 
     async def _reply(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes

@@ -56,7 +56,7 @@ from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from tests.support.fake_upstream import WORDS, directives, serve_loopback
+from gateway.fakes.fake_upstream import WORDS, directives, serve_loopback
 
 TOP_LEVEL = {
     "messages", "system", "inferenceConfig", "toolConfig", "guardrailConfig",
@@ -96,6 +96,8 @@ class Rejected(Exception):
 @dataclass
 class FakeBedrock:
     url: str = ""
+    #: the loopback port to listen on (0: a free one)
+    port: int = 0
     calls: int = 0
     #: access key id → (secret access key, session token or None)
     credentials: dict[str, tuple[str, str | None]] = field(default_factory=dict)
@@ -111,7 +113,7 @@ class FakeBedrock:
             self.url = f"http://127.0.0.1:{port}"
             task_status.started(self)
 
-        await serve_loopback(self._answer, started)
+        await serve_loopback(self._answer, started, self.port)
 
     async def _answer(
         self, conn: h11.Connection, stream: trio.SocketStream, request: h11.Request, raw: bytes
