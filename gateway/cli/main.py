@@ -804,7 +804,7 @@ def user_reset_password(
 
 @main.group()
 def cache() -> None:
-    """The response cache (``[cache]``): drop its entries."""
+    """The response cache ([cache] in the config file): drop its entries."""
 
 
 @cache.command("clear")
