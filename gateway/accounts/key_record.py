@@ -95,7 +95,10 @@ CAP_FIELDS = ("usd_day", "usd_month", "rpm", "tpm", "max_in_flight", "max_output
 #: the fields that :meth:`KeyRecord.to_row` and :meth:`KeyRecord.from_row` convert (the
 #: shard reference is never stored); the other fields are columns stored as they are
 _CONVERTED = frozenset(
-    {"scopes", "caps", "byok", "allowed_models", "required_tags", "default_tags", "shard_ref"}
+    {
+        *("scopes", "caps", "byok", "allowed_models", "required_tags", "default_tags"),
+        *("shard_ref", "allowed_tools"),
+    }
 )
 
 
@@ -122,6 +125,8 @@ class KeyRecord:
     last_used_at: float | None = None
     parent_id: str | None = None
     rotated_to: str | None = None
+    #: MCP tool patterns this key may call (gateway/accounts/tool_rules.py); None: every tool
+    allowed_tools: tuple[str, ...] | None = None
     #: the key resolved in the shard pool (never stored): admission messages carry it,
     #: see :class:`shards.KeyRef`; the keyring sets it when the record is born
     shard_ref: KeyRef | None = field(default=None, compare=False, repr=False)
@@ -144,6 +149,7 @@ class KeyRecord:
             caps=self.caps.public(),
             byok=int(self.byok),
             allowed_models=list(allowed) if allowed is not None else None,
+            allowed_tools=list(self.allowed_tools) if self.allowed_tools is not None else None,
             required_tags=self.required_tags,
             default_tags=self.default_tags,
         )
@@ -162,6 +168,7 @@ class KeyRecord:
             caps=Caps.from_dict(row["caps"]),
             byok=bool(row["byok"]),
             allowed_models=tuple(allowed) if allowed is not None else None,
+            allowed_tools=tuple(tools) if (tools := row.get("allowed_tools")) is not None else None,
             required_tags=row.get("required_tags") or {},
             default_tags=row.get("default_tags") or {},
         )
@@ -181,6 +188,7 @@ class KeyRecord:
             "allowed_model_keys": list(self.allowed_models)
             if self.allowed_models is not None
             else None,
+            "allowed_tools": list(self.allowed_tools) if self.allowed_tools is not None else None,
             "caps": self.caps.public(),
             "required_tags": dict(self.required_tags),
             "default_tags": dict(self.default_tags),

@@ -29,6 +29,7 @@ from shards import KeyRef
 _ROTATED = (
     *("org_id", "name", "mode", "family_id", "status", "environment", "scopes", "caps"),
     *("data_mode", "byok", "allowed_models", "required_tags", "default_tags", "expires_at"),
+    "allowed_tools",
 )
 
 

@@ -32,6 +32,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gateway.config.mcp_servers import McpConfigError, McpServerConfig, parse_mcp_servers
+
 MODEL_CAPABILITIES = ("tools", "structured_output", "vision", "web_search")
 MODEL_KINDS = ("chat", "embedding")
 #: how a model's deployments are chosen (docs/decisions/routing.md)
@@ -98,7 +100,7 @@ MODEL_KEYS = (
 #: the keys of a ``[[models.deployments]]`` table
 DEPLOYMENT_KEYS = ("provider", "upstream_id", "weight", "rpm", "tpm")
 #: the top-level tables of the file
-TABLES = ("server", "cluster", "observability", "providers", "models")
+TABLES = ("server", "cluster", "observability", "providers", "models", "mcp_servers")
 
 
 def provider_keys(kind: str) -> tuple[str, ...]:
@@ -360,6 +362,8 @@ class Config:
     providers: tuple[ProviderConfig, ...] = ()
     models: tuple[ModelConfig, ...] = ()
     source: str | None = None
+    #: the MCP servers fronted at /mcp (gateway/config/mcp_servers.py)
+    mcp_servers: tuple[McpServerConfig, ...] = ()
 
     def provider(self, name: str) -> ProviderConfig:
         for provider in self.providers:
@@ -780,6 +784,10 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
     server = _parse_server(server_table)
     cluster = _parse_cluster(data.get("cluster", {}))
     observability = _parse_observability(data.get("observability", {}))
+    try:
+        mcp_servers = parse_mcp_servers(data.get("mcp_servers"))
+    except McpConfigError as exc:
+        raise ConfigError(str(exc)) from None
     provider_tables = data.get("providers")
     model_tables = data.get("models")
     if provider_tables is None and model_tables is None:
@@ -791,6 +799,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
             providers=base.providers,
             models=base.models,
             source=source,
+            mcp_servers=mcp_servers,
         )
     if not isinstance(provider_tables, list) or not provider_tables:
         raise ConfigError("providers: at least one [[providers]] table is required")
@@ -814,7 +823,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         raise ConfigError("models: at most one model of kind embedding is served")
     _check_fallbacks(models)
     _check_mock_deployments(models, {p.name: p.kind for p in providers})
-    return Config(server, cluster, observability, providers, models, source)
+    return Config(server, cluster, observability, providers, models, source, mcp_servers)
 
 
 def _env_workers(value: str) -> int:

@@ -72,6 +72,7 @@ ENDPOINTS = (
     "requests",
     "admin",
     "other",
+    "mcp",
 )
 #: the code of a request whose client left before any answer (status 499, nginx's)
 CLIENT_CLOSED = "client_closed"
@@ -109,6 +110,7 @@ _EXACT = {
     "/v1/keys": "keys",
     "/v1/usage": "usage",
     "/v1/credits": "credits",
+    "/mcp": "mcp",
 }
 
 # series are only ever read through our registries; "_created" twins would double them
@@ -267,6 +269,12 @@ class Metrics:
         if dropped_spans is not None:
             registry.register(_DroppedSpansCollector(dropped_spans))
         ProcessCollector(registry=registry)
+        self.tool_calls = Counter(
+            "svc_tool_calls_total",
+            "MCP tools/call requests by server, tool and outcome code (ok: answered).",
+            ["server", "tool", "code"],
+            registry=registry,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
 
     def _child(self, metric: Any, *labels: str) -> Any:
@@ -351,6 +359,11 @@ class Metrics:
         if self.enabled:
             labels = self._deployment(model, provider, index)
             self._child(self.deployment_ttfb, *labels).observe(seconds)
+
+    def tool_called(self, server: str, tool: str, code: str) -> None:
+        """One MCP tools/call that named a server this key reaches (refused ones too)."""
+        if self.enabled:
+            self._child(self.tool_calls, server, tool, code).inc()
 
     def refused(self, code: str) -> None:
         """An admission refusal (rate, in-flight, caps, credits, budget, unavailable)."""

@@ -46,6 +46,8 @@ from gateway.providers.registry import build_providers, live_on_mock_message
 from gateway.serving.node import Node
 from gateway.serving.readiness import Readiness
 from gateway.store import Store, StoreError, is_postgres, node_leases, records
+from gateway.tools.catalog import ToolCatalog
+from gateway.tools.walk import ToolParts
 from gateway.store import claims as idempotency_ops
 from shards import ShardPool, SystemClock
 from shards.clock import Clock
@@ -129,6 +131,13 @@ class Runtime:
             nursery=lambda: self.nursery,
             router=Router(metrics=self.metrics),
             spans=self.spans,
+        )
+        #: what an MCP tools/call uses: the calls' parts, the upstream MCP servers
+        self.tool_parts = ToolParts(
+            calls=self.call_parts,
+            catalog=ToolCatalog(self.config.mcp_servers, os.environ),
+            metrics=self.metrics,
+            unasked=self.mock,
         )
 
     def _open_spans(self) -> OtlpSpans | None:

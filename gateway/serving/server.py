@@ -7,6 +7,7 @@
       ├─ store writer      (nursery.start)
       ├─ shard pool        (nursery.start)
       ├─ spend alerts      (threshold checks and webhook delivery)
+      ├─ MCP upstreams     (a supervised session each: gateway/tools/upstream.py)
       ├─ last-used flusher
       └─ stream pumps      (one per streamed call, bounded by the call's deadline)
     then READY: ``task_status.started`` hands back the bound addresses
@@ -177,6 +178,7 @@ async def serve(
             await root.start(runtime.pool.run)
             await root.start(runtime.call_parts.keepalives.run)
             await root.start(runtime.alerts.run)
+            await root.start(runtime.tool_parts.catalog.run)  # the MCP upstreams' sessions
             if runtime.cluster is not None:
                 await root.start(runtime.cluster.run)
             root.start_soon(_flush_last_used, runtime)

@@ -419,6 +419,14 @@ def _m010_request_attempts(db: Database) -> None:
 _PG_010 = ("ALTER TABLE requests ADD COLUMN attempts TEXT",)
 
 
+def _m011_mcp_allowed_tools(db: Database) -> None:
+    """MCP: a key's ``allowed_tools`` (tool patterns, a JSON list; NULL: every tool)."""
+    db.table("keys").add_column("allowed_tools", str)
+
+
+_PG_011 = ("ALTER TABLE keys ADD COLUMN allowed_tools TEXT",)
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     """One schema version: its step on SQLite and its statements on PostgreSQL."""
@@ -438,6 +446,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m008_dashboard_people, _PG_008),
     Migration(_m009_sqlite_change_counter, ()),  # PostgreSQL's came with migration 7
     Migration(_m010_request_attempts, _PG_010),
+    Migration(_m011_mcp_allowed_tools, _PG_011),
 )
 
 

@@ -19,7 +19,7 @@ import orjson
 F = TypeVar("F", bound=Callable[..., Any])
 
 JSON_COLUMNS = {
-    "keys": ("scopes", "caps", "allowed_models", "required_tags", "default_tags"),
+    "keys": ("scopes", "caps", "allowed_models", "required_tags", "default_tags", "allowed_tools"),
     "orgs": ("policy",),
     "requests": ("tags", "usage", "attempts"),
     "idempotency": ("headers",),

@@ -1,0 +1,108 @@
+"""POST /mcp: the gateway as one MCP server (Streamable HTTP) over the operator's servers.
+
+The route only speaks HTTP: authenticate (step 1, the uniform 401), the inference scope
+(step 2), the body (bounded as every body), the JSON-RPC message
+(:mod:`gateway.tools.protocol`), then the method: ``tools/call`` is the governed walk
+(:mod:`gateway.tools.walk`), the others are reads that count in the key's request window
+and take no in-flight slot. Answers are JSON (never an SSE stream: the gateway sends no
+server-to-client messages); ``GET /mcp`` is 405 (no server stream), ``DELETE /mcp`` ends
+nothing (sessions live in their ids, not in a node).
+
+A refusal raised anywhere on this path is rendered by the app's error handler as a
+JSON-RPC error (:func:`mcp_refusal`) at the catalog's HTTP status; a protocol fault is
+answered here at the status the MCP transport gives its code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from quart import Quart, Response, request
+
+from gateway.edge.auth import admit_request, authenticate, require_scope
+from gateway.edge.exchange import ExchangeReport
+from gateway.edge.http import read_body, request_globals, request_id, runtime
+from gateway.errors import GatewayError
+from gateway.tools import protocol
+from gateway.tools.protocol import Message, ProtocolFault
+from gateway.tools.walk import TOOL_CALLS, call_tool
+
+MCP_PATH = "/mcp"
+_JSON = "application/json"
+
+
+def mcp_refusal(error: GatewayError) -> bytes:
+    """The body of a refusal on this path: a JSON-RPC error naming the request's id."""
+    return protocol.refusal(getattr(request_globals(), "jsonrpc_id", None), error)
+
+
+def _fault(fault: ProtocolFault) -> Response:
+    body = protocol.error(fault.request_id, fault.code, fault.message, fault.data)
+    return Response(body, status=fault.status, content_type=_JSON)
+
+
+async def post_mcp() -> Response:
+    rt = runtime()
+    record = await authenticate(rt)
+    await require_scope(rt, record, TOOL_CALLS.scope)
+    try:
+        raw = await read_body()
+    except GatewayError as refused:
+        await admit_request(rt, record)  # counted in the key's request window
+        if refused.code != "request_too_large":
+            raise
+        return _fault(ProtocolFault(-32600, refused.message or "The body is too large.", status=413))
+    headers = {name.lower(): value for name, value in request.headers.items()}
+    try:
+        message = protocol.read_message(raw, headers, record.fingerprint)
+    except ProtocolFault as fault:
+        await admit_request(rt, record)
+        return _fault(fault)
+    request_globals().jsonrpc_id = message.id
+    if message.id is None:  # a notification: nothing to answer
+        await admit_request(rt, record)
+        return Response("", status=202)
+    if message.method == "tools/call":
+        tags = request.headers.get("X-Svc-Tags")
+        report = ExchangeReport(rt.metrics)
+        value = await call_tool(rt.tool_parts, record, request_id(), message.params, tags, report)
+    else:
+        await admit_request(rt, record)
+        value = await _read(rt, record, message)
+    answer_headers = {}
+    if message.method == "initialize":
+        answer_headers[protocol.SESSION_HEADER] = protocol.session_id(
+            message.version, record.fingerprint
+        )
+    body = protocol.result(message, value)
+    return Response(body, status=200, headers=answer_headers, content_type=_JSON)
+
+
+async def _read(rt: Any, record: Any, message: Message) -> dict[str, Any]:
+    """A method other than ``tools/call``: its result."""
+    if message.method == "initialize":
+        return protocol.initialized(message)
+    if message.method == "server/discover":
+        return protocol.discovered()
+    if message.method == "tools/list":
+        org = rt.orgs.get(record.org_id)
+        return {"tools": await rt.tool_parts.catalog.listed(record, org, rt.clock.now())}
+    return {}  # ping
+
+
+async def get_mcp() -> Response:
+    """No server-to-client stream: the transport's answer is 405."""
+    return Response("", status=405, headers={"Allow": "POST, DELETE"})
+
+
+async def delete_mcp() -> Response:
+    """End a session: there is nothing to end (the session lives in its id)."""
+    rt = runtime()
+    await authenticate(rt)
+    return Response("", status=200)
+
+
+def register(app: Quart) -> None:
+    app.add_url_rule(MCP_PATH, "mcp", post_mcp, methods=["POST"])
+    app.add_url_rule(MCP_PATH, "mcp_stream", get_mcp, methods=["GET"])
+    app.add_url_rule(MCP_PATH, "mcp_end", delete_mcp, methods=["DELETE"])
