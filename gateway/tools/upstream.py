@@ -36,6 +36,8 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 from mcp_types import Implementation, ToolListChangedNotification
+from mcp_types.jsonrpc import CONNECTION_CLOSED
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 
 from gateway import __version__
@@ -49,6 +51,9 @@ CONNECT_S = 10.0
 RETRY_S = 0.5
 RETRY_MAX_S = 10.0
 TOOLS_MAX_AGE_S = 60.0
+STREAM_READ_S = 300.0
+#: connections to one upstream: the calls in flight are bounded by the keys' slots
+_POOL = httpx2.Limits(max_connections=1000, max_keepalive_connections=100)
 #: the mode the SDK's client negotiates: server/discover, else the initialize handshake
 _AUTO = "auto"
 _CLIENT_INFO = Implementation(name="svc-gateway", version=__version__)
@@ -71,7 +76,6 @@ class UpstreamFailure(Exception):
 #: the SDK's and its transports' failures, most specific first: the words, and whether
 #: the request may have reached the server
 _FAILURES: tuple[tuple[type[BaseException], str, bool], ...] = (
-    (MCPError, "answered an error", True),
     (ValidationError, "answered something that is not MCP", True),
     (httpx2.ConnectError, "is unreachable", False),
     (httpx2.TimeoutException, "did not answer in time", True),
@@ -86,6 +90,9 @@ _FAILURES: tuple[tuple[type[BaseException], str, bool], ...] = (
 
 def _failure(server: str, exc: BaseException) -> UpstreamFailure:
     leaves = exc.exceptions if isinstance(exc, BaseExceptionGroup) else (exc,)
+    for leaf in leaves:
+        if isinstance(leaf, MCPError):
+            return UpstreamFailure(server, f"answered an error: {leaf.message[:200]}", True)
     for kind, reason, reached in _FAILURES:
         if any(isinstance(leaf, kind) for leaf in leaves):
             return UpstreamFailure(server, reason, reached)
@@ -95,6 +102,15 @@ def _failure(server: str, exc: BaseException) -> UpstreamFailure:
 def _dump(model: Any) -> dict[str, Any]:
     dumped: dict[str, Any] = model.model_dump(by_alias=True, exclude_none=True, mode="json")
     return dumped
+
+
+async def _probe(client: Client) -> None:
+    """Whether the connection still carries messages: ``ping`` (2025-11-25), or
+    ``server/discover`` (2026-07-28, which has no ping)."""
+    if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+        await client.session.discover()
+    else:
+        await client.send_ping()
 
 
 class UpstreamLink:
@@ -145,8 +161,12 @@ class UpstreamLink:
                 yield client
             return
         if self.config.url is not None:
-            timeout = httpx2.Timeout(self.config.timeout_s, connect=CONNECT_S)
-            async with httpx2.AsyncClient(headers=self._headers(), timeout=timeout) as http:
+            # a call's own deadline is the walk's (timeout_s); the read timeout only bounds
+            # the idle server stream of a 2025-11-25 session
+            timeout = httpx2.Timeout(CONNECT_S, read=STREAM_READ_S)
+            async with httpx2.AsyncClient(
+                headers=self._headers(), timeout=timeout, limits=_POOL
+            ) as http:
                 transport = streamable_http_client(self.config.url, http_client=http)
                 async with Client(transport, mode=_AUTO, **options) as client:
                     yield client
@@ -200,15 +220,24 @@ class UpstreamLink:
             wait = min(wait * 2, RETRY_MAX_S)
 
     async def _keep(self, client: Client) -> None:
-        """Serve calls over ``client`` until a ping fails or a call found it broken."""
+        """Serve calls over ``client`` until a call found it broken or a ping could not
+        be sent (a closed connection: a stdio child that died). A ping answered with an
+        error (2026-07-28 has no ping method) or slow under load leaves it open."""
         while True:
             with trio.move_on_after(PING_S):
                 await self._broken.wait()
                 return
-            with trio.move_on_after(min(PING_S, self.config.timeout_s)) as ping:
-                await client.send_ping()
-            if ping.cancelled_caught:
-                return
+            with trio.move_on_after(PING_S):
+                try:
+                    await _probe(client)
+                except MCPError as answered:
+                    if answered.code == CONNECTION_CLOSED:
+                        return
+
+    def _lost(self, exc: Exception) -> None:
+        """A call's failure: a connection that is gone is opened again."""
+        if not isinstance(exc, MCPError) or exc.code == CONNECTION_CLOSED:
+            self._broken.set()
 
     async def _session(self) -> Client:
         """The session, after at most one connection attempt; else the failure."""
@@ -244,7 +273,7 @@ class UpstreamLink:
         except trio.TooSlowError:
             raise UpstreamFailure(self.name, "did not list its tools in time", True) from None
         except Exception as exc:  # the upstream's failure, whatever its library
-            self._broken.set()
+            self._lost(exc)
             raise _failure(self.name, exc) from None
         self._tools, self._tools_at = found, now
         return found
@@ -262,10 +291,8 @@ class UpstreamLink:
                 self.name, f"did not answer within {self.config.timeout_s:g} s", True
             ) from None
         except Exception as exc:  # the upstream's failure, whatever its library
-            failure = _failure(self.name, exc)
-            if not isinstance(exc, MCPError):
-                self._broken.set()  # the session may be gone: open another
-            raise failure from None
+            self._lost(exc)
+            raise _failure(self.name, exc) from None
         answer = _dump(result)
         answer.pop("_meta", None)
         answer.pop("resultType", None)
