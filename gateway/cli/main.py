@@ -525,6 +525,7 @@ def _tags(pairs: tuple[str, ...], option: str) -> dict[str, str]:
 @click.option("--data-mode", type=click.Choice(["standard", "zero_retention", "confidential"]))
 @click.option("--byok", is_flag=True)
 @click.option("--allowed-models", help="Comma-separated model ids.")
+@click.option("--allowed-tools", help="Comma-separated MCP tool patterns: server__tool, server__*.")
 @click.option("--required-tag", multiple=True, help="k=v, repeatable.")
 @click.option("--default-tag", multiple=True, help="k=v, repeatable.")
 @click.option("--expires-at", help="ISO 8601 timestamp.")
@@ -554,6 +555,8 @@ def key_create(**opts: Any) -> None:
         body["scopes"] = [s.strip() for s in opts["scopes"].split(",") if s.strip()]
     if opts["allowed_models"]:
         body["allowed_models"] = [m.strip() for m in opts["allowed_models"].split(",") if m.strip()]
+    if opts["allowed_tools"]:
+        body["allowed_tools"] = [t.strip() for t in opts["allowed_tools"].split(",") if t.strip()]
     emit(call_admin(opts["url"], "POST", "/admin/keys", body), opts["as_json"])
 
 

@@ -79,6 +79,7 @@ KEY = {
     "data_mode": {"enum": list(DATA_MODES)},
     "scopes": {"type": "array", "items": {"enum": list(SCOPES)}},
     "allowed_model_keys": {"type": ["array", "null"], "items": STRING},
+    "allowed_tools": {"type": ["array", "null"], "items": STRING},
     "caps": _ref("Caps"),
     "required_tags": TAG_MAP,
     "default_tags": TAG_MAP,
