@@ -38,7 +38,7 @@ def matches(pattern: str, name: str) -> bool:
 def check_tool_patterns(patterns: Iterable[str], param: str) -> tuple[str, ...]:
     """The patterns, checked (400 invalid_request naming ``param``), duplicates dropped."""
     checked = tuple(dict.fromkeys(patterns))
-    bad = [p for p in checked if not isinstance(p, str) or not _PATTERN.fullmatch(p)]
+    bad = [p for p in checked if not _PATTERN.fullmatch(p)]
     if bad:
         raise GatewayError(
             "invalid_request",
@@ -57,9 +57,7 @@ def covered(patterns: Sequence[str] | None, pattern: str) -> bool:
     return any(matches(p, pattern) for p in patterns)
 
 
-def refusing_rule(
-    allowed: Sequence[str] | None, blocked: Sequence[str], name: str
-) -> str | None:
+def refusing_rule(allowed: Sequence[str] | None, blocked: Sequence[str], name: str) -> str | None:
     """The rule that keeps a key from ``name``, or None when the key may call it: the
     organisation's ``org_blocked_tools`` first, then the key's ``allowed_tools``."""
     for pattern in blocked:

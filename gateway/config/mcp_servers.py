@@ -56,7 +56,7 @@ class McpServerConfig:
 
 def _value(table: dict[str, Any], key: str, where: str, kinds: tuple[type, ...]) -> Any:
     value = table[key]
-    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
         names = " or ".join(k.__name__ for k in kinds)
         raise McpConfigError(f"{where}.{key}: expected {names}, got {type(value).__name__}")
     return value
@@ -100,7 +100,7 @@ def _parse_one(table: Any, index: int) -> McpServerConfig:
         raise McpConfigError(f"{where}.url: an http:// or https:// URL")
     headers = _value(table, "headers_env", where, (dict,)) if "headers_env" in table else {}
     if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in headers.items()):
-        raise McpConfigError(f"{where}.headers_env: a table of header = \"ENV_VARIABLE\"")
+        raise McpConfigError(f'{where}.headers_env: a table of header = "ENV_VARIABLE"')
     per_tool = table.get("tool_usd_per_call", {})
     if not isinstance(per_tool, dict):
         raise McpConfigError(f"{where}.tool_usd_per_call: a table of tool = USD")

@@ -46,9 +46,9 @@ from gateway.providers.registry import build_providers, live_on_mock_message
 from gateway.serving.node import Node
 from gateway.serving.readiness import Readiness
 from gateway.store import Store, StoreError, is_postgres, node_leases, records
-from gateway.tools.catalog import ToolCatalog
-from gateway.tools.walk import ToolParts
 from gateway.store import claims as idempotency_ops
+from gateway.tools.tool_catalog import ToolCatalog
+from gateway.tools.walk import ToolParts
 from shards import ShardPool, SystemClock
 from shards.clock import Clock
 

@@ -129,7 +129,8 @@ def _envelope(raw: bytes | bytearray) -> dict[str, Any]:
         raise ProtocolFault(INVALID_REQUEST, "id must be a string or an integer.")
     if body.get("jsonrpc") != "2.0" or not isinstance(body.get("method"), str):
         raise ProtocolFault(
-            INVALID_REQUEST, 'A JSON-RPC 2.0 message needs "jsonrpc": "2.0" and a method.',
+            INVALID_REQUEST,
+            'A JSON-RPC 2.0 message needs "jsonrpc": "2.0" and a method.',
             request_id,
         )
     if "params" in body and not isinstance(body["params"], dict):
@@ -137,9 +138,7 @@ def _envelope(raw: bytes | bytearray) -> dict[str, Any]:
     return body
 
 
-def _version(
-    body: dict[str, Any], headers: Mapping[str, str], key_fingerprint: str
-) -> str:
+def _version(body: dict[str, Any], headers: Mapping[str, str], key_fingerprint: str) -> str:
     """The revision the message speaks (see the table above), or its fault."""
     request_id = body.get("id")
     meta = (body.get("params") or {}).get("_meta")

@@ -171,7 +171,9 @@ class UpstreamLink:
                 async with Client(transport, mode=_AUTO, **options) as client:
                     yield client
             return
-        variables = {v: self._environ[v] for v in self.config.headers_env.values() if v in self._environ}
+        variables = {
+            v: self._environ[v] for v in self.config.headers_env.values() if v in self._environ
+        }
         guarded = StdioServerParameters(
             command=sys.executable,
             args=["-m", "gateway.tools.orphan_guard", *self.config.command],

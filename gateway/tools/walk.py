@@ -10,7 +10,7 @@
                                                     5 validate: name, arguments
                                                     6 resolve: a tool of a server the key
                                                       reaches; org_blocked_tools,
-                                                      allowed_tools (catalog.py)
+                                                      allowed_tools (tool_catalog.py)
                                                     7 price: the tool's usd_per_call
                                                     8 spend controls, reserve  → RESERVED
                                                     9 the pending row; ask the upstream
@@ -50,8 +50,8 @@ from gateway.calls.settlement import Ending
 from gateway.config.settings import ModelConfig
 from gateway.errors import GatewayError
 from gateway.providers.base import Provider
-from gateway.tools.catalog import ResolvedTool, ToolCatalog
 from gateway.tools.protocol import failed_call
+from gateway.tools.tool_catalog import ResolvedTool, ToolCatalog
 from gateway.tools.upstream import UpstreamFailure
 
 
@@ -118,9 +118,7 @@ async def call_tool(
     counted: tuple[str, str] | None = None
     code = "ok"
     try:
-        async with pipeline.open_call(
-            calls, record, request_id, TOOL_CALLS, None, report
-        ) as call:
+        async with pipeline.open_call(calls, record, request_id, TOOL_CALLS, None, report) as call:
             call.tags = collect_tags(tags_header, None, record.default_tags, record.required_tags)
             TOOL_CALLS.parse(calls.policy, record, params)
             tool = parts.catalog.resolve(record, org, name)
@@ -154,4 +152,3 @@ async def call_tool(
 def _arguments(params: Mapping[str, Any]) -> dict[str, Any] | None:
     arguments = params.get("arguments")
     return dict(arguments) if isinstance(arguments, dict) else None
-

@@ -26,7 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gateway.config.mcp_servers import McpServerConfig
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_mcp import SearchState, garbage_app, serve_asgi, start_search
+from tests.support.fake_mcp import SearchState, garbage_app, serve_asgi
 
 MODES = ["legacy", "2026-07-28"]
 PRICE = 0.01
@@ -49,19 +49,18 @@ async def rpc(
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},
     }
-    body = {"jsonrpc": "2.0", "id": 7, "method": method, "params": {**(params or {}), "_meta": meta}}
+    body = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": method,
+        "params": {**(params or {}), "_meta": meta},
+    }
     sent = {"MCP-Protocol-Version": "2026-07-28", "Mcp-Method": method}
     if method == "tools/call":
         sent["Mcp-Name"] = str((params or {}).get("name"))
     sent.update(headers)
     async with gw.client(token) as client:
         return await client.post("/mcp", json=body, headers=sent)
-
-
-@pytest.fixture
-async def search(nursery: trio.Nursery) -> tuple[SearchState, str]:
-    state = SearchState()
-    return state, await start_search(nursery, state)
 
 
 async def tools_gateway(
@@ -143,7 +142,9 @@ async def test_a_call_is_recorded_settled_and_billed(gw: Gateway) -> None:
     token = await live_key(gw)
     async with gw.client(token) as client:
         before = (await client.get("/v1/credits")).json()["balance_usd"]
-    response = await rpc(gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}})
+    response = await rpc(
+        gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}}
+    )
     assert response.status_code == 200, response.text
     assert response.json()["result"]["content"][0]["text"] == "results for a"
     record = await record_of(gw, token, response)
@@ -161,7 +162,9 @@ async def test_a_call_is_recorded_settled_and_billed(gw: Gateway) -> None:
 
 
 async def test_sandbox_calls_are_recorded_never_billed(gw: Gateway) -> None:
-    response = await rpc(gw, gw.token, "tools/call", {"name": "mock__echo", "arguments": {"text": "x"}})
+    response = await rpc(
+        gw, gw.token, "tools/call", {"name": "mock__echo", "arguments": {"text": "x"}}
+    )
     record = await record_of(gw, gw.token, response)
     assert (record["model"], record["provider"]) == ("mock__echo", "mock")
     assert record["cost"]["settled_usd"] > 0
@@ -170,7 +173,9 @@ async def test_sandbox_calls_are_recorded_never_billed(gw: Gateway) -> None:
 
 async def test_an_is_error_result_is_answered_and_priced(gw: Gateway) -> None:
     token = await live_key(gw)
-    response = await rpc(gw, token, "tools/call", {"name": "search__broken", "arguments": {"query": "q"}})
+    response = await rpc(
+        gw, token, "tools/call", {"name": "search__broken", "arguments": {"query": "q"}}
+    )
     result = response.json()["result"]
     assert result["isError"] is True
     record = await record_of(gw, token, response)
@@ -211,7 +216,9 @@ async def test_a_sub_key_narrows_tools_never_widens(gw: Gateway) -> None:
     parent = await gw.create_key(mode="live", allowed_tools=["search__lookup"], keys_manage=True)
     async with gw.client(parent["token"]) as client:
         wider = await client.post("/v1/keys", json={"name": "c", "allowed_tools": ["search__*"]})
-        narrow = await client.post("/v1/keys", json={"name": "c", "allowed_tools": ["search__lookup"]})
+        narrow = await client.post(
+            "/v1/keys", json={"name": "c", "allowed_tools": ["search__lookup"]}
+        )
         inherited = await client.post("/v1/keys", json={"name": "c"})
     assert wider.status_code == 400
     assert wider.json()["error"]["code"] == "child_exceeds_parent"
@@ -220,7 +227,9 @@ async def test_a_sub_key_narrows_tools_never_widens(gw: Gateway) -> None:
 
 
 async def test_a_sandbox_key_reaches_only_the_mock(gw: Gateway) -> None:
-    response = await rpc(gw, gw.token, "tools/call", {"name": "search__lookup", "arguments": {"query": "q"}})
+    response = await rpc(
+        gw, gw.token, "tools/call", {"name": "search__lookup", "arguments": {"query": "q"}}
+    )
     assert response.status_code == 404
     assert refusal(response)["code"] == "tool_not_found"
 
@@ -259,9 +268,13 @@ async def test_a_key_without_the_inference_scope_is_refused(gw: Gateway) -> None
 
 async def test_a_call_past_the_daily_cap_is_refused_unrecorded(gw: Gateway) -> None:
     token = await live_key(gw, caps={"usd_day": 0.015})
-    first = await rpc(gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}})
+    first = await rpc(
+        gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}}
+    )
     assert "result" in first.json()
-    second = await rpc(gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "b"}})
+    second = await rpc(
+        gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "b"}}
+    )
     assert second.status_code == 402
     data = refusal(second)
     assert data["code"] == "key_cap_exceeded"
@@ -274,7 +287,9 @@ async def test_a_call_past_the_daily_cap_is_refused_unrecorded(gw: Gateway) -> N
 async def test_rate_limited_says_when_to_retry(gw: Gateway) -> None:
     token = await live_key(gw, caps={"rpm": 1})
     await rpc(gw, token, "tools/list")
-    response = await rpc(gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}})
+    response = await rpc(
+        gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}}
+    )
     assert response.status_code == 429
     data = refusal(response)
     assert data["code"] == "rate_limited"
@@ -286,7 +301,9 @@ async def test_insufficient_credits(gw: Gateway, nursery: trio.Nursery) -> None:
     answer = await gw.admin("POST", "/admin/orgs", {"name": "poor", "credits_usd": 0.005})
     org_id = answer.json()["id"]
     token = (await gw.create_key(org_id=org_id, mode="live"))["token"]
-    response = await rpc(gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}})
+    response = await rpc(
+        gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}}
+    )
     assert refusal(response)["code"] == "insufficient_credits"
 
 
@@ -321,7 +338,9 @@ async def test_an_unreachable_upstream_is_an_error_result_costing_nothing(
     token = await live_key(gw)
     with trio.fail_after(10):
         listed = (await rpc(gw, token, "tools/list")).json()["result"]["tools"]
-        response = await rpc(gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}})
+        response = await rpc(
+            gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}}
+        )
     assert listed == []
     result = response.json()["result"]
     assert result["isError"] is True
@@ -336,7 +355,9 @@ async def test_a_garbage_upstream_is_an_error_result(nursery: trio.Nursery, tmp_
     gw = await tools_gateway(nursery, tmp_path, search_config(f"{binds[0]}/mcp"))
     token = await live_key(gw)
     with trio.fail_after(15):
-        response = await rpc(gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}})
+        response = await rpc(
+            gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}}
+        )
     assert response.status_code == 200
     result = response.json()["result"]
     assert result["isError"] is True
@@ -362,7 +383,11 @@ async def post_raw(gw: Gateway, content: bytes, **headers: str) -> httpx.Respons
         (b'{"jsonrpc": "1.0", "id": 1, "method": "ping"}', -32600, 400),
         (b'{"jsonrpc": "2.0", "id": 1, "method": "resources/list"}', -32601, 404),
         (b'{"jsonrpc": "2.0", "id": 1, "method": "nothing/here"}', -32601, 404),
-        (b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"arguments": {}}}', -32602, 400),
+        (
+            b'{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {"arguments": {}}}',
+            -32602,
+            400,
+        ),
     ],
 )
 async def test_malformed_messages_get_protocol_codes(
@@ -381,7 +406,10 @@ async def test_an_oversized_body_is_413_invalid_request(gw: Gateway) -> None:
 
 async def test_headers_that_disagree_with_the_body_are_refused(gw: Gateway) -> None:
     response = await rpc(
-        gw, gw.token, "tools/call", {"name": "mock__echo", "arguments": {"text": "x"}},
+        gw,
+        gw.token,
+        "tools/call",
+        {"name": "mock__echo", "arguments": {"text": "x"}},
         **{"Mcp-Name": "mock__add"},
     )
     assert response.status_code == 400
@@ -398,7 +426,11 @@ async def test_a_session_belongs_to_the_key_that_opened_it(gw: Gateway) -> None:
         "jsonrpc": "2.0",
         "id": 1,
         "method": "initialize",
-        "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "1"},
+        },
     }
     async with gw.client(gw.token) as client:
         opened = await client.post("/mcp", json=init)

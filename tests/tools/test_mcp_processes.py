@@ -121,9 +121,7 @@ async def call_on(server: Server, token: str, name: str) -> httpx.Response:
 
 async def test_no_stdio_server_outlives_a_kill_9_of_the_gateway(tmp_path: Path) -> None:
     config = stdio_config(tmp_path, STDIO_TABLE)
-    server = await trio.to_thread.run_sync(
-        lambda: start_server(tmp_path, "--config", str(config))
-    )
+    server = await trio.to_thread.run_sync(lambda: start_server(tmp_path, "--config", str(config)))
     try:
         token = await live_token(server)
         pid = stdio_pid((await call_on(server, token, "local__pid")).json())

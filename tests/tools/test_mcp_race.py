@@ -19,10 +19,9 @@ import trio
 from tests.conftest import query_db
 from tests.support.fake_mcp import SearchState
 from tests.support.waiting import until
-from tests.tools.test_mcp_gateway import (  # noqa: F401 (the search fixture)
+from tests.tools.test_mcp_gateway import (
     PRICE,
     live_key,
-    search,
     search_config,
     tools_gateway,
 )
@@ -55,7 +54,9 @@ async def race(url: str, token: str, name: str, released: trio.Event) -> Counter
         "Mcp-Name": name,
     }
     limits = httpx.Limits(max_connections=CALLS)
-    async with httpx.AsyncClient(base_url=url, headers=headers, timeout=30, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=url, headers=headers, timeout=30, limits=limits
+    ) as client:
 
         async def one() -> None:
             answer = (await client.post("/mcp", json=tools_call(name))).json()

@@ -19,10 +19,12 @@ from typing import Any
 
 from quart import Quart, Response, request
 
+from gateway.accounts.key_record import KeyRecord
 from gateway.edge.auth import admit_request, authenticate, require_scope
 from gateway.edge.exchange import ExchangeReport
 from gateway.edge.http import read_body, request_globals, request_id, runtime
 from gateway.errors import GatewayError
+from gateway.serving.runtime import Runtime
 from gateway.tools import protocol
 from gateway.tools.protocol import Message, ProtocolFault
 from gateway.tools.walk import TOOL_CALLS, call_tool
@@ -51,7 +53,9 @@ async def post_mcp() -> Response:
         await admit_request(rt, record)  # counted in the key's request window
         if refused.code != "request_too_large":
             raise
-        return _fault(ProtocolFault(-32600, refused.message or "The body is too large.", status=413))
+        return _fault(
+            ProtocolFault(-32600, refused.message or "The body is too large.", status=413)
+        )
     headers = {name.lower(): value for name, value in request.headers.items()}
     try:
         message = protocol.read_message(raw, headers, record.fingerprint)
@@ -78,7 +82,7 @@ async def post_mcp() -> Response:
     return Response(body, status=200, headers=answer_headers, content_type=_JSON)
 
 
-async def _read(rt: Any, record: Any, message: Message) -> dict[str, Any]:
+async def _read(rt: Runtime, record: KeyRecord, message: Message) -> dict[str, Any]:
     """A method other than ``tools/call``: its result."""
     if message.method == "initialize":
         return protocol.initialized(message)

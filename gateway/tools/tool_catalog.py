@@ -75,9 +75,7 @@ class ToolCatalog:
             try:
                 found[link.name] = await link.tools(now)
             except UpstreamFailure as failure:
-                log.warning(
-                    "mcp tools not listed", extra=event("mcp_upstream", error=str(failure))
-                )
+                log.warning("mcp tools not listed", extra=event("mcp_upstream", error=str(failure)))
 
         links = self.reachable(record)
         async with trio.open_nursery() as nursery:
