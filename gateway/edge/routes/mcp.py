@@ -5,7 +5,7 @@ The route only speaks HTTP: authenticate (step 1, the uniform 401), the inferenc
 (:mod:`gateway.tools.protocol`), then the method: ``tools/call`` is the governed walk
 (:mod:`gateway.tools.walk`), the others are reads that count in the key's request window
 and take no in-flight slot. Answers are JSON (never an SSE stream: the gateway sends no
-server-to-client messages); ``GET /mcp`` is 405 (no server stream), ``DELETE /mcp`` ends
+server-to-client messages); ``GET /mcp`` is the app's 405 (no server stream is offered), ``DELETE /mcp`` ends
 nothing (sessions live in their ids, not in a node).
 
 A refusal raised anywhere on this path is rendered by the app's error handler as a
@@ -94,11 +94,6 @@ async def _read(rt: Runtime, record: KeyRecord, message: Message) -> dict[str, A
     return {}  # ping
 
 
-async def get_mcp() -> Response:
-    """No server-to-client stream: the transport's answer is 405."""
-    return Response("", status=405, headers={"Allow": "POST, DELETE"})
-
-
 async def delete_mcp() -> Response:
     """End a session: there is nothing to end (the session lives in its id)."""
     rt = runtime()
@@ -108,5 +103,4 @@ async def delete_mcp() -> Response:
 
 def register(app: Quart) -> None:
     app.add_url_rule(MCP_PATH, "mcp", post_mcp, methods=["POST"])
-    app.add_url_rule(MCP_PATH, "mcp_stream", get_mcp, methods=["GET"])
     app.add_url_rule(MCP_PATH, "mcp_end", delete_mcp, methods=["DELETE"])
