@@ -5,8 +5,8 @@ The route only speaks HTTP: authenticate (step 1, the uniform 401), the inferenc
 (:mod:`gateway.tools.protocol`), then the method: ``tools/call`` is the governed walk
 (:mod:`gateway.tools.walk`), the others are reads that count in the key's request window
 and take no in-flight slot. Answers are JSON (never an SSE stream: the gateway sends no
-server-to-client messages); ``GET /mcp`` is the app's 405 (no server stream is offered), ``DELETE /mcp`` ends
-nothing (sessions live in their ids, not in a node).
+server-to-client messages); ``GET /mcp`` is the app's 405 (no server stream is offered),
+``DELETE /mcp`` ends nothing (sessions live in their ids, not in a node).
 
 A refusal raised anywhere on this path is rendered by the app's error handler as a
 JSON-RPC error (:func:`mcp_refusal`) at the catalog's HTTP status; a protocol fault is
