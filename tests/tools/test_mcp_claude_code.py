@@ -15,20 +15,15 @@ are not allowed.
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.calls.test_claude_code_cli import REPO, _unavailable
+from tests.calls.test_claude_code_cli import run_in_namespace
 from tests.conftest import query_db
 
 pytestmark = pytest.mark.processes
 
-RUN_TIMEOUT_S = 240
 SCRIPT = r"""
 set -u
 ip link set lo up
@@ -58,39 +53,9 @@ exit $status
 """
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+@pytest.mark.timeout(270)
 def test_claude_code_lists_and_calls_a_tool_through_the_gateway(tmp_path: Path) -> None:
-    reason = _unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    home = tmp_path / "home"
-    home.mkdir()
-    claude = shutil.which("claude")
-    assert claude is not None
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(home),
-        "PYTHON": sys.executable,
-        "PYTHONPATH": str(REPO),
-        "CLAUDE": claude,
-        "ANTHROPIC_MODEL": "gpt-4o-mini",
-        "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "4096",
-        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-    }
-    run = subprocess.run(
-        ["unshare", "-rn", "sh", "-c", SCRIPT],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
-
-    def read(name: str) -> str:
-        path = tmp_path / name
-        return path.read_text() if path.exists() else ""
-
+    run, read = run_in_namespace(tmp_path, SCRIPT)
     listed, said, log = read("list.out"), read("claude.out"), read("serve.log")
     details = (
         f"rc={run.returncode} stderr={run.stderr}\nadd: {read('add.out')}\nlist: {listed}\n"

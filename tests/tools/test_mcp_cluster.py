@@ -42,8 +42,7 @@ def start(tmp_path: Path, url: str, db: str, node: str, *args: str) -> Server:
     where.mkdir()
     config = where / "gateway.toml"
     config.write_text(
-        f'[[mcp_servers]]\nname = "search"\nurl = "{url}"\nusd_per_call = {PRICE}\n'
-        "timeout_s = 60\n"
+        f'[[mcp_servers]]\nname = "search"\nurl = "{url}"\nusd_per_call = {PRICE}\ntimeout_s = 60\n'
     )
     env = base_env(SVC_CLUSTER_NODE_ID=node)
     return start_server(where, "--config", str(config), *args, db=db, env=env)
