@@ -449,3 +449,33 @@ async def test_get_is_405_and_delete_ends_nothing(gw: Gateway) -> None:
     async with gw.client(gw.token) as client:
         assert (await client.get("/mcp")).status_code == 405
         assert (await client.delete("/mcp")).status_code == 200
+
+
+# -- tags, data mode, metrics ----------------------------------------------------------------
+
+
+async def test_tags_go_on_the_record_and_required_tags_are_checked(gw: Gateway) -> None:
+    token = await live_key(gw, required_tags={"team": ""})
+    call = {"name": "search__lookup", "arguments": {"query": "a"}}
+    missing = await rpc(gw, token, "tools/call", call)
+    assert refusal(missing)["code"] == "missing_tags"
+    tagged = await rpc(gw, token, "tools/call", call, **{"X-Svc-Tags": "team=search"})
+    assert (await record_of(gw, token, tagged))["tags"] == {"team": "search"}
+
+
+async def test_a_zero_retention_key_reaches_only_servers_that_keep_nothing(gw: Gateway) -> None:
+    token = await live_key(gw, data_mode="zero_retention")
+    assert (await rpc(gw, token, "tools/list")).json()["result"]["tools"] == []
+    response = await rpc(gw, token, "tools/call", {"name": "search__lookup", "arguments": {}})
+    assert refusal(response)["code"] == "tool_not_found"
+
+
+async def test_tool_calls_are_counted_by_server_tool_and_outcome(gw: Gateway) -> None:
+    token = await live_key(gw)
+    await rpc(gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}})
+    await rpc(gw, token, "tools/call", {"name": "search__broken", "arguments": {"query": "a"}})
+    async with gw.client() as client:
+        text = (await client.get("/metrics")).text
+    assert 'svc_tool_calls_total{code="ok",server="search",tool="lookup"} 1.0' in text
+    assert 'svc_tool_calls_total{code="tool_error",server="search",tool="broken"} 1.0' in text
+    assert 'svc_requests_total{code="ok",endpoint="mcp",status="200"}' in text
