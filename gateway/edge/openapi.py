@@ -565,6 +565,9 @@ BETA_HEADER = {
 }
 #: paths whose errors are in Anthropic's dialect
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+#: codes answered only on POST /mcp: a JSON-RPC endpoint, described by the MCP
+#: specification and README "Tools (MCP)", not by this document
+MCP_ONLY_CODES = ("tool_not_allowed", "tool_not_found")
 
 
 # (method, path, scope, summary, request schema, 2xx status, answer schema, codes, params)
