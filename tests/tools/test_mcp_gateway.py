@@ -26,7 +26,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from gateway.config.mcp_servers import McpServerConfig
 from tests.conftest import Gateway, make_config, start_gateway
-from tests.support.fake_mcp import SearchState, garbage_app, serve_asgi
+from tests.support.fake_mcp import SearchState, garbage_app, serve_asgi, start_search
 
 MODES = ["legacy", "2026-07-28"]
 PRICE = 0.01
@@ -479,3 +479,39 @@ async def test_tool_calls_are_counted_by_server_tool_and_outcome(gw: Gateway) ->
     assert 'svc_tool_calls_total{code="ok",server="search",tool="lookup"} 1.0' in text
     assert 'svc_tool_calls_total{code="tool_error",server="search",tool="broken"} 1.0' in text
     assert 'svc_requests_total{code="ok",endpoint="mcp",status="200"}' in text
+
+
+async def test_an_upstream_killed_mid_call_is_an_error_result(
+    nursery: trio.Nursery, tmp_path: Path
+) -> None:
+    state = SearchState()
+    upstream = trio.CancelScope()
+
+    async def serve_until_killed(*, task_status: trio.TaskStatus[str]) -> None:
+        with upstream:
+            async with trio.open_nursery() as inner:
+                task_status.started(await start_search(inner, state))
+
+    url = await nursery.start(serve_until_killed)
+    gw = await tools_gateway(nursery, tmp_path, search_config(url))
+    token = await live_key(gw)
+    answer: dict[str, Any] = {}
+
+    async def call() -> None:
+        response = await rpc(gw, token, "tools/call", {"name": "search__hang", "arguments": {}})
+        answer.update(response.json(), request_id=response.headers["X-Request-Id"])
+
+    with trio.fail_after(15):
+        async with trio.open_nursery() as calls:
+            calls.start_soon(call)
+            await state.hanging.wait()
+            upstream.cancel()  # the server and its connections go away mid-call
+    result = answer["result"]
+    assert result["isError"] is True
+    assert "'search'" in result["content"][0]["text"]
+    assert "did not answer within" not in result["content"][0]["text"]  # not a timeout
+    async with gw.client(token) as client:
+        record = (await client.get(f"/v1/requests/{answer['request_id']}")).json()
+    # it may have done the work: counted against the caps, never billed
+    assert (record["cost"]["settled_usd"], record["cost"]["billed_usd"]) == (PRICE, 0)
+    gw.stop.set()
