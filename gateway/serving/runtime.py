@@ -10,6 +10,7 @@ database); then start the store writer, the shards and the spend alerts, and be 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
@@ -47,8 +48,6 @@ from gateway.serving.node import Node
 from gateway.serving.readiness import Readiness
 from gateway.store import Store, StoreError, is_postgres, node_leases, records
 from gateway.store import claims as idempotency_ops
-from gateway.tools.tool_catalog import ToolCatalog
-from gateway.tools.walk import ToolParts
 from shards import ShardPool, SystemClock
 from shards.clock import Clock
 
@@ -57,6 +56,8 @@ if TYPE_CHECKING:
     from gateway.observe.otel import OtlpSpans
     from gateway.store.claims import Claim
 
+#: how long an /mcp request waits for the MCP part to be built at start-up
+TOOLS_WAIT_S = 30.0
 DEMO_ORG_NAME = "demo"
 DEMO_CREDITS_USD = 100.0
 
@@ -132,13 +133,39 @@ class Runtime:
             router=Router(metrics=self.metrics),
             spans=self.spans,
         )
-        #: what an MCP tools/call uses: the calls' parts, the upstream MCP servers
-        self.tool_parts = ToolParts(
+        #: what an MCP tools/call uses (gateway/tools/walk.py ToolParts), once
+        #: :meth:`start_tools` built it
+        self._tool_parts: Any = None
+        self._tools_built = trio.Event()
+
+    async def start_tools(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The MCP part (``/mcp``, gateway/tools/): its SDK imported on a thread, off the
+        event loop and after the server is ready (it costs a start about half a second
+        and 35 MB: a gateway whose keys never call a tool does not wait for it), then the
+        upstreams' sessions, kept until the server stops."""
+        walk = await trio.to_thread.run_sync(importlib.import_module, "gateway.tools.walk")
+        catalog = importlib.import_module("gateway.tools.tool_catalog")
+        self._tool_parts = walk.ToolParts(
             calls=self.call_parts,
-            catalog=ToolCatalog(self.config.mcp_servers, os.environ),
+            catalog=catalog.ToolCatalog(self.config.mcp_servers, os.environ),
             metrics=self.metrics,
             unasked=self.mock,
         )
+        self._tools_built.set()
+        await self._tool_parts.catalog.run(task_status=task_status)
+
+    async def tools(self) -> Any:
+        """What a tool call uses (gateway/tools/walk.py ``ToolParts``), once built."""
+        if not self._tools_built.is_set():
+            with trio.move_on_after(TOOLS_WAIT_S):
+                await self._tools_built.wait()
+            if not self._tools_built.is_set():
+                raise GatewayError(
+                    "admission_unavailable", "The MCP tools are starting; retry shortly."
+                )
+        return self._tool_parts
 
     def _open_spans(self) -> OtlpSpans | None:
         if self.config.observability.otlp_endpoint is None:

@@ -178,12 +178,12 @@ async def serve(
             await root.start(runtime.pool.run)
             await root.start(runtime.call_parts.keepalives.run)
             await root.start(runtime.alerts.run)
-            await root.start(runtime.tool_parts.catalog.run)  # the MCP upstreams' sessions
             if runtime.cluster is not None:
                 await root.start(runtime.cluster.run)
             root.start_soon(_flush_last_used, runtime)
             started.set()
             readiness.ready()
+            root.start_soon(runtime.start_tools)  # the MCP SDK and upstream sessions
             log.info("ready", extra=event("ready", urls=binds))
             task_status.started(binds)
     finally:

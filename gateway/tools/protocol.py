@@ -14,8 +14,8 @@ So any worker of any node serves any request (no sticky sessions). The envelope 
 results are validated against the revision's schema by the SDK's tables
 (:mod:`mcp_types.methods`). A fault of the message is a :class:`ProtocolFault` (JSON-RPC
 -32700, -32600, -32601, -32602, the SDK's header and version codes); a refusal of the
-gateway is a JSON-RPC error ``GATEWAY_REFUSED`` whose ``data`` is the error object of the
-model-call endpoints (:func:`refusal`).
+gateway is a JSON-RPC error whose ``data`` is the error object of the model-call
+endpoints (:func:`gateway.tools.jsonrpc.refusal`).
 """
 
 from __future__ import annotations
@@ -41,14 +41,11 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSI
 from pydantic import ValidationError
 
 from gateway import __version__
-from gateway.errors import GatewayError
 
 SESSION_HEADER = "Mcp-Session-Id"
 #: the revision a request without a session or a version header speaks (the spec's rule)
 DEFAULT_HANDSHAKE_VERSION = "2025-03-26"
 LATEST_HANDSHAKE = "2025-11-25"
-#: the JSON-RPC code of a gateway refusal (implementation-defined server error range)
-GATEWAY_REFUSED = -32080
 SERVER_INFO = {"name": "svc-gateway", "version": __version__}
 INSTRUCTIONS = (
     "Tools of the organisation's MCP servers, named server__tool, under the key's limits."
@@ -221,26 +218,6 @@ def result(message: Message, value: dict[str, Any]) -> bytes:
     if message.modern:
         shaped["_meta"] = {SERVER_INFO_META_KEY: SERVER_INFO}
     return orjson.dumps({"jsonrpc": "2.0", "id": message.id, "result": shaped})
-
-
-def error(request_id: Any, code: int, text: str, data: Any = None) -> bytes:
-    fault: dict[str, Any] = {"code": code, "message": text}
-    if data is not None:
-        fault["data"] = data
-    return orjson.dumps({"jsonrpc": "2.0", "id": request_id, "error": fault})
-
-
-def refusal(request_id: Any, refused: GatewayError) -> bytes:
-    """A gateway refusal: ``data`` is the error object of the model-call endpoints
-    (``code``, ``type``, ``message``, ``param``; ``svc`` and ``retry_after`` when given)."""
-    body = refused.body()
-    data = dict(body["error"])
-    if "svc" in body:
-        data["svc"] = body["svc"]
-    retry_after = refused.retry_after or refused.spec.retry_after
-    if retry_after is not None:
-        data["retry_after"] = retry_after
-    return error(request_id, GATEWAY_REFUSED, str(data["message"]), data)
 
 
 def initialized(message: Message) -> dict[str, Any]:

@@ -25,9 +25,10 @@ from gateway.edge.exchange import ExchangeReport
 from gateway.edge.http import read_body, request_globals, request_id, runtime
 from gateway.errors import GatewayError
 from gateway.serving.runtime import Runtime
-from gateway.tools import protocol
-from gateway.tools.protocol import Message, ProtocolFault
-from gateway.tools.walk import TOOL_CALLS, call_tool
+from gateway.tools import jsonrpc
+
+#: the key scope /mcp takes (tools/call is an inference call)
+SCOPE = "inference"
 
 MCP_PATH = "/mcp"
 _JSON = "application/json"
@@ -35,33 +36,36 @@ _JSON = "application/json"
 
 def mcp_refusal(error: GatewayError) -> bytes:
     """The body of a refusal on this path: a JSON-RPC error naming the request's id."""
-    return protocol.refusal(getattr(request_globals(), "jsonrpc_id", None), error)
+    return jsonrpc.refusal(getattr(request_globals(), "jsonrpc_id", None), error)
 
 
-def _fault(fault: ProtocolFault) -> Response:
-    body = protocol.error(fault.request_id, fault.code, fault.message, fault.data)
-    return Response(body, status=fault.status, content_type=_JSON)
+def _fault(request_id: Any, code: int, text: str, data: Any, status: int) -> Response:
+    body = jsonrpc.error(request_id, code, text, data)
+    return Response(body, status=status, content_type=_JSON)
 
 
 async def post_mcp() -> Response:
     rt = runtime()
     record = await authenticate(rt)
-    await require_scope(rt, record, TOOL_CALLS.scope)
+    await require_scope(rt, record, SCOPE)
     try:
         raw = await read_body()
     except GatewayError as refused:
         await admit_request(rt, record)  # counted in the key's request window
         if refused.code != "request_too_large":
             raise
-        return _fault(
-            ProtocolFault(-32600, refused.message or "The body is too large.", status=413)
-        )
+        return _fault(None, -32600, refused.message or "The body is too large.", None, 413)
+    parts = await rt.tools()
+    # imported with the SDK by Runtime.start_tools before tools() answers: no import here
+    from gateway.tools import protocol
+    from gateway.tools.walk import call_tool
+
     headers = {name.lower(): value for name, value in request.headers.items()}
     try:
         message = protocol.read_message(raw, headers, record.fingerprint)
-    except ProtocolFault as fault:
+    except protocol.ProtocolFault as fault:
         await admit_request(rt, record)
-        return _fault(fault)
+        return _fault(fault.request_id, fault.code, fault.message, fault.data, fault.status)
     request_globals().jsonrpc_id = message.id
     if message.id is None:  # a notification: nothing to answer
         await admit_request(rt, record)
@@ -69,10 +73,10 @@ async def post_mcp() -> Response:
     if message.method == "tools/call":
         tags = request.headers.get("X-Svc-Tags")
         report = ExchangeReport(rt.metrics)
-        value = await call_tool(rt.tool_parts, record, request_id(), message.params, tags, report)
+        value = await call_tool(parts, record, request_id(), message.params, tags, report)
     else:
         await admit_request(rt, record)
-        value = await _read(rt, record, message)
+        value = await _read(rt, parts, record, message)
     answer_headers = {}
     if message.method == "initialize":
         answer_headers[protocol.SESSION_HEADER] = protocol.session_id(
@@ -82,15 +86,17 @@ async def post_mcp() -> Response:
     return Response(body, status=200, headers=answer_headers, content_type=_JSON)
 
 
-async def _read(rt: Runtime, record: KeyRecord, message: Message) -> dict[str, Any]:
+async def _read(rt: Runtime, parts: Any, record: KeyRecord, message: Any) -> dict[str, Any]:
     """A method other than ``tools/call``: its result."""
+    from gateway.tools import protocol  # imported already (see post_mcp)
+
     if message.method == "initialize":
         return protocol.initialized(message)
     if message.method == "server/discover":
         return protocol.discovered()
     if message.method == "tools/list":
         org = rt.orgs.get(record.org_id)
-        return {"tools": await rt.tool_parts.catalog.listed(record, org, rt.clock.now())}
+        return {"tools": await parts.catalog.listed(record, org, rt.clock.now())}
     return {}  # ping
 
 
