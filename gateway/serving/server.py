@@ -183,7 +183,8 @@ async def serve(
             root.start_soon(_flush_last_used, runtime)
             started.set()
             readiness.ready()
-            root.start_soon(runtime.start_tools)  # the MCP SDK and upstream sessions
+            if runtime.config.mcp_servers:  # else at the first /mcp request
+                root.start_soon(runtime.start_tools)  # the MCP SDK, the upstream sessions
             log.info("ready", extra=event("ready", urls=binds))
             task_status.started(binds)
     finally:
