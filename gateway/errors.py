@@ -120,6 +120,9 @@ CATALOG: dict[str, ErrorSpec] = {
     "service_unavailable": _spec(503, True, "The model is unreachable."),
     "request_timeout": _spec(504, False, "The call ran out of time; retry with stream true."),
     "internal_error": _spec(500, True, "The service failed unexpectedly."),
+    # MCP (gateway/tools/): JSON-RPC errors whose data is the error object
+    "tool_not_allowed": _spec(403, False, "The key may not call this tool."),
+    "tool_not_found": _spec(404, False, "No such tool behind this gateway."),
 }
 
 # Default Retry-After for retryable 5xx codes (the spec says "after Retry-After").

@@ -22,6 +22,7 @@ from gateway.accounts.key_fields import (
     parse_name,
     refuse_unknown_fields,
     string_list,
+    tool_patterns,
 )
 from gateway.accounts.key_record import DATA_MODES, ENVIRONMENTS, MODES, SCOPES, Caps, KeyRecord
 from gateway.accounts.keyring import Keyring
@@ -53,6 +54,7 @@ KEY_FIELDS = (
     "org_id", "name", "mode", "environment", "scopes", "keys_manage", "caps",
     "data_mode", "byok", MODEL_LIST, "required_tags", "default_tags", "expires_at",
     "guardrails",
+    "allowed_tools",
 )  # fmt: skip
 
 
@@ -93,6 +95,7 @@ def root_key_settings(rt: KeyDesk, body: dict[str, Any]) -> dict[str, Any]:
         "data_mode": data_mode,
         "byok": _flag(body, "byok"),
         "allowed_models": allowed,
+        "allowed_tools": tool_patterns(body),
         "required_tags": check_tag_map(body.get("required_tags"), "required_tags"),
         "default_tags": check_tag_map(body.get("default_tags"), "default_tags"),
         "expires_at": parse_expiry(body.get("expires_at")),

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from gateway.accounts.key_record import CAP_FIELDS, Caps, parse_iso
+from gateway.accounts.tool_rules import check_tool_patterns
 from gateway.errors import GatewayError
 
 MAX_NAME = 200
@@ -82,6 +83,13 @@ def string_list(body: dict[str, Any], name: str) -> tuple[str, ...] | None:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise GatewayError("invalid_request", f"{name} must be a list of strings.", param=name)
     return tuple(dict.fromkeys(value))
+
+
+def tool_patterns(body: dict[str, Any]) -> tuple[str, ...] | None:
+    """``allowed_tools``: MCP tool patterns (``server__tool``, ``server__*``); None when
+    absent (every tool of the organisation's servers)."""
+    patterns = string_list(body, "allowed_tools")
+    return None if patterns is None else check_tool_patterns(patterns, "allowed_tools")
 
 
 def parse_name(body: dict[str, Any]) -> str:

@@ -97,7 +97,7 @@ CAP_FIELDS = ("usd_day", "usd_month", "rpm", "tpm", "max_in_flight", "max_output
 _CONVERTED = frozenset(
     {
         *("scopes", "caps", "byok", "allowed_models", "required_tags", "default_tags"),
-        *("guardrails", "shard_ref"),
+        *("guardrails", "shard_ref", "allowed_tools"),
     }
 )
 
@@ -127,6 +127,8 @@ class KeyRecord:
     rotated_to: str | None = None
     #: guardrails this key adds to its organisation's and its ancestors' (names)
     guardrails: tuple[str, ...] = ()
+    #: MCP tool patterns this key may call (gateway/accounts/tool_rules.py); None: every tool
+    allowed_tools: tuple[str, ...] | None = None
     #: the key resolved in the shard pool (never stored): admission messages carry it,
     #: see :class:`shards.KeyRef`; the keyring sets it when the record is born
     shard_ref: KeyRef | None = field(default=None, compare=False, repr=False)
@@ -149,6 +151,7 @@ class KeyRecord:
             caps=self.caps.public(),
             byok=int(self.byok),
             allowed_models=list(allowed) if allowed is not None else None,
+            allowed_tools=list(self.allowed_tools) if self.allowed_tools is not None else None,
             required_tags=self.required_tags,
             default_tags=self.default_tags,
             guardrails=list(self.guardrails) or None,
@@ -168,6 +171,7 @@ class KeyRecord:
             caps=Caps.from_dict(row["caps"]),
             byok=bool(row["byok"]),
             allowed_models=tuple(allowed) if allowed is not None else None,
+            allowed_tools=tuple(tools) if (tools := row.get("allowed_tools")) is not None else None,
             required_tags=row.get("required_tags") or {},
             default_tags=row.get("default_tags") or {},
             guardrails=tuple(row.get("guardrails") or ()),
@@ -188,6 +192,7 @@ class KeyRecord:
             "allowed_model_keys": list(self.allowed_models)
             if self.allowed_models is not None
             else None,
+            "allowed_tools": list(self.allowed_tools) if self.allowed_tools is not None else None,
             "caps": self.caps.public(),
             "required_tags": dict(self.required_tags),
             "default_tags": dict(self.default_tags),

@@ -30,6 +30,7 @@ _ROTATED = (
     *("org_id", "name", "mode", "family_id", "status", "environment", "scopes", "caps"),
     *("data_mode", "byok", "allowed_models", "required_tags", "default_tags", "expires_at"),
     "guardrails",
+    "allowed_tools",
 )
 
 

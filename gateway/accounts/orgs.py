@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gateway.accounts.key_fields import MAX_USD
+from gateway.accounts.tool_rules import check_tool_patterns
 from gateway.config.settings import MAX_PRICE
 from gateway.errors import GatewayError
 
@@ -25,6 +26,8 @@ POLICY_KEYS: dict[str, type | tuple[type, ...]] = {
     "spend_paused": bool,
     # the [[guardrails]] (by name) on every call of the organisation's keys
     "guardrails": list,
+    # MCP: tool patterns (server__tool, server__*) no key of the organisation may call
+    "org_blocked_tools": list,
 }
 
 #: features an organisation's plan (policy key ``entitlements``) can turn off
@@ -97,6 +100,7 @@ def validate_policy(policy: Any) -> dict[str, Any]:
                 f"Policy key {key!r} must be between 0 and {MAX_USD:,}.",
                 param=key,
             )
+    check_tool_patterns(policy.get("org_blocked_tools") or [], "org_blocked_tools")
     _check_entitlements(policy.get("entitlements"))
     _check_byok_pricing(policy.get("byok_pricing"))
     return dict(policy)

@@ -16,6 +16,8 @@ new sub-key, or the first refusal, in this order:
 7. ``allowed_model_keys`` (or its older name ``allowed_models``): every model in the
    organisation's API catalog (else model_not_in_catalog) and in the parent's list (else
    child_exceeds_parent);
+   ``allowed_tools``: MCP tool patterns, each within the parent's (else
+   child_exceeds_parent); left out, the parent's;
 8. ``required_tags``: merged with the parent's, which stay required (a value the parent
    pins cannot be changed: child_exceeds_parent); ``default_tags`` merged over the
    parent's (the child's win);
@@ -36,6 +38,7 @@ from typing import Any
 from gateway.accounts import key_fields
 from gateway.accounts.key_record import CAP_FIELDS, DATA_MODES, SCOPES, Caps, KeyRecord
 from gateway.accounts.tag_rules import check_tag_map
+from gateway.accounts.tool_rules import covered
 from gateway.errors import GatewayError
 
 #: the scopes a sub-key may hold
@@ -48,6 +51,7 @@ FIELDS = (
     "caps",
     "data_mode",
     key_fields.MODEL_LIST,
+    "allowed_tools",
     "required_tags",
     "default_tags",
     "expires_at",
@@ -95,6 +99,7 @@ def child_settings(
         "caps": child_caps(parent.caps, body.get("caps")),
         "data_mode": _data_mode(parent.data_mode, body),
         "allowed_models": _allowed_models(parent.allowed_models, body, catalog),
+        "allowed_tools": _allowed_tools(parent.allowed_tools, body),
         "required_tags": _required_tags(parent.required_tags, body),
         "default_tags": _default_tags(parent.default_tags, body),
         "expires_at": _expiry(parent.expires_at, body, now),
@@ -141,6 +146,17 @@ def _data_mode(parent: str, body: dict[str, Any]) -> str:
     if DATA_MODES.index(mode) < DATA_MODES.index(parent):
         raise _exceeds(f"data_mode can only be as strict as {parent} or stricter.", "data_mode")
     return str(mode)
+
+
+def _allowed_tools(parent: tuple[str, ...] | None, body: dict[str, Any]) -> tuple[str, ...] | None:
+    """A sub-key's tool patterns narrow its parent's, never widen them."""
+    patterns = key_fields.tool_patterns(body)
+    if patterns is None:
+        return parent
+    beyond = [p for p in patterns if not covered(parent, p)]
+    if beyond:
+        raise _exceeds(f"Not allowed to the parent key: {', '.join(beyond)}.", "allowed_tools")
+    return patterns
 
 
 def _allowed_models(

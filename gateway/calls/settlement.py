@@ -10,6 +10,8 @@
       own 504, another provider status, client gone,
       a graceful stop's cut; a crash, settled by start-up
       recovery in the store: records.recover_pending)
+    a priced call answered (an MCP tools/call, its        its price           its price*
+      isError result included: gateway/tools/)
 
     * live keys only: sandbox keys count against their caps at catalog prices and
       are never billed.
@@ -36,6 +38,8 @@ class Ending(enum.Enum):
     #: counts the full reservation: output already streamed, our own timeout, client
     #: gone, another provider status, a fault of ours after the call
     FULL_RESERVATION = "full_reservation"
+    #: a call priced per call (a tool) that its server answered: the price, reserved whole
+    PRICED_CALL = "priced_call"
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +103,8 @@ def settle_amounts(
         )
         cost = min(real, reserved_nanos)
         return Settlement(ending, cost, cost if live else 0)
+    if ending is Ending.PRICED_CALL:
+        return Settlement(ending, reserved_nanos, reserved_nanos if live else 0)
     if ending is Ending.SERVER_ERROR:
         share = min(model.cost_nanos(max(1, prompt_estimate), 0), reserved_nanos)
         return Settlement(ending, share, 0)

@@ -568,6 +568,7 @@ def _tags(pairs: tuple[str, ...], option: str) -> dict[str, str]:
     help="Serve the key on its organisation's own provider key (org byok), billed apart.",
 )
 @click.option("--allowed-models", help="Comma-separated model ids.")
+@click.option("--allowed-tools", help="Comma-separated MCP tool patterns: server__tool, server__*.")
 @click.option("--required-tag", multiple=True, help="k=v, repeatable.")
 @click.option("--default-tag", multiple=True, help="k=v, repeatable.")
 @click.option("--expires-at", help="ISO 8601 timestamp.")
@@ -604,6 +605,8 @@ def key_create(**opts: Any) -> None:
         body["allowed_models"] = [m.strip() for m in opts["allowed_models"].split(",") if m.strip()]
     if opts["guardrail"]:
         body["guardrails"] = list(opts["guardrail"])
+    if opts["allowed_tools"]:
+        body["allowed_tools"] = [t.strip() for t in opts["allowed_tools"].split(",") if t.strip()]
     emit(call_admin(opts["url"], "POST", "/admin/keys", body), opts["as_json"])
 
 

@@ -201,4 +201,19 @@ output_usd_per_mtok = 0.20
 #url = "http://127.0.0.1:7100/check"
 #timeout_s = 2
 #on_error = "deny"                  # fail closed: a webhook down or late denies
+
+# MCP servers behind POST /mcp (their tools appear as name__tool); sandbox keys reach only
+# the built-in "mock" server
+#[[mcp_servers]]
+#name = "search"
+#url = "http://127.0.0.1:7000/mcp"  # a Streamable HTTP server; or command = [...] (stdio)
+#headers_env = { Authorization = "SEARCH_TOKEN" }  # header = environment variable
+#usd_per_call = 0.002               # reserved and settled per tools/call
+#tool_usd_per_call = { web_lookup = 0.01 }
+#zero_retention_available = false  # zero_retention keys reach only servers that keep nothing
+#timeout_s = 60                     # past it the call is an isError result naming the server
+
+#[[mcp_servers]]
+#name = "files"
+#command = ["python", "-m", "my_files_server"]  # a stdio server, supervised by the gateway
 """

@@ -40,6 +40,7 @@ from gateway.config.checks import http_url as _http_url
 from gateway.config.checks import require_table as _require_table
 from gateway.config.checks import take as _take
 from gateway.config.guardrails import GuardrailConfig, parse_guardrails
+from gateway.config.mcp_servers import McpConfigError, McpServerConfig, parse_mcp_servers
 from gateway.config.tokenizers import parse_tokenizer
 
 MODEL_CAPABILITIES = ("tools", "structured_output", "vision", "web_search")
@@ -109,7 +110,16 @@ MODEL_KEYS = (
 #: the keys of a ``[[models.deployments]]`` table
 DEPLOYMENT_KEYS = ("provider", "upstream_id", "weight", "rpm", "tpm")
 #: the top-level tables of the file
-TABLES = ("server", "cluster", "observability", "cache", "providers", "models", "guardrails")
+TABLES = (
+    "server",
+    "cluster",
+    "observability",
+    "cache",
+    "providers",
+    "models",
+    "guardrails",
+    "mcp_servers",
+)
 
 
 def provider_keys(kind: str) -> tuple[str, ...]:
@@ -375,6 +385,8 @@ class Config:
     #: ``[[guardrails]]`` (gateway/config/guardrails.py)
     guardrails: tuple[GuardrailConfig, ...] = ()
     cache: CacheConfig = field(default_factory=CacheConfig)
+    #: the MCP servers fronted at /mcp (gateway/config/mcp_servers.py)
+    mcp_servers: tuple[McpServerConfig, ...] = ()
 
     def provider(self, name: str) -> ProviderConfig:
         for provider in self.providers:
@@ -768,6 +780,10 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         cache = parse_cache(data.get("cache", {}))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    try:
+        mcp_servers = parse_mcp_servers(data.get("mcp_servers"))
+    except McpConfigError as exc:
+        raise ConfigError(str(exc)) from None
     provider_tables = data.get("providers")
     model_tables = data.get("models")
     if provider_tables is None and model_tables is None:
@@ -781,6 +797,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
             source=source,
             guardrails=guardrails,
             cache=cache,
+            mcp_servers=mcp_servers,
         )
     if not isinstance(provider_tables, list) or not provider_tables:
         raise ConfigError("providers: at least one [[providers]] table is required")
@@ -813,6 +830,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         source,
         guardrails=guardrails,
         cache=cache,
+        mcp_servers=mcp_servers,
     )
 
 

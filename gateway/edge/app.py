@@ -29,6 +29,7 @@ from gateway.edge.routes import (
     embedding_calls,
     health,
     key,
+    mcp,
     message_calls,
     model_calls,
     models,
@@ -36,6 +37,7 @@ from gateway.edge.routes import (
     subkeys,
     usage,
 )
+from gateway.edge.routes.mcp import MCP_PATH, mcp_refusal
 from gateway.edge.routes.message_calls import MESSAGES_PATH
 from gateway.errors import GatewayError, render
 from gateway.serving.readiness import Phase
@@ -164,6 +166,8 @@ def create_app(runtime: Runtime, rule_mixin: type[Rule] | None = None) -> QuartT
         exchange.refused(error.code)
         anthropic = request.path.startswith(MESSAGES_PATH)
         body, status, headers = render(error, "anthropic" if anthropic else "openai")
+        if request.path == MCP_PATH:
+            body = mcp_refusal(error)  # a JSON-RPC error whose data is the error object
         return Response(body, status=status, headers=headers)
 
     @app.errorhandler(HTTPException)
@@ -192,6 +196,7 @@ def create_app(runtime: Runtime, rule_mixin: type[Rule] | None = None) -> QuartT
         key,
         model_calls,
         message_calls,
+        mcp,
         embedding_calls,
         usage,
         subkeys,

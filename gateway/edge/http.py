@@ -94,6 +94,10 @@ async def _read_body() -> bytes | bytearray:
     return await gate.read() if gate is not None else b""
 
 
+#: the raw body, for a route that parses its own wire format (``/mcp``: JSON-RPC)
+read_body = _read_body
+
+
 async def read_form() -> MultiDict[str, str]:
     """A form body (``application/x-www-form-urlencoded``, as the dashboard posts).
     Read once; later calls get the same form."""

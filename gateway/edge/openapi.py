@@ -79,6 +79,7 @@ KEY = {
     "data_mode": {"enum": list(DATA_MODES)},
     "scopes": {"type": "array", "items": {"enum": list(SCOPES)}},
     "allowed_model_keys": {"type": ["array", "null"], "items": STRING},
+    "allowed_tools": {"type": ["array", "null"], "items": STRING},
     "caps": _ref("Caps"),
     "required_tags": TAG_MAP,
     "default_tags": TAG_MAP,
@@ -597,6 +598,9 @@ BETA_HEADER = {
 }
 #: paths whose errors are in Anthropic's dialect
 ANTHROPIC_PATHS = ("/v1/messages", "/v1/messages/count_tokens")
+#: codes answered only on POST /mcp: a JSON-RPC endpoint, described by the MCP
+#: specification and README "Tools (MCP)", not by this document
+MCP_ONLY_CODES = ("tool_not_allowed", "tool_not_found")
 
 
 # (method, path, scope, summary, request schema, 2xx status, answer schema, codes, params)

@@ -331,6 +331,13 @@ SUB_KEY_REQUEST = closed_body(
             "deprecated": True,
             "description": f"The older name of {MODEL_LIST}; send one of the two.",
         },
+        "allowed_tools": nullable(
+            {
+                "type": "array",
+                "items": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_-]*__\S+$"},
+                "description": "MCP tool patterns (server__tool, server__*) within the parent's.",
+            }
+        ),
         "required_tags": nullable(TAG_MAP),
         "default_tags": nullable(TAG_MAP),
         "data_mode": {"enum": list(DATA_MODES)},

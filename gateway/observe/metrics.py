@@ -87,6 +87,7 @@ ENDPOINTS = (
     "requests",
     "admin",
     "other",
+    "mcp",
 )
 #: the code of a request whose client left before any answer (status 499, nginx's)
 CLIENT_CLOSED = "client_closed"
@@ -126,6 +127,7 @@ _EXACT = {
     "/v1/keys": "keys",
     "/v1/usage": "usage",
     "/v1/credits": "credits",
+    "/mcp": "mcp",
 }
 
 #: the directory of the group's metric files (set by the parent of ``serve --workers``)
@@ -327,6 +329,12 @@ class Metrics:
             "What the calls served from the response cache would have cost (USD).",
             registry=registry,
         )
+        self.tool_calls = Counter(
+            "svc_tool_calls_total",
+            "MCP tools/call requests by server, tool and outcome code (ok: answered).",
+            ["server", "tool", "code"],
+            registry=registry,
+        )
         self._children: dict[tuple[Any, ...], Any] = {}
         if group_dir is not None:
             # the series above write into the group's files; a scrape reads all of them
@@ -439,6 +447,11 @@ class Metrics:
         if self.enabled:
             labels = self._deployment(model, provider, index)
             self._child(self.deployment_ttfb, *labels).observe(seconds)
+
+    def tool_called(self, server: str, tool: str, code: str) -> None:
+        """One MCP tools/call that named a server this key reaches (refused ones too)."""
+        if self.enabled:
+            self._child(self.tool_calls, server, tool, code).inc()
 
     def refused(self, code: str) -> None:
         """An admission refusal (rate, in-flight, caps, credits, budget, unavailable)."""

@@ -50,7 +50,14 @@ PROVIDER_NAMES = {
     "azure": "azure.ai.openai",
 }
 #: the record's endpoint → ``gen_ai.operation.name`` (the Responses API is a chat)
-OPERATIONS = {"chat": "chat", "responses": "chat", "messages": "chat", "embeddings": "embeddings"}
+OPERATIONS = {
+    "chat": "chat",
+    "responses": "chat",
+    "messages": "chat",
+    "embeddings": "embeddings",
+    # an MCP tools/call (gateway/tools/): the span is "execute_tool server__tool"
+    "mcp": "execute_tool",
+}
 #: how long a graceful stop waits, at most, for the last spans to leave
 SHUTDOWN_S = 5.0
 DROP_REASONS = ("queue_full", "export_failed")

@@ -10,6 +10,7 @@ database); then start the store writer, the shards and the spend alerts, and be 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import time
@@ -60,6 +61,8 @@ if TYPE_CHECKING:
     from gateway.observe.otel import OtlpSpans
     from gateway.store.claims import Claim
 
+#: how long an /mcp request waits for the MCP part to be built at start-up
+TOOLS_WAIT_S = 30.0
 DEMO_ORG_NAME = "demo"
 DEMO_CREDITS_USD = 100.0
 
@@ -154,6 +157,48 @@ class Runtime:
             ),
             cache=self.cache,
         )
+        #: what an MCP tools/call uses (gateway/tools/walk.py ToolParts), once
+        #: :meth:`start_tools` built it
+        self._tool_parts: Any = None
+        self._tools_started = False
+        self._tools_built = trio.Event()
+
+    async def start_tools(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The MCP part (``/mcp``, gateway/tools/): its SDK imported on a thread, off the
+        event loop (it costs a start about half a second and 35 MB), then the upstreams'
+        sessions, kept until the server stops. Started after the server is ready when
+        ``[[mcp_servers]]`` are configured (stdio servers start with the gateway), else by
+        the first ``/mcp`` request. A failure here is logged and answered 503 on ``/mcp``;
+        it never stops the server."""
+        self._tools_started = True
+        try:
+            walk = await trio.to_thread.run_sync(importlib.import_module, "gateway.tools.walk")
+            catalog = importlib.import_module("gateway.tools.tool_catalog")
+            self._tool_parts = walk.ToolParts(
+                calls=self.call_parts,
+                catalog=catalog.ToolCatalog(self.config.mcp_servers, os.environ),
+                metrics=self.metrics,
+                unasked=self.mock,
+            )
+        except Exception:  # the MCP part only: the rest of the server goes on
+            log.exception("the MCP tools could not start", extra=event("mcp_start_failed"))
+            return
+        finally:
+            self._tools_built.set()
+        await self._tool_parts.catalog.run(task_status=task_status)
+
+    async def tools(self) -> Any:
+        """What a tool call uses (gateway/tools/walk.py ``ToolParts``), once built."""
+        if not self._tools_started and self.nursery is not None:
+            self._tools_started = True
+            self.nursery.start_soon(self.start_tools)
+        with trio.move_on_after(TOOLS_WAIT_S):
+            await self._tools_built.wait()
+        if self._tool_parts is None:
+            raise GatewayError("admission_unavailable", "The MCP tools are not available yet.")
+        return self._tool_parts
 
     def _open_spans(self) -> OtlpSpans | None:
         if self.config.observability.otlp_endpoint is None:

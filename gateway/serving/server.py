@@ -8,6 +8,7 @@
       ├─ store writer      (nursery.start)
       ├─ shard pool        (nursery.start)
       ├─ spend alerts      (threshold checks and webhook delivery)
+      ├─ MCP upstreams     (a supervised session each: gateway/tools/upstream.py)
       ├─ last-used flusher
       └─ stream pumps      (one per streamed call, bounded by the call's deadline)
     then READY: ``task_status.started`` hands back the bound addresses
@@ -206,6 +207,8 @@ async def serve(
             root.start_soon(_flush_refusals, runtime)
             readiness.ready()
             started.set()
+            if runtime.config.mcp_servers:  # else at the first /mcp request
+                root.start_soon(runtime.start_tools)  # the MCP SDK, the upstream sessions
             log.info("ready", extra=event("ready", urls=binds))
             task_status.started(binds)
     finally:

@@ -474,6 +474,14 @@ _PG_013 = (
 )
 
 
+def _m014_mcp_allowed_tools(db: Database) -> None:
+    """MCP: a key's ``allowed_tools`` (tool patterns, a JSON list; NULL: every tool)."""
+    db.table("keys").add_column("allowed_tools", str)
+
+
+_PG_014 = ("ALTER TABLE keys ADD COLUMN allowed_tools TEXT",)
+
+
 @dataclass(frozen=True, slots=True)
 class Migration:
     """One schema version: its step on SQLite and its statements on PostgreSQL."""
@@ -496,6 +504,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(_m011_response_cache, _CACHE),
     Migration(_m012_guardrails, _PG_012),
     Migration(_m013_refusal_counts, _PG_013),
+    Migration(_m014_mcp_allowed_tools, _PG_014),
 )
 
 

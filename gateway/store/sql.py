@@ -19,7 +19,15 @@ import orjson
 F = TypeVar("F", bound=Callable[..., Any])
 
 JSON_COLUMNS = {
-    "keys": ("scopes", "caps", "allowed_models", "required_tags", "default_tags", "guardrails"),
+    "keys": (
+        "scopes",
+        "caps",
+        "allowed_models",
+        "required_tags",
+        "default_tags",
+        "guardrails",
+        "allowed_tools",
+    ),
     "orgs": ("policy",),
     "requests": ("tags", "usage", "attempts", "guardrails"),
     "idempotency": ("headers",),

@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -66,8 +67,12 @@ def _unavailable() -> str | None:
     return None
 
 
-@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
-def test_claude_code_completes_a_one_shot_prompt_through_the_gateway(tmp_path: Path) -> None:
+def run_in_namespace(
+    tmp_path: Path, script: str, **extra: str
+) -> tuple[subprocess.CompletedProcess[str], Callable[[str], str]]:
+    """Run ``script`` in a loopback-only namespace in ``tmp_path`` (HOME inside it), with
+    the gateway's Python and the CLI named in its environment; the run, and a reader of
+    the files it left."""
     reason = _unavailable()
     if reason is not None:
         pytest.skip(reason)
@@ -84,9 +89,10 @@ def test_claude_code_completes_a_one_shot_prompt_through_the_gateway(tmp_path: P
         "ANTHROPIC_MODEL": "gpt-4o-mini",
         "CLAUDE_CODE_MAX_OUTPUT_TOKENS": "4096",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        **extra,
     }
     run = subprocess.run(
-        ["unshare", "-rn", "sh", "-c", SCRIPT],
+        ["unshare", "-rn", "sh", "-c", script],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -99,6 +105,12 @@ def test_claude_code_completes_a_one_shot_prompt_through_the_gateway(tmp_path: P
         path = tmp_path / name
         return path.read_text() if path.exists() else ""
 
+    return run, read
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_claude_code_completes_a_one_shot_prompt_through_the_gateway(tmp_path: Path) -> None:
+    run, read = run_in_namespace(tmp_path, SCRIPT)
     said = read("claude.out")
     log = read("serve.log")
     details = f"rc={run.returncode} stderr={run.stderr}\nclaude: {said} {read('claude.err')}"

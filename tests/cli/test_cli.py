@@ -237,6 +237,7 @@ def test_key_create_with_settings(server: Server) -> None:
         "--scopes", "inference,usage:read", "--usd-day", "1.5", "--tpm", "1000",
         "--max-output-tokens", "256", "--allowed-models", "gpt-4o-mini",
         "--required-tag", "team=a", "--default-tag", "env=ci", "--environment", "test",
+        "--allowed-tools", "search__lookup,mock__*",
     )  # fmt: skip
     response = server.get("/v1/key", created["token"])
     assert response.status_code == 200, response.text
@@ -246,6 +247,7 @@ def test_key_create_with_settings(server: Server) -> None:
     assert view["caps"]["tpm"] == 1000
     assert view["caps"]["max_output_tokens"] == 256
     assert view["allowed_model_keys"] == ["gpt-4o-mini"]
+    assert view["allowed_tools"] == ["search__lookup", "mock__*"]
     assert view["required_tags"] == {"team": "a"}
     assert view["default_tags"] == {"env": "ci"}
     assert view["environment"] == "test"
