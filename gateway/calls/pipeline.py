@@ -41,7 +41,7 @@ from gateway.accounts.orgs import Org
 from gateway.calls import admission, cache
 from gateway.calls.attempts import Attempts
 from gateway.calls.estimate import Counter, worst_case_tokens
-from gateway.calls.guardrails.walk import guard_answer, guard_request, guard_stream
+from gateway.calls.guardrails.steps import guard_answer, guard_request, guard_stream
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.lifecycle import Call, CallParts, CallReport, Hold, finish_reasons
 from gateway.calls.parse import ChatCall, EmbeddingCall
