@@ -8,10 +8,13 @@ takes a while to load (o200k about 0.4 s): :func:`preload` loads the configured 
 when the gateway starts, so no call pays it on the event loop.
 
 An exact count of each string is not yet a bound of a whole prompt: a template renders
-the strings side by side, and BPE splits a joined text a little differently at the
-seams. :data:`STRING_SLACK` tokens per string counted absorb that (a seam changes the
-pre-tokenizer's pieces only where the strings meet: one piece may merge with its
-neighbour, which costs at most one token more than the two counted apart);
+the strings side by side, and BPE splits a joined text differently at the seams. The
+count is additive over the pre-tokenizer's pieces, and a seam re-splits only the pieces
+where two strings meet: a run of letters, digits or spaces at a string's end (with the
+character before it) may merge with the run at its neighbour's start. A merged piece
+can take more tokens than its halves did ("the" + "providerthe" + "provider": 4 tokens
+apart, 8 joined), but never more than its bytes. So each string counts, beyond its exact
+tokens, :data:`STRING_SLACK` and the bytes of its two end runs (:func:`seam_bytes`);
 :mod:`gateway.calls.estimate` adds the template's own tokens.
 """
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import re
 from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
@@ -32,6 +36,20 @@ from gateway.config.settings import ModelConfig
 
 #: per string counted with a vocabulary: a seam with its neighbours (module docstring)
 STRING_SLACK = 1
+#: a string's end runs that a neighbour may re-split: letters, digits or spaces, with
+#: the character before the last run and after the first one
+_HEAD = re.compile(r"(?:[^\W\d_]+|\d+|\s+)?.?", re.S)
+_TAIL = re.compile(r".?(?:[^\W\d_]+|\d+|\s+)?\Z", re.S)
+
+
+def seam_bytes(value: str) -> int:
+    """The bytes at ``value``'s two ends that a string beside it may re-split (module
+    docstring): tokens a join can add, at most."""
+    head = _HEAD.match(value)
+    tail = _TAIL.search(value)
+    assert head is not None and tail is not None  # both patterns match the empty string
+    return len(head.group().encode()) + len(tail.group().encode())
+
 
 #: a prompt whose byte bound is above this is counted on a worker thread (a thread's
 #: round trip costs about what counting 2 KB does)
@@ -77,7 +95,8 @@ def counter(tokenizer: str) -> Counter:
     count = exact_counter(tokenizer)
 
     def text(value: str) -> int:
-        return count(value) + STRING_SLACK
+        # never above the byte bound, which holds on its own (a token is at least a byte)
+        return min(count(value) + STRING_SLACK + seam_bytes(value), BYTES.text(value))
 
     return Counter(tokenizer, text, TOOL_FRAMING_TOKENS)
 

@@ -28,7 +28,13 @@ from hypothesis import strategies as st
 
 from gateway.calls.estimate import estimate_prompt_tokens
 from gateway.calls.parse.chat import parse_chat
-from gateway.calls.tokens import STRING_SLACK, counter, exact_counter, prompt_bound
+from gateway.calls.tokens import (
+    STRING_SLACK,
+    counter,
+    exact_counter,
+    prompt_bound,
+    seam_bytes,
+)
 from gateway.config.settings import ConfigError, load_config
 from tests.conftest import Gateway, make_config, start_gateway
 
@@ -167,7 +173,18 @@ def test_the_bound_is_never_below_the_bill(
 @given(parts=st.lists(texts, min_size=2, max_size=6))
 def test_strings_counted_apart_bound_them_joined(vocabulary: str, parts: list[str]) -> None:
     count = exact_counter(vocabulary)
-    assert count("".join(parts)) <= sum(count(part) + STRING_SLACK for part in parts)
+    assert count("".join(parts)) <= sum(
+        count(part) + STRING_SLACK + seam_bytes(part) for part in parts
+    )
+
+
+def test_a_seam_that_merges_letters_is_bounded() -> None:
+    """Found by the property above: BPE is not subadditive across a seam of letters."""
+    count, parts = exact_counter("cl100k"), ["the", "providerthe", "provider"]
+    assert count("".join(parts)) > sum(count(part) + STRING_SLACK for part in parts)
+    assert count("".join(parts)) <= sum(
+        count(part) + STRING_SLACK + seam_bytes(part) for part in parts
+    )
 
 
 def test_the_vocabularies_are_exact_and_offline() -> None:
