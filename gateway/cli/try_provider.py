@@ -22,9 +22,6 @@ from gateway.cli.help_format import WholeSummaries
 from gateway.config.credentials import missing_credentials
 from gateway.config.settings import Config, ConfigError, load_config
 from gateway.fakes.local_fake import KINDS, default_key, serve_fake
-from gateway.providers.base import ProviderError, ProviderRequest
-from gateway.providers.mock import MockProvider
-from gateway.providers.registry import build_providers
 
 #: the request ``provider test`` sends: a few tokens each way
 PROMPT = "Reply with the word OK."
@@ -61,6 +58,10 @@ def _upstream_model(config: Config, provider: str, model_id: str | None) -> tupl
 
 
 async def _one_call(config: Config, name: str, upstream_model: str) -> dict[str, Any]:
+    from gateway.providers.base import ProviderRequest
+    from gateway.providers.mock import MockProvider
+    from gateway.providers.registry import build_providers
+
     providers = build_providers(config, MockProvider.for_models(config.models))
     provider = providers[name]
     # the credential the gateway sends for a gateway key (bedrock reads its own variables)
@@ -127,6 +128,10 @@ def provider_test(
         click.confirm(
             f"Send one small request to {name} ({upstream})? It costs a few tokens", abort=True
         )
+    # imported here, as in _one_call: every verb imports this module, and the providers
+    # (botocore among them) cost a third of a second to import
+    from gateway.providers.base import ProviderError
+
     answer: dict[str, Any] = {"provider": name, "model": model, "upstream_model": upstream}
     try:
         answer |= {"status": "ok", **trio.run(_one_call, config, name, upstream)}

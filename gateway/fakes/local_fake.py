@@ -13,12 +13,6 @@ from typing import Any
 
 import trio
 
-from gateway.fakes.fake_anthropic import FakeAnthropic
-from gateway.fakes.fake_azure import FakeAzure
-from gateway.fakes.fake_bedrock import FakeBedrock
-from gateway.fakes.fake_gemini import FakeGemini
-from gateway.fakes.fake_upstream import FakeUpstream
-
 KINDS = ("openai", "anthropic", "gemini", "bedrock", "azure")
 #: the environment variable a fake's provider table names for its credential
 KEY_ENV = "FAKE_UPSTREAM_KEY"
@@ -58,6 +52,14 @@ async def serve_fake(
 ) -> None:
     """Serve the fake of ``kind`` on loopback ``port`` (0: a free one) until cancelled;
     ``models``: the deployments an azure fake serves (the others serve any model)."""
+    # imported here: every CLI verb imports this module (for KINDS), and the fakes
+    # (botocore among them) cost a third of a second to import
+    from gateway.fakes.fake_anthropic import FakeAnthropic
+    from gateway.fakes.fake_azure import FakeAzure
+    from gateway.fakes.fake_bedrock import FakeBedrock
+    from gateway.fakes.fake_gemini import FakeGemini
+    from gateway.fakes.fake_upstream import FakeUpstream
+
     fake: Any
     environ = {KEY_ENV: key}
     if kind == "openai":
