@@ -297,6 +297,18 @@ async def test_rate_limited_says_when_to_retry(gw: Gateway) -> None:
     assert int(response.headers["Retry-After"]) >= 1
 
 
+async def test_every_admitted_answer_carries_the_rate_limit_headers(gw: Gateway) -> None:
+    token = await live_key(gw, caps={"rpm": 5})
+    listed = await rpc(gw, token, "tools/list")
+    called = await rpc(
+        gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}}
+    )
+    for n, response in enumerate((listed, called), start=1):
+        assert response.status_code == 200, response.text
+        assert response.headers["X-RateLimit-Limit-Requests"] == "5"
+        assert response.headers["X-RateLimit-Remaining-Requests"] == str(5 - n)
+
+
 async def test_insufficient_credits(gw: Gateway, nursery: trio.Nursery) -> None:
     answer = await gw.admin("POST", "/admin/orgs", {"name": "poor", "credits_usd": 0.005})
     org_id = answer.json()["id"]
