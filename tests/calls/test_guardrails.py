@@ -413,6 +413,8 @@ async def test_an_output_deny_mid_stream_leaves_no_matched_byte_on_the_wire(
     assert "Here is the configuration" in wire  # the stream had started
     assert "sk-" not in wire and "Zq8Xw3Lm" not in wire
     assert '"code":"content_blocked"' in wire and wire.endswith("data: [DONE]\n\n")
+    with trio.fail_after(10):  # settled once the upstream's usage was read
+        await gw.runtime.inflight.wait_settled()
     rows = query_db(gw.runtime.config.server.db, "SELECT error_code, guardrails FROM requests")
     assert rows[-1]["error_code"] == "content_blocked"
     assert orjson.loads(rows[-1]["guardrails"]) == [

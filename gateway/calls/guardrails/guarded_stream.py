@@ -13,12 +13,13 @@ the pump ends the stream with ``content_blocked``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 from gateway.calls.guardrails.rules import Guardrail, blocked
 from gateway.calls.guardrails.window import Denied, StreamWindow
 from gateway.errors import GatewayError
+from gateway.providers.base import ProviderError, Usage
 
 #: what a verdict reaches: guardrail, verdict (the direction is ``output``)
 NoteVerdict = Callable[[str, str], None]
@@ -177,3 +178,20 @@ class GuardedFormat:
         except Denied as denied:
             raise blocked(denied.name, "output") from None
         return [data for event in events for data in self.inner.chunk(event)]
+
+
+async def read_on(
+    items: AsyncIterator[dict[str, Any]],
+    usage_of: Callable[[dict[str, Any]], Usage | None],
+    usage: Usage | None,
+) -> Usage | None:
+    """After an output deny: the rest of the upstream read (nothing of it is sent) for
+    the usage the provider reports at its end, which settles the call. An upstream that
+    fails first leaves the usage reported so far (its error's, if it carries one); the
+    call's deadline bounds the reading (the pump's scope), leaving ``usage``."""
+    try:
+        async for item in items:
+            usage = usage_of(item) or usage
+    except ProviderError as exc:
+        return usage or exc.usage
+    return usage
