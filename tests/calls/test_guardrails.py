@@ -49,6 +49,10 @@ GUARDRAILS = (
     GuardrailConfig("acme", "regex", on="output", action="flag", patterns=("ACME-[0-9]{4}",)),
     GuardrailConfig("hook-down", "webhook", on="input", url=DOWN, timeout_s=1),
     GuardrailConfig("hook-open", "webhook", on="input", url=DOWN, timeout_s=1, on_error="allow"),
+    GuardrailConfig("hook-down-out", "webhook", on="output", url=DOWN, timeout_s=1),
+    GuardrailConfig(
+        "hook-open-out", "webhook", on="output", url=DOWN, timeout_s=1, on_error="allow"
+    ),
 )
 
 
@@ -123,6 +127,9 @@ async def gw(
         guardrails=(
             *GUARDRAILS,
             GuardrailConfig("hook-live", "webhook", on="both", url=hook.url, timeout_s=1),
+            GuardrailConfig(
+                "hook-stream", "webhook", on="output", url=hook.url, timeout_s=1, stream_chars=16
+            ),
         ),
     )
     gateway = await start_gateway(nursery, config)
@@ -484,13 +491,112 @@ async def test_a_webhook_decides_allow_deny_redact_and_a_late_one_denies(
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["code"] == "content_blocked"
     assert upstream.calls == 2
-    async with gw.client(token) as client:
-        streamed = await client.post(
-            "/v1/chat/completions",
-            json={"model": "gpt-live", "messages": [{"role": "user", "content": "x"}],
-                  "stream": True},
-        )  # fmt: skip
-    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "stream"
+
+
+# -- webhooks on streams
+
+
+def chat_stream(gw: Gateway, token: str) -> Callable[[], str]:
+    """A streamed chat call by the openai client: the text it received."""
+
+    def stream() -> str:
+        with oai(gw, token) as client:
+            chunks = client.chat.completions.create(
+                model="gpt-live", messages=[{"role": "user", "content": "x"}], stream=True
+            )
+            return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    return stream
+
+
+async def test_a_stream_under_an_output_webhook_leaves_in_allowed_segments(
+    gw: Gateway, upstream: FakeUpstream, hook: FakeWebhook
+) -> None:
+    """``stream_chars = 16``: the held text goes to the webhook each time it reaches 16
+    characters, and at the end; every character leaves after the verdict on it."""
+    token = await live_key(gw, "hook-stream")
+    upstream.reply = ["The answer ", "is forty", "-two, ", "as it ", "always ", "was."]
+    assert await run(chat_stream(gw, token)) == "".join(upstream.reply)
+    sent = [payload["texts"] for payload in hook.received]
+    assert all(payload["direction"] == "output" for payload in hook.received)
+    assert ["".join(texts) for texts in sent] == [
+        "The answer is forty",
+        "-two, as it always ",
+        "was.",
+    ]
+    with trio.fail_after(10):
+        await gw.runtime.inflight.wait_settled()
+    rows = query_db(gw.runtime.config.server.db, "SELECT guardrails FROM requests")
+    assert rows[-1]["guardrails"] is None  # allowed: nothing to name
+
+
+async def test_an_output_webhook_deny_mid_stream_leaves_no_held_byte_and_bills_the_usage(
+    gw: Gateway, upstream: FakeUpstream, hook: FakeWebhook
+) -> None:
+    token = await live_key(gw, "hook-stream")
+    upstream.reply = ["Some text that is safe to say. ", "It is forbidden", " to go on."]
+    async with gw.client(token) as client, client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "gpt-live", "messages": [{"role": "user", "content": "x"}],
+              "stream": True},
+    ) as response:  # fmt: skip
+        assert response.status_code == 200
+        wire = (await response.aread()).decode()
+        request_id = response.headers["x-request-id"]
+    assert "safe to say" in wire and "forbidden" not in wire and "go on" not in wire
+    assert '"code":"content_blocked"' in wire and wire.endswith("data: [DONE]\n\n")
+    with trio.fail_after(10):
+        await gw.runtime.inflight.wait_settled()
+    record = (await state(gw, token, request_id))["record"]
+    assert record["error"] == {"code": "content_blocked"}
+    assert record["guardrails"] == [
+        {"name": "hook-stream", "direction": "output", "verdict": "deny"}
+    ]
+    assert record["usage"]["completion_tokens"] > 0
+    assert record["cost"]["billed_usd"] == record["cost"]["settled_usd"] > 0
+
+
+@pytest.mark.parametrize("model", ["claude-live", "gpt-live"])
+async def test_an_output_webhook_redacts_a_messages_stream(
+    gw: Gateway, upstream: FakeUpstream, claude: FakeAnthropic, model: str
+) -> None:
+    """Passed through (Anthropic's events) or translated (chat chunks): the pieces of a
+    text held together go to the webhook joined; its redaction is what leaves."""
+    token = await live_key(gw, "hook-live")
+    claude.reply = upstream.reply = ["please ", "hu", "sh", " now"]
+
+    def streamed() -> str:
+        with (
+            claude_client(gw, token) as client,
+            client.messages.stream(
+                model=model, max_tokens=32, messages=[{"role": "user", "content": "x"}]
+            ) as stream,
+        ):
+            return "".join(stream.text_stream)
+
+    assert await run(streamed) == "please *** now"
+    with trio.fail_after(10):
+        await gw.runtime.inflight.wait_settled()
+    rows = query_db(gw.runtime.config.server.db, "SELECT guardrails FROM requests")
+    assert orjson.loads(rows[-1]["guardrails"]) == [
+        {"name": "hook-live", "direction": "output", "verdict": "redact"}
+    ]
+
+
+async def test_an_output_webhook_that_is_down_denies_a_stream_and_allows_with_on_error_allow(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
+    upstream.reply = ["a short answer"]
+    closed, open_ = await live_key(gw, "hook-down-out"), await live_key(gw, "hook-open-out")
+    body = {"model": "gpt-live", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    async with gw.client(closed) as client:
+        refused = await client.post("/v1/chat/completions", json=body)
+    # nothing left before the verdict: the stream's refusal is a plain 400
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "content_blocked"
+    assert "short answer" not in refused.text
+    assert refused.json()["svc"]["policy"]["decisions"][0]["name"] == "hook-down-out"
+    assert await run(chat_stream(gw, open_)) == "a short answer"
 
 
 # -- keys
