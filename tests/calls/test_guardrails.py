@@ -32,7 +32,8 @@ from gateway.config.cache import CacheConfig
 from gateway.config.guardrails import GuardrailConfig
 from gateway.config.settings import ModelConfig, ProviderConfig
 from gateway.fakes.fake_anthropic import FakeAnthropic
-from gateway.fakes.fake_upstream import FakeUpstream, _send, serve_loopback
+from gateway.fakes.fake_guardrail_webhook import FakeWebhook
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.calls.test_live_settlement import state
 from tests.conftest import ADMIN_TOKEN, Gateway, make_config, query_db, start_gateway
 
@@ -60,37 +61,6 @@ GUARDRAILS = (
 async def claude(nursery: trio.Nursery) -> FakeAnthropic:
     fake: FakeAnthropic = await nursery.start(FakeAnthropic(keys={CLAUDE_KEY}).serve)
     return fake
-
-
-class FakeWebhook:
-    """The operator's guardrail service: ``forbidden`` in a text denies, ``hush`` is
-    redacted to ``***``, ``slow`` answers after the guardrail's timeout; it keeps what
-    it received."""
-
-    def __init__(self) -> None:
-        self.url = ""
-        self.received: list[dict[str, Any]] = []
-
-    async def serve(self, *, task_status: trio.TaskStatus[FakeWebhook]) -> None:
-        def started(port: int) -> None:
-            self.url = f"http://127.0.0.1:{port}/check"
-            task_status.started(self)
-
-        await serve_loopback(self._answer, started)
-
-    async def _answer(self, conn: Any, stream: Any, request: Any, raw: bytes) -> bool:
-        payload = orjson.loads(raw)
-        self.received.append(payload)
-        texts: list[str] = payload["texts"]
-        answer: dict[str, Any] = {"verdict": "allow"}
-        if any("slow" in text for text in texts):
-            await trio.sleep(5)
-        if any("forbidden" in text for text in texts):
-            answer = {"verdict": "deny"}
-        elif any("hush" in text for text in texts):
-            answer = {"verdict": "redact", "texts": [t.replace("hush", "***") for t in texts]}
-        await _send(conn, stream, 200, orjson.dumps(answer))
-        return True
 
 
 @pytest.fixture
