@@ -22,14 +22,11 @@ cost of one check). The sides take turns, the order swapped from pair to pair.
 
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
 
 import httpx
 import trio
@@ -37,20 +34,19 @@ import trio
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.guardrails import LONG, guarded_key, ttft_round  # noqa: E402
+from bench.guardrails import LONG, guarded_key, main, pairs_of, ttft_round  # noqa: E402
 from bench.live_upstream import (  # noqa: E402
     FAKE_SCRIPT,
     MODEL,
     Target,
     config_toml,
     cpu_seconds,
-    in_turn,
     paired_row,
     pin_cores,
     start_target,
     start_upstream,
 )
-from bench.streaming import publish, run_line, wants_write  # noqa: E402
+from bench.streaming import run_line  # noqa: E402
 
 SECTION = "## Guardrails: an output webhook on streams (issue 45)"
 WEBHOOK_SCRIPT = FAKE_SCRIPT.format(module="fake_guardrail_webhook", cls="FakeWebhook", args="")
@@ -72,7 +68,6 @@ PAIRS = 3
 STREAMS = 3
 CHUNKS = 200
 Figures = dict[str, list[tuple[float, float]]]
-T = TypeVar("T")
 
 
 async def stream_round(target: Target) -> tuple[float, float]:
@@ -85,16 +80,6 @@ async def stream_round(target: Target) -> tuple[float, float]:
                 raise SystemExit(f"HTTP {answer.status_code}: {answer.text[:300]}")
         count = STREAMS * CHUNKS
         return (time.perf_counter() - start) / count, (cpu_seconds(target.pid) - cpu) / count
-
-
-async def pairs_of(
-    none: Target, hooked: Target, measure: Callable[[Target], Awaitable[T]]
-) -> list[tuple[T, T]]:
-    """(with the webhook, none) figures of :data:`PAIRS` pairs of rounds, taking turns."""
-    return [
-        await in_turn(lambda: measure(hooked), lambda: measure(none), swap=bool(i % 2))
-        for i in range(PAIRS)
-    ]
 
 
 async def measure() -> Figures:
@@ -111,11 +96,11 @@ async def measure() -> Figures:
         try:
             with trio.fail_after(80):
                 figures = {
-                    "ttft": await pairs_of(none, hooked, ttft_round),
-                    "ttft_each": await pairs_of(none, each, ttft_round),
+                    "ttft": await pairs_of(none, hooked, ttft_round, PAIRS),
+                    "ttft_each": await pairs_of(none, each, ttft_round, PAIRS),
                 }
                 for name, side in (("chunk", hooked), ("chunk_each", each)):
-                    rounds = await pairs_of(none, side, stream_round)
+                    rounds = await pairs_of(none, side, stream_round, PAIRS)
                     figures[name] = [(a[0], b[0]) for a, b in rounds]
                     figures[f"cpu_{name}"] = [(a[1], b[1]) for a, b in rounds]
                 return figures
@@ -170,14 +155,5 @@ def report(figures: Figures, runtime_s: float, load: tuple[float, float]) -> str
     )
 
 
-def main() -> None:
-    write = wants_write(__doc__ or "")
-    load_before = os.getloadavg()[0]
-    started = time.monotonic()
-    figures = trio.run(measure)
-    runtime_s = time.monotonic() - started
-    publish(report(figures, runtime_s, (load_before, os.getloadavg()[0])), write)
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__ or "", measure, report)

@@ -149,17 +149,21 @@ async def raw_stream(gw: Gateway, token: str, path: str, body: dict[str, Any]) -
 # -- input
 
 
+@pytest.mark.parametrize("stream", [False, True])
 async def test_a_card_number_is_redacted_before_the_provider_sees_it(
-    gw: Gateway, upstream: FakeUpstream
+    gw: Gateway, upstream: FakeUpstream, stream: bool
 ) -> None:
     token = await live_key(gw, "pii")
     words = f"pay with {CARD} please"
 
     def chat() -> Any:
         with oai(gw, token) as client:
-            return client.chat.completions.with_raw_response.create(
-                model="gpt-live", messages=[{"role": "user", "content": words}]
+            raw = client.chat.completions.with_raw_response.create(
+                model="gpt-live", messages=[{"role": "user", "content": words}], stream=stream
             )
+            if stream:
+                list(raw.parse())  # read to its end: the call is settled
+            return raw
 
     raw = await run(chat)
     assert raw.http_response.status_code == 200
@@ -362,6 +366,11 @@ async def test_a_messages_stream_is_redacted_across_events(
     token = await live_key(gw, "pii")
     pieces = ["mail me at jo", "e.bloggs@exa", "mple.com today"]
     claude.reply = upstream.reply = pieces
+    assert await run(messages_stream(gw, token, model)) == "mail me at [REDACTED:email] today"
+
+
+def messages_stream(gw: Gateway, token: str, model: str) -> Callable[[], str]:
+    """A streamed Messages call by the anthropic client: the text it received."""
 
     def streamed() -> str:
         with (
@@ -372,7 +381,7 @@ async def test_a_messages_stream_is_redacted_across_events(
         ):
             return "".join(stream.text_stream)
 
-    assert await run(streamed) == "mail me at [REDACTED:email] today"
+    return streamed
 
 
 async def test_an_output_deny_mid_stream_leaves_no_matched_byte_on_the_wire(
@@ -535,17 +544,7 @@ async def test_an_output_webhook_redacts_a_messages_stream(
     text held together go to the webhook joined; its redaction is what leaves."""
     token = await live_key(gw, "hook-live")
     claude.reply = upstream.reply = ["please ", "hu", "sh", " now"]
-
-    def streamed() -> str:
-        with (
-            claude_client(gw, token) as client,
-            client.messages.stream(
-                model=model, max_tokens=32, messages=[{"role": "user", "content": "x"}]
-            ) as stream,
-        ):
-            return "".join(stream.text_stream)
-
-    assert await run(streamed) == "please *** now"
+    assert await run(messages_stream(gw, token, model)) == "please *** now"
     with trio.fail_after(10):
         await gw.runtime.inflight.wait_settled()
     rows = query_db(gw.runtime.config.server.db, "SELECT guardrails FROM requests")

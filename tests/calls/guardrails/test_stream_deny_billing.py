@@ -17,7 +17,6 @@ import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import anthropic
 import openai
@@ -32,6 +31,7 @@ from gateway.fakes.fake_azure import FakeAzure
 from gateway.fakes.fake_bedrock import FakeBedrock
 from gateway.fakes.fake_gemini import FakeGemini
 from gateway.fakes.fake_upstream import FakeUpstream
+from tests.calls.test_bedrock_calls import record_of
 from tests.calls.test_guardrails import claude_client, oai, run
 from tests.conftest import Gateway, make_config, start_gateway
 
@@ -200,14 +200,6 @@ async def stream(
     return await run(call)
 
 
-async def record(gw: Gateway, token: str, request_id: str) -> dict[str, Any]:
-    async with gw.client(token) as client:
-        answer = await client.get(f"/v1/requests/{request_id}")
-    assert answer.status_code == 200, answer.text
-    found: dict[str, Any] = answer.json()
-    return found
-
-
 def nanos(usd: float) -> int:
     return round(usd * NANOS_PER_USD)
 
@@ -223,7 +215,7 @@ async def test_a_stream_denied_mid_way_is_billed_on_the_provider_usage(
     for endpoint in ENDPOINTS:
         twin = await stream(gw, plain, endpoint, model)
         assert twin.error is None and SECRET in twin.text, (endpoint, twin)
-        reported = (await record(gw, plain, twin.request_id))["usage"]
+        reported = (await record_of(gw, plain, twin.request_id))["usage"]
         assert reported["completion_tokens"] > 0, (endpoint, reported)
 
         denied = await stream(gw, token, endpoint, model)
@@ -236,7 +228,7 @@ async def test_a_stream_denied_mid_way_is_billed_on_the_provider_usage(
         # the client's stream ended at the deny; the upstream is read on to its usage
         with trio.fail_after(10):
             await gw.runtime.inflight.wait_settled()
-        blocked = await record(gw, token, denied.request_id)
+        blocked = await record_of(gw, token, denied.request_id)
         assert blocked["status"] == "failed" and blocked["error"] == {"code": "content_blocked"}
         assert blocked["guardrails"] == [
             {"name": "no-secrets", "direction": "output", "verdict": "deny"}
@@ -275,7 +267,7 @@ async def test_an_upstream_that_dies_after_the_deny_settles_as_a_stream_ended_ea
     assert denied.error == "content_blocked" and "Zq8Xw3Lm" not in denied.text
     with trio.fail_after(10):
         await gw.runtime.inflight.wait_settled()
-    blocked = await record(gw, token, denied.request_id)
+    blocked = await record_of(gw, token, denied.request_id)
     assert blocked["error"] == {"code": "content_blocked"} and blocked["usage"] is None
     assert blocked["guardrails"] == [
         {"name": "no-secrets", "direction": "output", "verdict": "deny"}
@@ -297,7 +289,7 @@ async def test_after_a_deny_the_upstream_is_read_on_only_until_the_deadline(
     assert len(gw.runtime.inflight) == 1  # told at the deny, the call still reading on
     with trio.fail_after(10):
         await gw.runtime.inflight.wait_settled()
-    blocked = await record(gw, token, denied.request_id)
+    blocked = await record_of(gw, token, denied.request_id)
     assert blocked["error"] == {"code": "content_blocked"} and blocked["usage"] is None
     assert blocked["cost"]["settled_usd"] == blocked["cost"]["reserved_usd"]
     gw.stop.set()
