@@ -8,7 +8,10 @@ Anthropic content block's ``text``, ``thinking`` or ``partial_json`` deltas. A t
 window is flushed at its end (the choice's ``finish_reason``; the block's
 ``content_block_stop``), the released rest sent in that item (chat) or in a delta
 event just before it (Anthropic). A deny raises :class:`Denied` from :meth:`chunk`:
-the pump ends the stream with ``content_blocked``.
+the pump ends the stream with ``content_blocked``, then reads the upstream on for its
+usage (:func:`read_on`). The output webhooks hold the items before they come here
+(:mod:`gateway.calls.guardrails.webhook_stream`); :class:`GuardedFormat` reads their
+markers.
 """
 
 from __future__ import annotations
