@@ -699,3 +699,36 @@ async def test_a_guarded_call_neither_reads_nor_stores_the_response_cache(
             answer = await client.post("/v1/chat/completions", json=body)
             assert answer.status_code == 200 and answer.headers.get("x-svc-cache") != "hit"
     assert upstream.calls == 3
+
+
+async def test_an_output_webhook_deny_on_a_passed_through_stream_bills_the_whole_usage(
+    gw: Gateway, claude: FakeAnthropic
+) -> None:
+    """Anthropic's events passed through, denied at the first check (nothing left: a plain
+    400): the usage is read from ``message_start`` (held with the denied text) and
+    ``message_delta`` (after it); the denied call's is its twin's, a key without
+    guardrails."""
+    claude.reply = ["It is forbidden", " to go on."]
+    body = {
+        "model": "claude-live",
+        "max_tokens": 64,
+        "stream": True,
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    plain, guarded = await live_key(gw), await live_key(gw, "hook-stream")
+    assert "forbidden" in await raw_stream(gw, plain, "/v1/messages", body)
+    async with gw.client(guarded) as client:
+        refused = await client.post("/v1/messages", json=body)
+    assert refused.status_code == 400 and "forbidden" not in refused.text
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+    assert refused.json()["svc"]["policy"]["decisions"][0]["name"] == "hook-stream"
+    with trio.fail_after(10):
+        await gw.runtime.inflight.wait_settled()
+    twin, denied = query_db(
+        gw.runtime.config.server.db,
+        "SELECT usage, settled_usd_nanos, billed_usd_nanos, error_code, http_status"
+        " FROM requests ORDER BY created",
+    )
+    assert denied["error_code"] == "content_blocked" and denied["http_status"] == 400
+    assert denied["usage"] == twin["usage"] and orjson.loads(denied["usage"])["prompt_tokens"]
+    assert denied["settled_usd_nanos"] == denied["billed_usd_nanos"] == twin["billed_usd_nanos"]
