@@ -341,7 +341,12 @@ SUB_KEY_REQUEST = closed_body(
         "required_tags": nullable(TAG_MAP),
         "default_tags": nullable(TAG_MAP),
         "data_mode": {"enum": list(DATA_MODES)},
-        "expires_at": {"type": ["string", "null"], "format": "date-time"},
+        "expires_at": {
+            "type": ["string", "null"],
+            "format": "date-time",
+            "description": "Not later than the parent's expiry; a time already past makes a"
+            " sub-key expired from its creation.",
+        },
         "mode": {"enum": ["live", "sandbox"], "description": "The parent's, if sent."},
         "environment": {"enum": list(ENVIRONMENTS), "description": "The parent's, if sent."},
         "byok": {"type": "boolean", "description": "The parent's, if sent."},
@@ -478,12 +483,22 @@ KEYS_QUERY = (
     query(
         "after",
         {"type": "string", "pattern": id_pattern("key")},
-        "The id of one of the caller's sub-keys: the last of the previous page.",
+        "The id of one of the caller's sub-keys (revoked ones included): the last of the"
+        " previous page. Another id is 404 not_found.",
     ),
 )
 USAGE_QUERY = (
-    query("start", {"type": "string", "format": "date"}),
-    query("end", {"type": "string", "format": "date"}, "Not before start."),
+    query(
+        "start",
+        {"type": "string", "format": "date"},
+        "Default: the first day of the current month, or of end's month if earlier.",
+    ),
+    query(
+        "end",
+        {"type": "string", "format": "date"},
+        "Default: the last day of the current month, or of start's month if later. An end"
+        " before start is a window of no day (zeros).",
+    ),
     query(
         "group_by",
         {"type": "string", "pattern": f"^(?:{'|'.join(GROUPS)}|tag:{TAG_KEY.pattern})$"},
