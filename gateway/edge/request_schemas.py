@@ -483,8 +483,8 @@ KEYS_QUERY = (
     query(
         "after",
         {"type": "string", "pattern": id_pattern("key")},
-        "The id of one of the caller's sub-keys (revoked ones included): the last of the"
-        " previous page. Another id is 404 not_found.",
+        "The id of one of the caller's sub-keys: the last of the previous page. Another id"
+        " is 404 not_found.",
     ),
 )
 USAGE_QUERY = (

@@ -55,9 +55,8 @@ def _limit() -> int:
 
 
 async def list_sub_keys() -> Response:
-    """The sub-keys that are not revoked, oldest first; ``after`` is the id of the last
-    sub-key of the previous page (one revoked since still marks its place). An id that
-    is none of the caller's sub-keys is 404 not_found, as on PATCH and DELETE."""
+    """Oldest first; ``after`` is the id of the last sub-key of the previous page. An id
+    that is none of the caller's sub-keys is 404 not_found, as on PATCH and DELETE."""
     manager = await _manager()
     limit = _limit()
     await caught_up()
@@ -69,7 +68,6 @@ async def list_sub_keys() -> Response:
         if after not in ids:
             raise GatewayError("not_found", f"No sub-key {after} to page after.", "after")
         children = children[ids.index(after) + 1 :]
-    children = [child for child in children if child.status != "revoked"]
     now = rt.clock.now()
     page = [child.public(now) for child in children[:limit]]
     return json_response({"object": "list", "data": page, "has_more": len(children) > limit})
