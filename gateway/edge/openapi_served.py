@@ -22,7 +22,7 @@ settings (:func:`served_document` is cached).
 
 from __future__ import annotations
 
-import copy
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -117,36 +117,36 @@ def key_facts(caller: KeyRecord, manager: KeyRecord, catalog: Iterable[str]) -> 
 @lru_cache(maxsize=256)
 def served_document(server: ServerFacts, key: KeyFacts | None = None) -> dict[str, Any]:
     """The document of this server, as ``key`` may use it (None: any key)."""
-    embedding_id = server.embedding[0] if server.embedding else None
-    base = document(server.chat_example, embedding_id)
-    schemas = dict(base["components"]["schemas"])
+    base = document(server.chat_example, server.embedding[0] if server.embedding else None)
+    schemas = base["components"]["schemas"]
+    changes: dict[str, dict[str, Any]] = defaultdict(dict)
 
-    def edit(name: str) -> dict[str, Any]:
-        schemas[name] = copy.deepcopy(schemas[name])
-        return dict(schemas[name]["properties"])
+    def field(name: str, prop: str) -> dict[str, Any]:
+        return dict(changes[name].get(prop) or schemas[name]["properties"][prop])
 
-    for name in CHAT_BODIES:
-        props = edit(name)
-        if server.not_chat:
-            props["model"] = {**props["model"], "not": {"enum": list(server.not_chat)}}
-        schemas[name]["properties"] = props
-    props = edit("EmbeddingsRequest")
+    if server.not_chat:
+        for name in CHAT_BODIES:
+            changes[name]["model"] = {
+                **field(name, "model"),
+                "not": {"enum": list(server.not_chat)},
+            }
     if server.embedding is not None:
         model, dimensions = server.embedding
-        props["model"] = {"enum": [model]}
-        props["dimensions"] = {**props["dimensions"], "maximum": dimensions}
-    schemas["EmbeddingsRequest"]["properties"] = props
-    props = edit("SubKeyCreate")
-    props["guardrails"] = _names_of(props["guardrails"], server.guardrails)
-    schemas["SubKeyCreate"]["properties"] = props
+        changes["EmbeddingsRequest"]["model"] = {"enum": [model]}
+        dims = field("EmbeddingsRequest", "dimensions")
+        changes["EmbeddingsRequest"]["dimensions"] = {**dims, "maximum": dimensions}
+    guardrails = field("SubKeyCreate", "guardrails")
+    changes["SubKeyCreate"]["guardrails"] = _names_of(guardrails, server.guardrails)
     if key is not None:
-        for name, fields in BUDGETS.items():
-            props = dict(schemas[name]["properties"])
-            for field in fields:
-                props[field] = {**props[field], "maximum": key.max_output_tokens}
-            schemas[name]["properties"] = props
-        schemas["SubKeyCreate"]["properties"] = _sub_key_of(schemas["SubKeyCreate"], key)
-    return {**base, "components": {**base["components"], "schemas": schemas}}
+        for name, budgets in BUDGETS.items():
+            for budget in budgets:
+                changes[name][budget] = {**field(name, budget), "maximum": key.max_output_tokens}
+        changes["SubKeyCreate"].update(_sub_key_of(schemas["SubKeyCreate"]["properties"], key))
+    edited = {
+        name: {**schemas[name], "properties": {**schemas[name]["properties"], **props}}
+        for name, props in changes.items()
+    }
+    return {**base, "components": {**base["components"], "schemas": {**schemas, **edited}}}
 
 
 def _names_of(field: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
@@ -156,27 +156,28 @@ def _names_of(field: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     return {**field, "items": {**field["items"], "enum": list(names)}}
 
 
-def _sub_key_of(body: dict[str, Any], key: KeyFacts) -> dict[str, Any]:
-    """POST /v1/keys's fields as ``key`` may send them (gateway/accounts/subkey_rules.py)."""
-    props = dict(body["properties"])
-    props["mode"] = {**props["mode"], "enum": [key.mode]}
-    props["environment"] = {**props["environment"], "enum": [key.environment]}
-    props["byok"] = {**props["byok"], "const": key.byok}
-    props["scopes"] = _names_of(props["scopes"], key.scopes)
-    props["data_mode"] = {"enum": list(DATA_MODES[DATA_MODES.index(key.data_mode) :])}
-    for name in (MODEL_LIST, MODEL_LIST_ALIAS):
-        props[name] = _names_of(props[name], key.models)
+def _sub_key_of(fields: dict[str, Any], key: KeyFacts) -> dict[str, Any]:
+    """The fields of POST /v1/keys that ``key`` bounds, as it may send them
+    (gateway/accounts/subkey_rules.py)."""
+    props = {
+        "mode": {**fields["mode"], "enum": [key.mode]},
+        "environment": {**fields["environment"], "enum": [key.environment]},
+        "byok": {**fields["byok"], "const": key.byok},
+        "scopes": _names_of(fields["scopes"], key.scopes),
+        "data_mode": {"enum": list(DATA_MODES[DATA_MODES.index(key.data_mode) :])},
+        **{name: _names_of(fields[name], key.models) for name in (MODEL_LIST, MODEL_LIST_ALIAS)},
+    }
     if key.tools is not None:
-        props["allowed_tools"] = _names_of(props["allowed_tools"], key.tools)
-    caps = dict(props["caps"]["properties"])
+        props["allowed_tools"] = _names_of(fields["allowed_tools"], key.tools)
+    caps = dict(fields["caps"]["properties"])
     for cap, limit in key.caps:
         if limit is not None:  # a limited parent: the child is limited too, at most as much
             kind = "number" if cap in USD_CAPS else "integer"
             highest = MAX_USD if cap in USD_CAPS else MAX_COUNT
             caps[cap] = {**caps[cap], "type": kind, "maximum": min(limit, highest)}
-    props["caps"] = {**props["caps"], "properties": caps}
+    props["caps"] = {**fields["caps"], "properties": caps}
     if key.pinned_tags:
-        value = props["required_tags"]["additionalProperties"]
+        value = fields["required_tags"]["additionalProperties"]
         pinned = {k: {**value, "enum": ["", v]} for k, v in key.pinned_tags}
-        props["required_tags"] = {**props["required_tags"], "properties": pinned}
+        props["required_tags"] = {**fields["required_tags"], "properties": pinned}
     return props
