@@ -42,11 +42,16 @@ SEED = 18
 CHAT_MODELS = [m.id for m in default_config().models if m.kind == "chat"]
 
 
-def _holds_float(value: Any) -> bool:
+def _sent(body: Any, param: str | None) -> Any:
+    """The value of ``param`` (``caps.rpm`` is nested) in the body, or None."""
+    for name in (param or "").split("."):
+        body = body.get(name) if isinstance(body, dict) else None
+    return body
+
+
+def _holds_whole_float(value: Any) -> bool:
     if isinstance(value, list):
-        return any(map(_holds_float, value))
-    if isinstance(value, dict):
-        return any(map(_holds_float, value.values()))
+        return any(map(_holds_whole_float, value))
     return isinstance(value, float) and value.is_integer()
 
 
@@ -66,7 +71,9 @@ def accepted(check: str, status: int, error: dict[str, Any], body: Any) -> bool:
         return False
     if (status, error.get("code")) in ((422, "idempotency_key_reused"), (400, "key_revoked")):
         return True
-    return status == 400 and error.get("code") == "invalid_request" and _holds_float(body)
+    if status != 400 or error.get("code") != "invalid_request":
+        return False
+    return _holds_whole_float(_sent(body, error.get("param")))
 
 
 def failures(cassette: Path) -> list[str]:
