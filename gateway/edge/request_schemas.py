@@ -12,7 +12,8 @@ Conventions of the chat-completions and responses parsers that shape the schemas
 - a top-level ``null`` is a field not sent, on every field (:func:`nullable`);
 - fields refused whatever their value accept only that ``null`` (:data:`REFUSED`);
 - integers are read by orjson, exactly up to 64 bits: a larger one arrives as a float,
-  which is "not an integer" (output budgets excepted: gateway/edge/http.py).
+  which is "not an integer" (output budgets excepted: gateway/edge/http.py); a number
+  written with a zero fraction (10.0) is the integer it names, up to 2**53.
 """
 
 from __future__ import annotations
@@ -41,8 +42,9 @@ from gateway.edge.routes.subkeys import MAX_LIMIT
 from gateway.edge.routes.usage import GROUPS
 
 INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1
-#: JSON Schema's integer admits 10.0; the parsers read an integer only as written
-AS_WRITTEN = "An integer written without a fraction: 10.0 is refused."
+#: JSON Schema's integer admits 10.0, and so do the parsers (up to 2**53, where a number
+#: with a fraction still names one integer exactly)
+AS_WRITTEN = "An integer; 10.0 is read as 10 (with a fraction, up to 2**53)."
 #: the largest integer orjson reads as an integer (a larger one is a float)
 WHOLE = {"type": "integer", "maximum": UINT64_MAX, "description": AS_WRITTEN}
 POSITIVE = {**WHOLE, "minimum": 1}
