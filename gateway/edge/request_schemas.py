@@ -33,6 +33,7 @@ from gateway.accounts.key_record import CAP_FIELDS, DATA_MODES, ENVIRONMENTS, id
 from gateway.accounts.subkey_rules import FIELDS as SUB_KEY_FIELDS
 from gateway.accounts.subkey_rules import SUB_KEY_SCOPES
 from gateway.accounts.tag_rules import CONTROL, MAX_TAGS, MAX_VALUE, TAG_KEY
+from gateway.accounts.tool_rules import PATTERN_SYNTAX
 from gateway.calls.parse.anthropic_messages import IMAGE_TYPES
 from gateway.calls.parse.chat import CHAT_FIELDS, MAX_STOP, ROLES, STRUCTURED_FORMATS
 from gateway.calls.parse.fields import SAMPLING, SESSION_FIELDS
@@ -153,6 +154,7 @@ TEXT = {"type": "string"}
 #: what str.strip() leaves something of: a character Python does not call a space (the
 #: regex classes \s of JSON Schema's dialect and of Python differ, e.g. on U+001C)
 NOT_BLANK = "[^{}]".format("".join(f"\\u{i:04x}" for i in range(0x3001) if chr(i).isspace()))
+TOOL_PATTERN = PATTERN_SYNTAX.replace(r"\S", NOT_BLANK)
 MODEL = {"type": "string", "minLength": 1}
 SAMPLING_FIELDS = {
     name: {"type": "number", "minimum": 0, "maximum": high} for name, high in SAMPLING.items()
@@ -336,7 +338,8 @@ SUB_KEY_REQUEST = closed_body(
         "allowed_tools": nullable(
             {
                 "type": "array",
-                "items": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_-]*__\S+$"},
+                # \S as Python reads it (JSON Schema's dialect calls U+001C no space)
+                "items": {"type": "string", "pattern": f"^{TOOL_PATTERN}$"},
                 "description": "MCP tool patterns (server__tool, server__*) within the parent's.",
             }
         ),
