@@ -32,6 +32,7 @@ from gateway.accounts.catalog import Catalog
 from gateway.accounts.key_fields import MAX_COUNT, MAX_USD, MODEL_LIST, MODEL_LIST_ALIAS, USD_CAPS
 from gateway.accounts.key_record import CAP_FIELDS, DATA_MODES, KeyRecord
 from gateway.accounts.subkey_rules import SUB_KEY_SCOPES
+from gateway.accounts.tool_rules import SEPARATOR
 from gateway.edge.openapi import document
 
 #: the request schemas holding an output budget, and its fields
@@ -156,6 +157,20 @@ def _names_of(field: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
     return {**field, "items": {**field["items"], "enum": list(names)}}
 
 
+def _tools_within(field: dict[str, Any], parent: tuple[str, ...]) -> dict[str, Any]:
+    """Tool patterns within the parent's (gateway/accounts/tool_rules.py, ``covered``):
+    one of its patterns, or a name or pattern under one of its ``server__*`` that is no
+    wildcard itself."""
+    wildcard = f"{SEPARATOR}*"
+    under = [
+        {"pattern": f"^{p[:-1]}", "not": {"pattern": r"__\*$"}}
+        for p in parent
+        if p.endswith(wildcard)
+    ]
+    within = [{"enum": list(parent)}, *under] if parent else [{"not": {}}]
+    return {**field, "items": {**field["items"], "anyOf": within}}
+
+
 def _sub_key_of(fields: dict[str, Any], key: KeyFacts) -> dict[str, Any]:
     """The fields of POST /v1/keys that ``key`` bounds, as it may send them
     (gateway/accounts/subkey_rules.py)."""
@@ -168,7 +183,7 @@ def _sub_key_of(fields: dict[str, Any], key: KeyFacts) -> dict[str, Any]:
         **{name: _names_of(fields[name], key.models) for name in (MODEL_LIST, MODEL_LIST_ALIAS)},
     }
     if key.tools is not None:
-        props["allowed_tools"] = _names_of(fields["allowed_tools"], key.tools)
+        props["allowed_tools"] = _tools_within(fields["allowed_tools"], key.tools)
     caps = dict(fields["caps"]["properties"])
     for cap, limit in key.caps:
         if limit is not None:  # a limited parent: the child is limited too, at most as much

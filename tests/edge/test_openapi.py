@@ -8,6 +8,7 @@ from typing import Any
 import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
 from gateway.accounts.key_fields import MODEL_LIST_ALIAS
@@ -194,8 +195,10 @@ async def test_the_document_fetched_with_a_key_is_that_keys(gateway: Gateway) ->
             "mode": "sandbox",
             "keys_manage": True,
             "caps": {"rpm": 100, "usd_day": 5, "max_output_tokens": 50},
+            "allowed_tools": ["srv__*", "other__t"],
         },
     )
+    assert parent.status_code == 201, parent.text
     token = parent.json()["token"]
     async with gateway.client(token) as client:
         doc = (await client.get("/openapi.json")).json()
@@ -209,6 +212,11 @@ async def test_the_document_fetched_with_a_key_is_that_keys(gateway: Gateway) ->
         rpm = [
             (await client.post("/v1/keys", json={"name": "c", "caps": {"rpm": n}})).status_code
             for n in (100, 101)
+        ]
+        tool_lists = (["srv__x", "other__t"], ["srv__*"], ["srv__x__*"], ["other__u"])
+        tools = [
+            (await client.post("/v1/keys", json={"name": "t", "allowed_tools": t})).status_code
+            for t in tool_lists
         ]
     async with gateway.client("svc_test_not_a_key") as client:
         anyone = (await client.get("/openapi.json")).json()
@@ -226,6 +234,10 @@ async def test_the_document_fetched_with_a_key_is_that_keys(gateway: Gateway) ->
     caps = sub_key["caps"]["properties"]
     assert caps["rpm"]["maximum"] == 100 and caps["usd_day"]["type"] == "number"
     assert sub_key["guardrails"]["maxItems"] == 0  # the server configures none
+    # the document's tool lists agree with the server's answers, item by item
+    allowed = Draft202012Validator(sub_key["allowed_tools"])
+    assert [allowed.is_valid(t) for t in tool_lists] == [True, True, False, False]
+    assert tools == [201, 201, 400, 400]
     assert anyone == served_document(server_facts(gateway.runtime.catalog, ()))
     assert _body(anyone, "MessagesRequest")["max_tokens"]["maximum"] > 50
     validate(doc)
