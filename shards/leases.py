@@ -197,16 +197,18 @@ def lease_size(headroom: int, deficit: int, nodes: int, unit: int, wanted: int =
     is refused and nothing is stranded), else the deficit, a share of the headroom (one
     ``2 * nodes``-th, in whole units, so that every node may hold one and half of it
     stays in the database) or what the node's calls waiting on this limit want in all
-    (``wanted``), whichever is larger. Near a limit the share falls below one unit: a
-    node leases what its waiting calls need, so that one refill serves them all (one
-    unit per refill would let a burst's calls take each other's grant round after round
-    until one runs out of refills: a 503 although the database had the headroom)."""
+    (``wanted``, up to one ``nodes``-th of the headroom: the other nodes' bursts get
+    theirs), whichever is larger. Near a limit the share falls below one unit: a node
+    leases for its waiting calls, so that a refill serves many (one unit per refill let
+    a burst's calls take each other's grant round after round until one ran out of
+    refills: a 503 although the database had the headroom)."""
     if deficit > headroom:
         return 0
-    share = headroom // (2 * max(nodes, 1))
+    nodes = max(nodes, 1)
+    share = headroom // (2 * nodes)
     if unit > 0:
         share -= share % unit
-    return min(headroom, max(deficit, share, wanted))
+    return min(headroom, max(deficit, share, min(wanted, headroom // nodes)))
 
 
 def posted(taken: tuple[LeaseNeed, ...], cap: int, billed: int) -> list[tuple[str, int]]:
