@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import suppress
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from gateway.accounts.catalog import nanos_to_usd, usd_to_nanos
@@ -28,7 +29,6 @@ from shards import (
     AdmitRequest,
     LeaseShort,
     Reservation,
-    ReserveRefusal,
     ReserveRequest,
     SettleRequest,
     ShardPool,
@@ -48,7 +48,7 @@ class Refiller(Protocol):
     """This node of several (:class:`gateway.serving.node.Node`): its leases."""
 
     def admitting(self) -> bool: ...
-    async def refill(self, short: LeaseShort) -> Admission | ReserveRefusal | None: ...
+    async def refill(self, short: LeaseShort, again: Callable[[], Awaitable[T]]) -> T | Any: ...
 
 
 class Refusals(Protocol):
@@ -124,8 +124,9 @@ def _admit_request(
 
 async def _ask(rt: Admitting, ask: Callable[[T], Awaitable[Any]], request: T) -> Any:
     """The shard's verdict on ``request``. With leases (several nodes), a LeaseShort is
-    refilled and asked again, or becomes the refusal of the limit that has no headroom
-    left; a fenced node, or a database that cannot refill, is a 503."""
+    refilled and asked again (under the refill's locks), or becomes the refusal of the
+    limit that has no headroom left; a fenced node, or a database that cannot refill, is
+    a 503."""
     node = rt.cluster
     if node is not None and not node.admitting():
         raise unavailable(rt)
@@ -133,15 +134,14 @@ async def _ask(rt: Admitting, ask: Callable[[T], Awaitable[Any]], request: T) ->
         verdict = await ask(request)
         for _ in range(_REFILLS):
             if not isinstance(verdict, LeaseShort):
-                return verdict
+                break
             assert node is not None
-            refusal = await node.refill(verdict)
-            if refusal is not None:
-                return refusal
-            verdict = await ask(request)
+            verdict = await node.refill(verdict, partial(ask, request))
     except (ShardUnavailable, StoreError):
         raise unavailable(rt) from None
-    raise unavailable(rt)  # other calls of this node took every refill first
+    if isinstance(verdict, LeaseShort):
+        raise unavailable(rt)  # other calls of this node took every refill first
+    return verdict
 
 
 async def admit(rt: Admitting, record: KeyRecord, *, take_slot: bool) -> Admission:

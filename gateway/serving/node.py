@@ -31,7 +31,9 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any, Protocol, TypeVar
 
 import trio
 
@@ -43,10 +45,11 @@ from gateway.config.settings import Config
 from gateway.observe.logs import event
 from gateway.store import Store, StoreError, records
 from gateway.store import node_leases as ops
-from shards import Admission, LeaseNeed, LeaseShort, ReserveRefusal, ShardPool
+from shards import LeaseNeed, LeaseShort, ShardPool
 from shards.clock import Clock
 
 log = logging.getLogger("gateway.serving.node")
+T = TypeVar("T")
 #: how often the change counter is polled (the bound of a change reaching every node is
 #: this plus one reload)
 POLL_S = 1.0
@@ -175,24 +178,39 @@ class Node:
     def admitting(self) -> bool:
         return time.monotonic() < self._admit_until
 
-    async def refill(self, short: LeaseShort) -> Admission | ReserveRefusal | None:
-        """Refill every limit ``short`` names; the refusal of the first one the database
-        cannot cover, or None (ask the shard again). StoreError: the database is gone."""
-        for need, refusal in zip(short.needs, short.refusals, strict=True):
-            lid = need.limit_id
-            lock = self._refilling[lid]
-            self._wanted[lid] += need.amount
-            try:
-                async with lock:
-                    covered = await self._refill_one(need)
-            finally:
-                self._wanted[lid] -= need.amount
-                if not lock.locked() and not lock.statistics().tasks_waiting:
-                    self._refilling.pop(lid, None)  # one lock per limit in use
-                    self._wanted.pop(lid, None)
-            if not covered:
-                return refusal
-        return None
+    async def refill(self, short: LeaseShort, again: Callable[[], Awaitable[T]]) -> T | Any:
+        """Refill every limit ``short`` names, then ``again()`` (ask the shard again)
+        while still holding them: the refusal of the first limit the database cannot
+        cover, or what ``again`` answers. StoreError: the database is gone.
+
+        The limits stay held until the shard has answered, so the calls queued on one
+        refill take its grant one at a time: asked outside, every queued call found the
+        grant "covered" at once, all asked, one won, and the rest spent a refill each
+        round until one ran out of them (a 503 with headroom left)."""
+        async with AsyncExitStack() as held:
+            unique = {need.limit_id: need for need in short.needs}
+            for _, need in sorted(unique.items()):
+                await held.enter_async_context(self._holding(need))
+            for need, refusal in zip(short.needs, short.refusals, strict=True):
+                if not await self._refill_one(need):
+                    return refusal
+            return await again()
+
+    @asynccontextmanager
+    async def _holding(self, need: LeaseNeed) -> AsyncIterator[None]:
+        """The limit's refill lock (locks are taken in limit-id order: no deadlock),
+        ``need`` counted in what the node's calls waiting on it want."""
+        lid = need.limit_id
+        lock = self._refilling[lid]
+        self._wanted[lid] += need.amount
+        try:
+            async with lock:
+                yield
+        finally:
+            self._wanted[lid] -= need.amount
+            if not lock.locked() and not lock.statistics().tasks_waiting:
+                self._refilling.pop(lid, None)  # one lock per limit in use
+                self._wanted.pop(lid, None)
 
     async def _refill_one(self, need: LeaseNeed) -> bool:
         deficit = self.book.deficit(need)
