@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,8 +28,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@functools.cache
+def parse(path: Path) -> ast.Module:
+    """The syntax tree of a source file, parsed once a run: the rules read the same ~200
+    files again and again (read only: ``ast.walk`` and ``iter_child_nodes`` change nothing)."""
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
 def imported_modules(path: Path) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    tree = parse(path)
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -120,7 +128,7 @@ def runtime_imports(path: Path, with_type_only: bool = False) -> Iterator[str]:
                 yield from (f"{module}.{alias.name}" for alias in child.names)
             yield from visit(child)
 
-    yield from visit(ast.parse(path.read_text(encoding="utf-8")))
+    yield from visit(parse(path))
 
 
 def import_graph(package: str, with_type_only: bool = False) -> dict[str, set[str]]:
@@ -183,7 +191,7 @@ def test_only_the_http_handlers_read_the_runtime_from_the_app() -> None:
     readers = [
         str(path.relative_to(ROOT))
         for path in sources("gateway")
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        for node in ast.walk(parse(path))
         if isinstance(node, ast.ImportFrom)
         and node.module == "gateway.edge.http"
         and "runtime" in {alias.name for alias in node.names}
@@ -214,7 +222,7 @@ def test_type_only_imports_are_counted() -> None:
         str(path.relative_to(ROOT))
         for package in ("gateway", "shards")
         for path in sources(package)
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        for node in ast.walk(parse(path))
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
     ]
     assert 0 < len(blocks) <= TYPE_CHECKING_BLOCKS, blocks
