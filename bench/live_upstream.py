@@ -175,7 +175,7 @@ PHASE_LIMIT_S = 40.0
 #: a fake provider of the tests as a process of its own: it prints its URL, then serves
 FAKE_SCRIPT = """
 import trio
-from tests.support.{module} import {cls}
+from gateway.fakes.{module} import {cls}
 
 async def main():
     async with trio.open_nursery() as nursery:

@@ -13,12 +13,16 @@ start. Installed on the app through Quart's ``asgi_http_class`` (:func:`install`
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import trio
-from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable
+from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPResponseStartEvent
+from quart.utils import encode_headers
+from quart.wrappers.response import DataBody
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 
-from gateway.edge.asgi import disconnect_watch
+from gateway.edge.asgi import BODY_FOLLOWS, disconnect_watch
 
 #: the upstream code this module was reviewed against (see gateway/serving/patches/):
 #: qualified name → (version, SHA-256 of its source)
@@ -43,6 +47,16 @@ REVIEWED: dict[str, tuple[str, str]] = {
     "quart.asgi.ASGIHTTPConnection._send_response": (
         "0.22.0",
         "2958216ed9d8d2ebf66be8a3fbcf2a2cb50a2e89a77b196a1f919e834f7c49c7",
+    ),
+    # HTTPConnection._send_response sends a DataBody's bytes as its iterator yields them
+    # (data[begin:end], once) and its start as Quart's does
+    "quart.wrappers.response.DataBody": (
+        "0.22.0",
+        "a0ec2d37126227306b77656ffd08f4b51b33af5d24d78e44bee78fc409f6b1f3",
+    ),
+    "quart.wrappers.response._DataBodyGen": (
+        "0.22.0",
+        "850bd3d77ab655419aba26749a005e8f83058a25d16101b2bf58a9c1edee7731",
     ),
     # copied into __call__, without the nursery it cancels
     "quart_trio.asgi.TrioASGIHTTPConnection.handle_request": (
@@ -73,6 +87,21 @@ class HTTPConnection(TrioASGIHTTPConnection):
             else:
                 with trio.move_on_after(timeout):
                     await self._send_response(send, response)
+
+    async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
+        body = getattr(response, "response", None)
+        if type(body) is not DataBody:
+            await super()._send_response(send, response)
+            return
+        start = {
+            "type": "http.response.start",
+            "status": response.status_code,
+            "headers": encode_headers(response.headers),
+            BODY_FOLLOWS: True,
+        }
+        await send(cast(HTTPResponseStartEvent, start))  # a start with an extension key
+        data = body.data[body.begin : body.end]
+        await send({"type": "http.response.body", "body": data, "more_body": False})
 
 
 def install(app: QuartTrio) -> None:
