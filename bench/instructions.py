@@ -5,6 +5,7 @@ Run it from a clone (valgrind installed: ``apt-get install valgrind``)::
     python bench/instructions.py --against 9088f64            # 2 rounds of each tree
     python bench/instructions.py --against 9088f64 --rounds 3 --calls-each 10
     python bench/instructions.py --callers 10,1 --rounds 1    # this tree alone (issue 49)
+    python bench/instructions.py --against /tmp/base-tree     # a tree run with this Python
 
 Why: CPU time on a shared virtual machine moves by up to 2× within minutes (see
 bench/RESULTS.md), so a ratio of CPU seconds needs many alternating pairs and still
@@ -52,6 +53,15 @@ from bench import streaming  # noqa: E402
 
 #: a gateway under valgrind starts some 10× slower
 streaming.START_TIMEOUT_S = 600.0
+#: streams at a model's pace, slow enough for a gateway under valgrind to keep up (each
+#: upstream read holds one chunk: the figure is the cost of a relayed batch of one)
+PACED_CALLERS, PACED_EACH, PACED_CHUNKS, PACED_DELAY_S = 2, 3, 50, 0.02
+PACED = {
+    **live.BODY,
+    "max_tokens": PACED_CHUNKS,
+    "stream": True,
+    "messages": [{"role": "user", "content": f"Pace. [[fault chunk_delay={PACED_DELAY_S}]]"}],
+}
 
 
 def under_callgrind(python: str, out: Path) -> str:
@@ -86,7 +96,8 @@ async def counted(
 ) -> float:
     """Instructions per call (``calls``) or per chunk the clients received (``chunks``),
     ``callers`` at once, ``each`` apiece."""
-    payload = orjson.dumps(live.BODY if kind == "calls" else live.LONG_STREAM)
+    body = {"calls": live.BODY, "chunks": live.LONG_STREAM, "paced": PACED}[kind]
+    payload = orjson.dumps(body)
     work = live.raw_call if kind == "calls" else live.raw_chunks
     await live.at_once(target, partial(work, payload=payload), 1, callers=callers)  # warm
     dumped_ir(out)
@@ -117,20 +128,26 @@ async def one_round(
             each = args.calls_each if args.calls is None else -(-args.calls // callers)
             figures.append(await counted(target, out, "calls", each, callers))
         figures.append(await counted(target, out, "chunks", args.streams_each, args.callers[0]))
+        figures.append(await counted(target, out, "paced", PACED_EACH, PACED_CALLERS))
     finally:
         target.server.stop()
         shutil.rmtree(work, ignore_errors=True)
     calls = ", ".join(
         f"{figure:,.0f} per call at {callers}"
-        for figure, callers in zip(figures[:-1], args.callers, strict=True)
+        for figure, callers in zip(figures[:-2], args.callers, strict=True)
     )
-    print(f"{name}: {calls}, {figures[-1]:,.0f} per chunk", flush=True)
+    print(
+        f"{name}: {calls}, {figures[-2]:,.0f} per chunk, {figures[-1]:,.0f} per paced chunk",
+        flush=True,
+    )
     return tuple(figures)
 
 
 async def run(args: argparse.Namespace) -> None:
     sides = {"this tree": (live.ROOT, sys.executable)}
-    if args.against is not None:
+    if args.against is not None and Path(args.against).is_dir():
+        sides = {args.against: (Path(args.against), sys.executable), **sides}
+    elif args.against is not None:
         sides = {args.against: live.build_revision(args.against), **sides}
     figures: dict[str, list[tuple[float, ...]]] = {name: [] for name in sides}
     upstream, url = live.start_upstream()
@@ -151,7 +168,9 @@ async def run(args: argparse.Namespace) -> None:
     names = [f"per non-streamed call, {n} callers" for n in args.callers]
     rows = "".join(
         f"| {label} | {b:,.0f} | {t:,.0f} | {t / b:.3f} |\n"
-        for label, b, t in zip([*names, "per relayed chunk"], base, this, strict=True)
+        for label, b, t in zip(
+            [*names, "per relayed chunk (bursts)", "per paced chunk"], base, this, strict=True
+        )
     )
     print(
         f"\ninstructions (callgrind Ir), medians of {args.rounds} rounds:\n"
@@ -161,7 +180,11 @@ async def run(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--against", metavar="REV", help="the base revision (none: this tree)")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="the base revision, or a directory of a source tree (none: this tree alone)",
+    )
     parser.add_argument(
         "--callers",
         type=lambda text: [int(n) for n in text.split(",")],

@@ -76,7 +76,8 @@ REVIEWED: dict[str, tuple[str, str]] = {
         "0.18.0",
         "fd34b021d1a86c9859514de9472306ea47f4a6763732b26b7a5945278ded0e08",
     ),
-    # overridden: the RawData branch copied, Updated(idle) skipped once the client left
+    # overridden: the RawData branch copied (its shield replaced: _Connection._write),
+    # Updated(idle) skipped once the client left
     "hypercorn.trio.tcp_server.TCPServer.protocol_send": (
         "0.18.0",
         "225856426bff7be02990c0badb90f51f801db14ac5db0f3d0c210cafbeb528ab",
@@ -474,14 +475,24 @@ class _Connection(TCPServer):
         await super().protocol_send(event)
 
     async def _write(self, data: bytes) -> None:
+        """hypercorn's write of ``data``, whole. hypercorn shields the wait for room:
+        a write cancelled part-way would leave the answer's framing broken. Here the
+        writer's own scope may end that wait (a stream's pump writes its batches under
+        its call's deadline, and a client that reads nothing must not hold the call's
+        settlement past it), and a write so cut closes the connection: nothing more can
+        be sent on it. Who else is cancelled mid-write is a request whose client left or
+        a server past its grace, whose connections close all the same."""
+        stream = cast(CountedStream, self.stream)
         await acquire(self.send_lock)
         try:
             try:
-                # shielded only while it waits for room (a scope costs ~50 calls)
-                rest = cast(CountedStream, self.stream).send_now(data)
+                rest = stream.send_now(data)
                 if rest:
-                    with trio.CancelScope(shield=True):
-                        await self.stream.send_all(rest)
+                    try:
+                        await stream.send_all(rest)
+                    except trio.Cancelled:
+                        stream.abort()
+                        raise
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 await self.protocol.handle(Closed())
         finally:

@@ -18,10 +18,11 @@ from typing import Any, cast
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPResponseStartEvent
 from quart.utils import encode_headers
-from quart.wrappers.response import DataBody
+from quart.wrappers.response import DataBody, IterableBody
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 
+from gateway.calls.streaming import StreamBody
 from gateway.edge.asgi import BODY_FOLLOWS, disconnect_watch
 
 #: the upstream code this module was reviewed against (see gateway/serving/patches/):
@@ -53,6 +54,11 @@ REVIEWED: dict[str, tuple[str, str]] = {
     "quart.wrappers.response.DataBody": (
         "0.22.0",
         "a0ec2d37126227306b77656ffd08f4b51b33af5d24d78e44bee78fc409f6b1f3",
+    ),
+    # its ``iter``: the StreamBody given to the Response (an async iterator is its own)
+    "quart.wrappers.response.IterableBody": (
+        "0.22.0",
+        "6000c4eb1baca62281f8a192d253a6042948d885086796b140529dbd06d16c26",
     ),
     "quart.wrappers.response._DataBodyGen": (
         "0.22.0",
@@ -89,8 +95,10 @@ class HTTPConnection(TrioASGIHTTPConnection):
                     await self._send_response(send, response)
 
     async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
-        body = getattr(response, "response", None)
-        if type(body) is not DataBody:
+        body: Any = getattr(response, "response", None)
+        whole = type(body) is DataBody
+        stream = type(body) is IterableBody and type(body.iter) is StreamBody
+        if not (whole or stream):
             await super()._send_response(send, response)
             return
         start = {
@@ -100,6 +108,9 @@ class HTTPConnection(TrioASGIHTTPConnection):
             BODY_FOLLOWS: True,
         }
         await send(cast(HTTPResponseStartEvent, start))  # a start with an extension key
+        if stream:
+            await body.iter.write_to(send)
+            return
         data = body.data[body.begin : body.end]
         await send({"type": "http.response.body", "body": data, "more_body": False})
 
