@@ -17,8 +17,6 @@ from typing import Any, cast
 
 import trio
 from hypercorn.typing import ASGIReceiveCallable, ASGISendCallable, HTTPResponseStartEvent
-from quart.utils import encode_headers
-from quart.wrappers.response import DataBody, IterableBody
 from quart_trio import QuartTrio
 from quart_trio.asgi import TrioASGIHTTPConnection
 
@@ -38,6 +36,11 @@ REVIEWED: dict[str, tuple[str, str]] = {
     "quart_trio.asgi.TrioASGIHTTPConnection.handle_messages": (
         "0.12.0",
         "8d994a7d28dcac9d62dc483b2678e46b96529faa4d0e0d550b2daec36e56a1df",
+    ),
+    # _send_response's headers as its encode_headers writes them
+    "quart.utils.encode_headers": (
+        "0.22.0",
+        "43f0b0391d7254e780de914444f8519cedaffb6876e08978a21b4f8a5b5ca45f",
     ),
     # called by __call__ as Quart-Trio's connection calls them: the request built from
     # the scope (its body left to the gate), the answer sent through ``send``
@@ -95,16 +98,20 @@ class HTTPConnection(TrioASGIHTTPConnection):
                     await self._send_response(send, response)
 
     async def _send_response(self, send: ASGISendCallable, response: Any) -> None:
+        # Quart's Response names its body classes (quart is the edge's to import)
         body: Any = getattr(response, "response", None)
-        whole = type(body) is DataBody
-        stream = type(body) is IterableBody and type(body.iter) is StreamBody
+        whole = type(body) is getattr(response, "data_body_class", None)
+        stream = (
+            type(body) is getattr(response, "iterable_body_class", None)
+            and type(body.iter) is StreamBody
+        )
         if not (whole or stream):
             await super()._send_response(send, response)
             return
         start = {
             "type": "http.response.start",
             "status": response.status_code,
-            "headers": encode_headers(response.headers),
+            "headers": [(k.lower().encode(), v.encode()) for k, v in response.headers.items()],
             BODY_FOLLOWS: True,
         }
         await send(cast(HTTPResponseStartEvent, start))  # a start with an extension key
