@@ -31,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import httpx
 import orjson
@@ -53,6 +54,7 @@ from bench.live_upstream import (  # noqa: E402
 )
 from bench.streaming import ADMIN_TOKEN, publish, run_line, wants_write  # noqa: E402
 
+T = TypeVar("T")
 SECTION = "## Guardrails: pii + secrets on both directions against none (issue 45)"
 GUARDRAILS = """
 [[guardrails]]
@@ -133,15 +135,13 @@ async def ttft_round(target: Target) -> float:
 
 
 async def pairs_of(
-    none: Target, guarded: Target, measure: Callable[[Target], Awaitable[float]]
-) -> list[tuple[float, float]]:
-    """(guarded, none) figures of :data:`PAIRS` pairs of rounds, taking turns."""
-    pairs = []
-    for i in range(PAIRS):
-        pairs.append(
-            await in_turn(lambda: measure(guarded), lambda: measure(none), swap=bool(i % 2))
-        )
-    return pairs
+    none: Target, guarded: Target, measure: Callable[[Target], Awaitable[T]], pairs: int = PAIRS
+) -> list[tuple[T, T]]:
+    """(guarded, none) figures of ``pairs`` pairs of rounds, taking turns."""
+    return [
+        await in_turn(lambda: measure(guarded), lambda: measure(none), swap=bool(i % 2))
+        for i in range(pairs)
+    ]
 
 
 async def measure() -> dict[str, list[tuple[float, float]]]:
@@ -165,7 +165,9 @@ async def measure() -> dict[str, list[tuple[float, float]]]:
             upstream.kill()
 
 
-def report(figures: dict[str, list[tuple[float, float]]], runtime_s: float, load: tuple) -> str:
+def report(
+    figures: dict[str, list[tuple[float, float]]], runtime_s: float, load: tuple[float, float]
+) -> str:
     chunk = [(g / 200, n / 200) for g, n in figures["chunk"]]
     ttft = figures["ttft"]
     added = statistics.median(g - n for g, n in ttft) * 1000
@@ -191,13 +193,21 @@ def report(figures: dict[str, list[tuple[float, float]]], runtime_s: float, load
     )
 
 
-def main() -> None:
-    write = wants_write(__doc__ or "")
+Figures = dict[str, list[tuple[float, float]]]
+
+
+def main(
+    doc: str = __doc__ or "",
+    take: Callable[[], Awaitable[Figures]] = measure,
+    write_up: Callable[[Figures, float, tuple[float, float]], str] = report,
+) -> None:
+    """Measure (``take``), write the section up and publish it (this bench's by default)."""
+    write = wants_write(doc)
     load_before = os.getloadavg()[0]
     started = time.monotonic()
-    figures = trio.run(measure)
+    figures = trio.run(take)
     runtime_s = time.monotonic() - started
-    publish(report(figures, runtime_s, (load_before, os.getloadavg()[0])), write)
+    publish(write_up(figures, runtime_s, (load_before, os.getloadavg()[0])), write)
 
 
 if __name__ == "__main__":

@@ -191,19 +191,22 @@ class LeaseBook:
         return [lid for lid in self.balance if used_at.get(lid, 0.0) < before]
 
 
-def lease_size(headroom: int, deficit: int, nodes: int, unit: int) -> int:
+def lease_size(headroom: int, deficit: int, nodes: int, unit: int, wanted: int = 0) -> int:
     """How much of a limit's ``headroom`` a refill grants a node that lacks ``deficit``
     for a step of ``unit``: nothing when the headroom cannot cover the deficit (the call
-    is refused and nothing is stranded), else the deficit or a share of the headroom
-    (one ``2 * nodes``-th, in whole units, so that every node may hold one and half of
-    it stays in the database), whichever is larger. Near a limit the share falls below
-    one unit and a node leases exactly what the call needs."""
+    is refused and nothing is stranded), else the deficit, a share of the headroom (one
+    ``2 * nodes``-th, in whole units, so that every node may hold one and half of it
+    stays in the database) or what the node's calls waiting on this limit want in all
+    (``wanted``), whichever is larger. Near a limit the share falls below one unit: a
+    node leases what its waiting calls need, so that one refill serves them all (one
+    unit per refill would let a burst's calls take each other's grant round after round
+    until one runs out of refills: a 503 although the database had the headroom)."""
     if deficit > headroom:
         return 0
     share = headroom // (2 * max(nodes, 1))
     if unit > 0:
         share -= share % unit
-    return min(headroom, max(deficit, share))
+    return min(headroom, max(deficit, share, wanted))
 
 
 def posted(taken: tuple[LeaseNeed, ...], cap: int, billed: int) -> list[tuple[str, int]]:

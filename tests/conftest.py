@@ -224,7 +224,8 @@ class Gateway:
 
     def client(self, token: str | None = None, **kwargs: Any) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=10.0, **kwargs)
+        kwargs.setdefault("timeout", 10.0)
+        return httpx.AsyncClient(base_url=self.url, headers=headers, **kwargs)
 
     async def admin(self, method: str, path: str, json: Any = None) -> httpx.Response:
         async with self.client(ADMIN_TOKEN) as client:

@@ -22,6 +22,23 @@ MAX_USD = 1_000_000_000
 MAX_COUNT = 2**53 - 1
 
 
+#: a number written with a zero fraction names one integer exactly up to this magnitude
+WHOLE_FLOAT_LIMIT = 2**53
+
+
+def as_int(value: object) -> int | None:
+    """The integer ``value`` is as JSON Schema reads one, or None: written as an integer,
+    or with a zero fraction (``10.0``, which JSON Schema's ``integer`` admits and
+    schemathesis sends) up to 2**53; never a boolean."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer() and abs(value) <= WHOLE_FLOAT_LIMIT:
+        return int(value)
+    return None
+
+
 def number(body: dict[str, Any], name: str, *, integer: bool = False) -> Any:
     """A non-negative number (or integer) field; None when absent or null.
 
@@ -30,9 +47,10 @@ def number(body: dict[str, Any], name: str, *, integer: bool = False) -> Any:
     value = body.get(name)
     if value is None:
         return None
-    kinds = (int,) if integer else (int, float)
+    if integer:  # written as an integer, or with a zero fraction (10.0)
+        value = as_int(value)
     limit = MAX_COUNT if integer else MAX_USD
-    if isinstance(value, bool) or not isinstance(value, kinds) or not 0 <= value <= limit:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= limit:
         kind = "a non-negative integer" if integer else "a non-negative number"
         raise GatewayError(
             "invalid_request", f"{name} must be {kind} of at most {limit:,}.", param=name

@@ -21,8 +21,8 @@ new sub-key, or the first refusal, in this order:
 8. ``required_tags``: merged with the parent's, which stay required (a value the parent
    pins cannot be changed: child_exceeds_parent); ``default_tags`` merged over the
    parent's (the child's win);
-9. ``expires_at``: ISO 8601, in the future, not later than the parent's expiry (else
-   child_exceeds_parent).
+9. ``expires_at``: ISO 8601, not later than the parent's expiry (else
+   child_exceeds_parent); a time already past makes a sub-key expired from its creation.
 10. ``guardrails``: names of the server's ``[[guardrails]]`` (else invalid_request),
     added to the parent's, which stay (a sub-key cannot remove one).
 
@@ -68,7 +68,6 @@ def child_settings(
     parent: KeyRecord,
     body: dict[str, Any],
     catalog: Collection[str],
-    now: float,
     guardrails: Collection[str] = (),
 ) -> dict[str, Any]:
     """Keyword arguments of :meth:`Keyring.build` for a sub-key of ``parent``.
@@ -102,7 +101,7 @@ def child_settings(
         "allowed_tools": _allowed_tools(parent.allowed_tools, body),
         "required_tags": _required_tags(parent.required_tags, body),
         "default_tags": _default_tags(parent.default_tags, body),
-        "expires_at": _expiry(parent.expires_at, body, now),
+        "expires_at": _expiry(parent.expires_at, body),
         "guardrails": key_fields.guardrail_names(body, guardrails, parent.guardrails),
     }
 
@@ -201,12 +200,12 @@ def _default_tags(parent: dict[str, str], body: dict[str, Any]) -> dict[str, str
     return check_tag_map({**parent, **mine}, "default_tags")
 
 
-def _expiry(parent: float | None, body: dict[str, Any], now: float) -> float | None:
+def _expiry(parent: float | None, body: dict[str, Any]) -> float | None:
+    """A time already past is taken as sent: the sub-key is expired from its creation
+    (its status says so), as a document cannot say "in the future" (docs/DECISIONS.md)."""
     if "expires_at" not in body:
         return parent
     expires_at = key_fields.parse_expiry(body["expires_at"])
-    if expires_at is not None and expires_at <= now:
-        raise GatewayError("invalid_request", "expires_at must be in the future.", "expires_at")
     if parent is not None and (expires_at is None or expires_at > parent):
         raise _exceeds("expires_at is later than the parent key's expiry.", "expires_at")
     return expires_at

@@ -16,7 +16,9 @@ from gateway.errors import GatewayError
 
 SEPARATOR = "__"
 _PART = r"[A-Za-z0-9][A-Za-z0-9-]*(?:_[A-Za-z0-9-]+)*"
-_PATTERN = re.compile(rf"{_PART}__(?:\*|\S+)")
+#: a tool pattern: server__tool or server__* (the document writes it too)
+PATTERN_SYNTAX = rf"{_PART}__(?:\*|\S+)"
+_PATTERN = re.compile(PATTERN_SYNTAX)
 
 
 def full_name(server: str, tool: str) -> str:

@@ -541,8 +541,9 @@ async def stream(call: Call, endpoint: Endpoint, chat: ChatCall) -> EventStream:
         return call.held.provider.stream(_provider_request(call, chat))
 
     fmt = cache.recording(call, per_attempt or translated, svc)
-    fmt = guard_stream(call, fmt)  # 9a: the answer's texts in windows (never a cached call)
-    return await start_stream(call, _attempts(call, endpoint, chat), open_attempt, fmt)
+    # 9a: the answer's texts in windows, held for webhooks (never a cached call)
+    fmt, opener = guard_stream(call, fmt, open_attempt)
+    return await start_stream(call, _attempts(call, endpoint, chat), opener, fmt)
 
 
 async def embed(call: Call, parsed: EmbeddingCall) -> dict[str, Any]:

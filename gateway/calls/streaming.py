@@ -29,7 +29,10 @@ settle, exactly once, whatever happens:
 - the client goes away: the answer's task cancels the pump's scope at once; the pump
   settles (a write of the pump's that must wait for a client that reads nothing is
   ended by its deadline too: the connection is then closed,
-  ``gateway/serving/patches/hypercorn_worker.py``).
+  ``gateway/serving/patches/hypercorn_worker.py``);
+- an output guardrail denies: the client's stream ends at once with the in-band
+  ``content_blocked`` error, then the upstream is read on (nothing more sent) for the
+  usage that settles the call (:func:`gateway.calls.guardrails.guarded_stream.read_on`).
 
 The pump never raises: an exception escaping it would cancel the root nursery.
 """
@@ -48,6 +51,7 @@ import trio
 
 from gateway.accounts.usd_json import plain_amounts
 from gateway.calls.attempts import Attempts
+from gateway.calls.guardrails.guarded_stream import read_on
 from gateway.calls.inflight import STOPPING_MESSAGE
 from gateway.calls.keepalive import KeepaliveClock
 from gateway.calls.lifecycle import Call, finish_reasons
@@ -214,13 +218,15 @@ class _Outbox:
         (the client is gone): the pump sees it at its next :meth:`put`, outside the
         provider's read this may run in."""
         frames, self.frames = self.frames, []
-        if self.closed or self.writer is None or not frames:
+        if self.closed or self.ended or self.writer is None or not frames:
             return
         await self._write(self.writer, frames, final=False)
 
     async def end(self) -> None:
-        """The pump is done: once attached, the frames queued go out as the body's last
-        write; the body is woken to end."""
+        """The pump is done (once; again is nothing): once attached, the frames queued go
+        out as the body's last write; the body is woken to end."""
+        if self.ended:
+            return
         self.ended = True
         writer = self.writer
         if writer is not None and not self.closed:
@@ -366,6 +372,9 @@ async def pump(
     #: the settlement row of the provider's own failure (None: it did not fail)
     failed_as: Ending | None = None
     produced = sent = False
+    #: the HTTP status the client was told once its stream ended before the upstream's
+    #: (an output guardrail's deny; None: not yet)
+    told: int | None = None
     #: what the provider said of its answer, for the attempt's span (traces on only)
     answered_by: object = None
     reasons: list[str] = []
@@ -408,12 +417,17 @@ async def pump(
                     usage = usage or exc.usage  # reported in the stream before it failed
                 except GatewayError as exc:  # an output guardrail's deny: content_blocked
                     failure = exc
+                    told = _status(failure, sent, answered)
+                    await _tell(outbox, fmt, failure, sent)
+                    usage = await read_on(opened[-1], fmt.usage, usage)
                 finally:
                     for each in opened:
                         await _close(each)
             if scope.cancelled_caught:
                 failed_as = None  # our deadline, a graceful stop or the client ended the call
-                if call.cut_short:
+                if told is not None:
+                    pass  # the client was told why its stream ended
+                elif call.cut_short:
                     failure = GatewayError("service_unavailable", STOPPING_MESSAGE)
                 elif not call.client_gone:
                     failure = GatewayError("request_timeout", "The call reached its time limit.")
@@ -422,7 +436,8 @@ async def pump(
             failed_as = None
         except Exception:
             log.exception("stream pump failed")
-            failure = GatewayError("service_unavailable", "The stream failed.")
+            if told is None:
+                failure = GatewayError("service_unavailable", "The stream failed.")
             failed_as = None
         if call.attempt is not None:
             call.attempt.answered(answered_by, reasons)
@@ -434,27 +449,39 @@ async def pump(
             await call.finish(
                 ending,
                 usage=usage,
-                http_status=failure.status
-                if failure and not (in_stream or answered.is_set())
-                else 200,
+                http_status=_status(failure, in_stream, answered) if told is None else told,
                 error_code=failure.code if failure else None,
             )
         except Exception:
             # the shards stopped under it (a server cancelled whole) or did not answer
             # in time: the settlement row is committed first, the memory is the shards'
             log.exception("stream settlement failed")
-        if call.client_gone:
+        if call.client_gone or told is not None:
             return
-        frames: list[Frame] = (
-            [failure]
-            if failure and not in_stream
-            else list(fmt.error(failure) if failure else fmt.finish())
-        )
-        with suppress(trio.BrokenResourceError):
-            for frame in frames:  # a few: held without waiting for room
-                outbox.put(frame)
+        await _tell(outbox, fmt, failure, in_stream)
     finally:
         await outbox.end()
+
+
+def _status(failure: GatewayError | None, in_stream: bool, answered: trio.Event) -> int:
+    """The HTTP status of the call: a failure's own when the handler answers it (nothing
+    sent, nothing answered yet), else 200."""
+    return failure.status if failure and not (in_stream or answered.is_set()) else 200
+
+
+async def _tell(
+    outbox: _Outbox, fmt: StreamFormat, failure: GatewayError | None, in_stream: bool
+) -> None:
+    """The stream's last frames, and its end: the failure, or the format's finish."""
+    frames: list[Frame] = (
+        [failure]
+        if failure and not in_stream
+        else list(fmt.error(failure) if failure else fmt.finish())
+    )
+    with suppress(trio.BrokenResourceError):
+        for frame in frames:  # a few: held without waiting for room
+            outbox.put(frame)
+    await outbox.end()
 
 
 async def _close(chunks: AsyncIterator[dict[str, Any]]) -> None:

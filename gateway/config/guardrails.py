@@ -19,13 +19,15 @@ DIRECTIONS = ("input", "output", "both")
 ACTIONS = ("deny", "redact", "flag")
 ENTITIES = ("email", "phone", "credit_card", "iban", "us_ssn", "ip_address")
 ON_ERROR = ("deny", "allow")
+#: a webhook's ``stream_chars`` at most (a stream window's own bound)
+MAX_STREAM_CHARS = 16_384
 #: the keys of a ``[[guardrails]]`` table, each kind's own after the common ones
 COMMON_KEYS = ("name", "kind", "on", "action")
 KIND_KEYS = {
     "regex": ("patterns",),
     "pii": ("entities",),
     "secrets": (),
-    "webhook": ("url", "timeout_s", "on_error"),
+    "webhook": ("url", "timeout_s", "on_error", "stream_chars"),
 }
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,63}$")
 
@@ -46,6 +48,9 @@ class GuardrailConfig:
     url: str | None = None
     timeout_s: float = 2.0
     on_error: str = "deny"
+    #: webhook, on a stream's answer: the held text sent once it reaches this many
+    #: characters (and at the stream's end), released after the verdict
+    stream_chars: int = 200
 
     def applies(self, direction: str) -> bool:
         """Whether this guardrail checks ``direction`` (``input`` or ``output``)."""
@@ -136,4 +141,9 @@ def _parse_webhook(table: dict[str, Any], where: str) -> dict[str, Any]:
         fields["timeout_s"] = timeout
     if "on_error" in table:
         fields["on_error"] = _choice(table, "on_error", where, ON_ERROR)
+    if "stream_chars" in table:
+        chars = take(table, "stream_chars", where, int)
+        if not 1 <= chars <= MAX_STREAM_CHARS:
+            raise ConfigError(f"{where}.stream_chars: must be from 1 to {MAX_STREAM_CHARS}")
+        fields["stream_chars"] = chars
     return fields

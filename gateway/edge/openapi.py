@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
@@ -633,7 +632,7 @@ OPERATIONS: tuple[tuple[Any, ...], ...] = (
     ("get", "/v1/key", "none (any valid key)", "The calling key", None, 200, "KeySelf",
      _ANY_KEY, ()),
     ("get", "/v1/keys", "keys:manage", "The caller's sub-keys", None, 200, "KeyList",
-     (*_SCOPED, "invalid_request"),
+     (*_SCOPED, "invalid_request", "not_found"),
      KEYS_QUERY),
     ("post", "/v1/keys", "keys:manage", "Create a sub-key (its token is shown once)",
      "SubKeyCreate", 201, "KeyWithToken", _KEYS, ()),
@@ -789,7 +788,7 @@ def _operation(row: tuple[Any, ...], examples: dict[tuple[str, str], Any]) -> di
 @cache
 def document(chat_model: str | None = None, embedding_model: str | None = None) -> dict[str, Any]:
     """The document; a server gives the ids of a chat model and of the embedding model it
-    serves, which the example bodies name (:func:`served_document`)."""
+    serves, which the example bodies name (:mod:`gateway.edge.openapi_served`)."""
     examples = _examples(chat_model, embedding_model)
     paths: dict[str, dict[str, Any]] = defaultdict(dict)
     for row in OPERATIONS:
@@ -809,12 +808,3 @@ def document(chat_model: str | None = None, embedding_model: str | None = None) 
             "schemas": SCHEMAS,
         },
     }
-
-
-def served_document(models: Iterable[tuple[str, str]]) -> dict[str, Any]:
-    """The document of a server whose enabled models are ``(id, kind)`` pairs: its
-    examples name the first chat model and the embedding model."""
-    chosen = dict[str, str]()
-    for model_id, kind in models:
-        chosen.setdefault(kind, model_id)
-    return document(chosen.get("chat"), chosen.get("embedding"))

@@ -12,7 +12,8 @@ Conventions of the chat-completions and responses parsers that shape the schemas
 - a top-level ``null`` is a field not sent, on every field (:func:`nullable`);
 - fields refused whatever their value accept only that ``null`` (:data:`REFUSED`);
 - integers are read by orjson, exactly up to 64 bits: a larger one arrives as a float,
-  which is "not an integer" (output budgets excepted: gateway/edge/http.py).
+  which is "not an integer" (output budgets excepted: gateway/edge/http.py); a number
+  written with a zero fraction (10.0) is the integer it names, up to 2**53.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gateway.accounts.key_record import CAP_FIELDS, DATA_MODES, ENVIRONMENTS, id
 from gateway.accounts.subkey_rules import FIELDS as SUB_KEY_FIELDS
 from gateway.accounts.subkey_rules import SUB_KEY_SCOPES
 from gateway.accounts.tag_rules import CONTROL, MAX_TAGS, MAX_VALUE, TAG_KEY
+from gateway.accounts.tool_rules import PATTERN_SYNTAX
 from gateway.calls.parse.anthropic_messages import IMAGE_TYPES
 from gateway.calls.parse.chat import CHAT_FIELDS, MAX_STOP, ROLES, STRUCTURED_FORMATS
 from gateway.calls.parse.fields import SAMPLING, SESSION_FIELDS
@@ -41,8 +43,9 @@ from gateway.edge.routes.subkeys import MAX_LIMIT
 from gateway.edge.routes.usage import GROUPS
 
 INT64_MIN, UINT64_MAX = -(2**63), 2**64 - 1
-#: JSON Schema's integer admits 10.0; the parsers read an integer only as written
-AS_WRITTEN = "An integer written without a fraction: 10.0 is refused."
+#: JSON Schema's integer admits 10.0, and so do the parsers (up to 2**53, where a number
+#: with a fraction still names one integer exactly)
+AS_WRITTEN = "An integer; 10.0 is read as 10 (with a fraction, up to 2**53)."
 #: the largest integer orjson reads as an integer (a larger one is a float)
 WHOLE = {"type": "integer", "maximum": UINT64_MAX, "description": AS_WRITTEN}
 POSITIVE = {**WHOLE, "minimum": 1}
@@ -151,6 +154,7 @@ TEXT = {"type": "string"}
 #: what str.strip() leaves something of: a character Python does not call a space (the
 #: regex classes \s of JSON Schema's dialect and of Python differ, e.g. on U+001C)
 NOT_BLANK = "[^{}]".format("".join(f"\\u{i:04x}" for i in range(0x3001) if chr(i).isspace()))
+TOOL_PATTERN = PATTERN_SYNTAX.replace(r"\S", NOT_BLANK)
 MODEL = {"type": "string", "minLength": 1}
 SAMPLING_FIELDS = {
     name: {"type": "number", "minimum": 0, "maximum": high} for name, high in SAMPLING.items()
@@ -334,14 +338,20 @@ SUB_KEY_REQUEST = closed_body(
         "allowed_tools": nullable(
             {
                 "type": "array",
-                "items": {"type": "string", "pattern": r"^[A-Za-z0-9][A-Za-z0-9_-]*__\S+$"},
+                # \S as Python reads it (JSON Schema's dialect calls U+001C no space)
+                "items": {"type": "string", "pattern": f"^{TOOL_PATTERN}$"},
                 "description": "MCP tool patterns (server__tool, server__*) within the parent's.",
             }
         ),
         "required_tags": nullable(TAG_MAP),
         "default_tags": nullable(TAG_MAP),
         "data_mode": {"enum": list(DATA_MODES)},
-        "expires_at": {"type": ["string", "null"], "format": "date-time"},
+        "expires_at": {
+            "type": ["string", "null"],
+            "format": "date-time",
+            "description": "Not later than the parent's expiry; a time already past makes a"
+            " sub-key expired from its creation.",
+        },
         "mode": {"enum": ["live", "sandbox"], "description": "The parent's, if sent."},
         "environment": {"enum": list(ENVIRONMENTS), "description": "The parent's, if sent."},
         "byok": {"type": "boolean", "description": "The parent's, if sent."},
@@ -478,12 +488,22 @@ KEYS_QUERY = (
     query(
         "after",
         {"type": "string", "pattern": id_pattern("key")},
-        "The id of one of the caller's sub-keys: the last of the previous page.",
+        "The id of one of the caller's sub-keys: the last of the previous page. Another id"
+        " is 404 not_found.",
     ),
 )
 USAGE_QUERY = (
-    query("start", {"type": "string", "format": "date"}),
-    query("end", {"type": "string", "format": "date"}, "Not before start."),
+    query(
+        "start",
+        {"type": "string", "format": "date"},
+        "Default: the first day of the current month, or of end's month if earlier.",
+    ),
+    query(
+        "end",
+        {"type": "string", "format": "date"},
+        "Default: the last day of the current month, or of start's month if later. An end"
+        " before start is a window of no day (zeros).",
+    ),
     query(
         "group_by",
         {"type": "string", "pattern": f"^(?:{'|'.join(GROUPS)}|tag:{TAG_KEY.pattern})$"},

@@ -107,6 +107,8 @@ class FakeBedrock:
     paths: list[str] = field(default_factory=list)
     rejections: list[str] = field(default_factory=list)
     max_words: int = 6
+    #: the answer's text instead of the words (streamed a word a frame)
+    reply: list[str] | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[FakeBedrock]) -> None:
         def started(port: int) -> None:
@@ -251,7 +253,8 @@ class FakeBedrock:
         words = [WORDS[i % len(WORDS)] for i in range(min(limit, self.max_words))]
         if answered:
             words = ["the", "tool", "said", "so"][: max(1, len(words))]
-        return [{"text": " ".join(words)}], faults.get("stop_reason", "end_turn")
+        text = "".join(self.reply) if self.reply is not None else " ".join(words)
+        return [{"text": text}], faults.get("stop_reason", "end_turn")
 
     async def _stream(
         self,

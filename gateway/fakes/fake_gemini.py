@@ -170,6 +170,8 @@ class FakeGemini:
     #: why each refused request was refused (a translation bug shows here)
     refusals: list[str] = field(default_factory=list)
     max_words: int = 6
+    #: the answer's text as these pieces (one stream event each), instead of the words
+    reply: list[str] | None = None
 
     async def serve(self, *, task_status: trio.TaskStatus[FakeGemini]) -> None:
         def started(port: int) -> None:
@@ -230,7 +232,7 @@ class FakeGemini:
             return True
         if method == "batchEmbedContents":
             return await self._embed(conn, stream, body)
-        events = _answer(body, faults, self.max_words)
+        events = _answer(body, faults, self.max_words, self.reply)
         if method == "generateContent":
             await _send(conn, stream, 200, orjson.dumps(_whole(events)))
             return True
@@ -441,8 +443,11 @@ def _check_embeddings(body: dict[str, Any], model: str) -> None:
 # -- answers ------------------------------------------------------------------------------
 
 
-def _answer(body: dict[str, Any], faults: dict[str, str], max_words: int) -> list[dict[str, Any]]:
-    """The stream events of the answer (the whole answer is them merged)."""
+def _answer(
+    body: dict[str, Any], faults: dict[str, str], max_words: int, reply: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """The stream events of the answer (the whole answer is them merged); ``reply``: a
+    text answer's pieces."""
     config = body.get("generationConfig") or {}
     last_parts = body["contents"][-1]["parts"]
     mode = (body.get("toolConfig") or {}).get("functionCallingConfig", {}).get("mode", "AUTO")
@@ -468,6 +473,9 @@ def _answer(body: dict[str, Any], faults: dict[str, str], max_words: int) -> lis
             words = ["done", *words[1:]]
         pieces = [{"text": (" " if i else "") + word} for i, word in enumerate(words)]
         output = len(words)
+        if reply is not None:
+            pieces = [{"text": piece} for piece in reply]
+            output = len("".join(reply).split())
     prompt = prompt_tokens(body)
     cached = min(int(faults.get("cached", 0)), prompt)
     thoughts = int(faults.get("thoughts", 0))

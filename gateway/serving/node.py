@@ -99,6 +99,8 @@ class Node:
         #: time.monotonic() until which the node may admit (fencing)
         self._admit_until = 0.0
         self._refilling: defaultdict[str, trio.Lock] = defaultdict(trio.Lock)
+        #: per limit id, the amounts the calls inside :meth:`refill` lack in all
+        self._wanted: defaultdict[str, int] = defaultdict(int)
         self._version = 0
         self._catching_up = trio.Lock()
         #: keys made on other nodes, met before the poll brought them
@@ -177,13 +179,17 @@ class Node:
         """Refill every limit ``short`` names; the refusal of the first one the database
         cannot cover, or None (ask the shard again). StoreError: the database is gone."""
         for need, refusal in zip(short.needs, short.refusals, strict=True):
-            lock = self._refilling[need.limit_id]
+            lid = need.limit_id
+            lock = self._refilling[lid]
+            self._wanted[lid] += need.amount
             try:
                 async with lock:
                     covered = await self._refill_one(need)
             finally:
+                self._wanted[lid] -= need.amount
                 if not lock.locked() and not lock.statistics().tasks_waiting:
-                    self._refilling.pop(need.limit_id, None)  # one lock per limit in use
+                    self._refilling.pop(lid, None)  # one lock per limit in use
+                    self._wanted.pop(lid, None)
             if not covered:
                 return refusal
         return None
@@ -192,9 +198,11 @@ class Node:
         deficit = self.book.deficit(need)
         if not deficit:
             return True  # a refill for another call covered it meanwhile
+        # the calls queued behind this one on the same limit: one refill for them all
+        wanted = self.book.deficit(need._replace(amount=self._wanted[need.limit_id]))
         try:
             grant = await self.rt.store.transact(
-                ops.refill, self.node_id, self.epoch, need._replace(amount=deficit)
+                ops.refill, self.node_id, self.epoch, need._replace(amount=deficit), wanted
             )
         except ops.Fenced:
             self._admit_until = 0.0

@@ -186,9 +186,10 @@ def _used(need: LeaseNeed) -> tuple[str, tuple[object, ...]]:
     return "SELECT 0", ()
 
 
-def refill(conn: Conn, node_id: str, epoch: int, need: LeaseNeed) -> int:
-    """Grant the node more of the limit ``need`` names (at least ``need.amount``, or
-    nothing when the headroom cannot cover it); returns the grant. One transaction."""
+def refill(conn: Conn, node_id: str, epoch: int, need: LeaseNeed, wanted: int = 0) -> int:
+    """Grant the node more of the limit ``need`` names (at least ``need.amount``, up to
+    ``wanted`` for the node's other waiting calls when the headroom has it, or nothing
+    when the headroom cannot cover ``need.amount``); returns the grant. One transaction."""
     _check_live(conn, node_id, epoch)
     limit_id = need.limit_id
     if conn.dialect.name == "postgresql":
@@ -204,7 +205,7 @@ def refill(conn: Conn, node_id: str, epoch: int, need: LeaseNeed) -> int:
     )[0]
     limit = need.limit if need.limit is not None else 0
     headroom = limit - row["used"] - row["leased"]
-    grant = lease_size(headroom, need.amount, row["nodes"], need.amount)
+    grant = lease_size(headroom, need.amount, row["nodes"], need.amount, wanted)
     if grant > 0:
         conn.execute(
             "INSERT INTO leases (limit_id, node_id, amount, window_end) VALUES (?, ?, ?, ?)"

@@ -14,7 +14,9 @@
 A call that finds no session waits for one connection attempt, then fails naming the
 server (:class:`UpstreamFailure`): the walk answers it as an ``isError`` result.
 The tool list is cached for ``TOOLS_MAX_AGE_S`` at most and dropped when the server says
-``notifications/tools/list_changed``; it is never fetched per call.
+its tools changed: ``notifications/tools/list_changed`` (2025-11-25), or an event on the
+``subscriptions/listen`` stream the link keeps open (2026-07-28, where that is the only
+way a change reaches a client); it is never fetched per call.
 """
 
 from __future__ import annotations
@@ -204,7 +206,11 @@ class UpstreamLink:
                         self._moved()
                         log.info("mcp upstream up", extra=event("mcp_upstream", server=self.name))
                         wait = RETRY_S
-                        await self._keep(client)
+                        async with trio.open_nursery() as listening:
+                            if client.protocol_version in MODERN_PROTOCOL_VERSIONS:
+                                listening.start_soon(self._listen, client)
+                            await self._keep(client)
+                            listening.cancel_scope.cancel()
                 except Exception as exc:  # the upstream's failure, whatever its library
                     self._down = _failure(self.name, exc)
                 finally:
@@ -235,6 +241,26 @@ class UpstreamLink:
                 except MCPError as answered:
                     if answered.code == CONNECTION_CLOSED:
                         return
+
+    async def _listen(self, client: Client) -> None:
+        """Drop the cached tool list on each change the upstream announces (2026-07-28).
+        A stream that ends is opened again; an upstream that cannot listen keeps the
+        max-age rule."""
+        while True:
+            try:
+                async with client.listen(tools_list_changed=True) as changes:
+                    if not changes.honored.tools_list_changed:
+                        return
+                    async for _ in changes:
+                        self._tools_at = -math.inf
+            except Exception as exc:  # the upstream's failure, whatever its library
+                log.info(
+                    "mcp upstream: no tool-change stream",
+                    extra=event("mcp_upstream", server=self.name, error=type(exc).__name__),
+                )
+                return
+            self._tools_at = -math.inf  # a change may have come between two streams
+            await trio.sleep(RETRY_S)
 
     def _lost(self, exc: Exception) -> None:
         """A call's failure: a connection that is gone is opened again."""

@@ -35,7 +35,7 @@ any key (the record holds the tool's name, cost, status and latency).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,6 +53,7 @@ from gateway.providers.base import Provider
 from gateway.tools.protocol import failed_call
 from gateway.tools.tool_catalog import ResolvedTool, ToolCatalog
 from gateway.tools.upstream import UpstreamFailure
+from shards import Admission
 
 
 class ToolCounter(Protocol):
@@ -109,9 +110,11 @@ async def call_tool(
     params: dict[str, Any],
     tags_header: str | None,
     report: CallReport | None = None,
+    admitted: Callable[[Admission], None] | None = None,
 ) -> dict[str, Any]:
     """Steps 3 to 10 of a ``tools/call``: the result to answer (an upstream's failure is
-    an ``isError`` result); a refusal raises its GatewayError."""
+    an ``isError`` result); a refusal raises its GatewayError. ``admitted`` is given the
+    admission of step 3 (the route's rate-limit headers)."""
     calls = parts.calls
     org = calls.policy.orgs.get(record.org_id)
     name = str(params.get("name"))
@@ -119,6 +122,8 @@ async def call_tool(
     code = "ok"
     try:
         async with pipeline.open_call(calls, record, request_id, TOOL_CALLS, None, report) as call:
+            if admitted is not None:
+                admitted(call.admission)
             call.tags = collect_tags(tags_header, None, record.default_tags, record.required_tags)
             TOOL_CALLS.parse(calls.policy, record, params)
             tool = parts.catalog.resolve(record, org, name)

@@ -78,7 +78,9 @@ REFUSALS: list[tuple[str, Any, str, str | None]] = [
     ("top_p a string", body(top_p="0.5"), "invalid_request", "top_p"),
     ("max_tokens zero", body(max_tokens=0), "invalid_request", "max_tokens"),
     ("max_tokens negative", body(max_tokens=-5), "invalid_request", "max_tokens"),
-    ("max_tokens a float", body(max_tokens=10.0), "invalid_request", "max_tokens"),
+    ("max_tokens a fraction", body(max_tokens=10.5), "invalid_request", "max_tokens"),
+    ("max_tokens beyond an exact float", body(max_tokens=2.0**60), "invalid_request",
+     "max_tokens"),
     ("max_tokens a boolean", body(max_tokens=True), "invalid_request", "max_tokens"),
     ("max_completion_tokens zero", body(max_completion_tokens=0),
      "invalid_request", "max_completion_tokens"),
@@ -287,6 +289,8 @@ def test_tool_choice_and_parallel_calls_need_tools() -> None:
         ({"max_tokens": 300, "max_completion_tokens": 50}, 50),
         ({"max_tokens": LIMIT}, LIMIT),
         ({"max_tokens": None}, LIMIT),
+        # JSON Schema's integer admits a zero fraction: read as the integer it names
+        ({"max_tokens": 100.0, "max_completion_tokens": 200.0}, 100),
     ],
 )
 def test_output_budget(fields: dict[str, Any], expected: int) -> None:
@@ -294,6 +298,13 @@ def test_output_budget(fields: dict[str, Any], expected: int) -> None:
     assert call.max_tokens == expected
     assert call.body()["max_tokens"] == expected
     assert "max_completion_tokens" not in call.body()
+
+
+def test_whole_numbers_with_a_fraction_are_integers() -> None:
+    """``7.0`` is read as 7 and forwarded as 7 (n, seed); ``7.5`` stays refused."""
+    call = parse_chat(body(seed=7.0, n=1.0), LIMIT)
+    assert call.body()["seed"] == 7 and isinstance(call.body()["seed"], int)
+    assert refused(body(n=1.5), LIMIT).param == "n"
 
 
 def test_key_limit_comes_from_the_caller() -> None:

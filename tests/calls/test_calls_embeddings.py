@@ -77,10 +77,15 @@ def test_model_not_allowed_renders_as_a_400() -> None:
         ([1, 2, 3], [[1, 2, 3]]),
         ([[1, 2], [3]], [[1, 2], [3]]),
         ([0], [[0]]),
+        ([1.0, 2], [[1, 2]]),  # a zero fraction is the integer it names
+        ([[7.0], [3]], [[7], [3]]),
     ],
 )
 def test_input_forms(value: Any, inputs: list[Any]) -> None:
-    assert parse_embeddings(body(input=value), SERVED).inputs == inputs
+    read = parse_embeddings(body(input=value), SERVED).inputs
+    assert read == inputs
+    tokens = [token for item in read if isinstance(item, list) for token in item]
+    assert all(type(token) is int for token in tokens)
 
 
 def test_defaults() -> None:

@@ -32,7 +32,8 @@ from gateway.config.cache import CacheConfig
 from gateway.config.guardrails import GuardrailConfig
 from gateway.config.settings import ModelConfig, ProviderConfig
 from gateway.fakes.fake_anthropic import FakeAnthropic
-from gateway.fakes.fake_upstream import FakeUpstream, _send, serve_loopback
+from gateway.fakes.fake_guardrail_webhook import FakeWebhook
+from gateway.fakes.fake_upstream import FakeUpstream
 from tests.calls.test_live_settlement import state
 from tests.conftest import ADMIN_TOKEN, Gateway, make_config, query_db, start_gateway
 
@@ -49,6 +50,10 @@ GUARDRAILS = (
     GuardrailConfig("acme", "regex", on="output", action="flag", patterns=("ACME-[0-9]{4}",)),
     GuardrailConfig("hook-down", "webhook", on="input", url=DOWN, timeout_s=1),
     GuardrailConfig("hook-open", "webhook", on="input", url=DOWN, timeout_s=1, on_error="allow"),
+    GuardrailConfig("hook-down-out", "webhook", on="output", url=DOWN, timeout_s=1),
+    GuardrailConfig(
+        "hook-open-out", "webhook", on="output", url=DOWN, timeout_s=1, on_error="allow"
+    ),
 )
 
 
@@ -56,37 +61,6 @@ GUARDRAILS = (
 async def claude(nursery: trio.Nursery) -> FakeAnthropic:
     fake: FakeAnthropic = await nursery.start(FakeAnthropic(keys={CLAUDE_KEY}).serve)
     return fake
-
-
-class FakeWebhook:
-    """The operator's guardrail service: ``forbidden`` in a text denies, ``hush`` is
-    redacted to ``***``, ``slow`` answers after the guardrail's timeout; it keeps what
-    it received."""
-
-    def __init__(self) -> None:
-        self.url = ""
-        self.received: list[dict[str, Any]] = []
-
-    async def serve(self, *, task_status: trio.TaskStatus[FakeWebhook]) -> None:
-        def started(port: int) -> None:
-            self.url = f"http://127.0.0.1:{port}/check"
-            task_status.started(self)
-
-        await serve_loopback(self._answer, started)
-
-    async def _answer(self, conn: Any, stream: Any, request: Any, raw: bytes) -> bool:
-        payload = orjson.loads(raw)
-        self.received.append(payload)
-        texts: list[str] = payload["texts"]
-        answer: dict[str, Any] = {"verdict": "allow"}
-        if any("slow" in text for text in texts):
-            await trio.sleep(5)
-        if any("forbidden" in text for text in texts):
-            answer = {"verdict": "deny"}
-        elif any("hush" in text for text in texts):
-            answer = {"verdict": "redact", "texts": [t.replace("hush", "***") for t in texts]}
-        await _send(conn, stream, 200, orjson.dumps(answer))
-        return True
 
 
 @pytest.fixture
@@ -123,6 +97,9 @@ async def gw(
         guardrails=(
             *GUARDRAILS,
             GuardrailConfig("hook-live", "webhook", on="both", url=hook.url, timeout_s=1),
+            GuardrailConfig(
+                "hook-stream", "webhook", on="output", url=hook.url, timeout_s=1, stream_chars=16
+            ),
         ),
     )
     gateway = await start_gateway(nursery, config)
@@ -172,17 +149,21 @@ async def raw_stream(gw: Gateway, token: str, path: str, body: dict[str, Any]) -
 # -- input
 
 
+@pytest.mark.parametrize("stream", [False, True])
 async def test_a_card_number_is_redacted_before_the_provider_sees_it(
-    gw: Gateway, upstream: FakeUpstream
+    gw: Gateway, upstream: FakeUpstream, stream: bool
 ) -> None:
     token = await live_key(gw, "pii")
     words = f"pay with {CARD} please"
 
     def chat() -> Any:
         with oai(gw, token) as client:
-            return client.chat.completions.with_raw_response.create(
-                model="gpt-live", messages=[{"role": "user", "content": words}]
+            raw = client.chat.completions.with_raw_response.create(
+                model="gpt-live", messages=[{"role": "user", "content": words}], stream=stream
             )
+            if stream:
+                list(raw.parse())  # read to its end: the call is settled
+            return raw
 
     raw = await run(chat)
     assert raw.http_response.status_code == 200
@@ -385,6 +366,11 @@ async def test_a_messages_stream_is_redacted_across_events(
     token = await live_key(gw, "pii")
     pieces = ["mail me at jo", "e.bloggs@exa", "mple.com today"]
     claude.reply = upstream.reply = pieces
+    assert await run(messages_stream(gw, token, model)) == "mail me at [REDACTED:email] today"
+
+
+def messages_stream(gw: Gateway, token: str, model: str) -> Callable[[], str]:
+    """A streamed Messages call by the anthropic client: the text it received."""
 
     def streamed() -> str:
         with (
@@ -395,7 +381,7 @@ async def test_a_messages_stream_is_redacted_across_events(
         ):
             return "".join(stream.text_stream)
 
-    assert await run(streamed) == "mail me at [REDACTED:email] today"
+    return streamed
 
 
 async def test_an_output_deny_mid_stream_leaves_no_matched_byte_on_the_wire(
@@ -413,6 +399,8 @@ async def test_an_output_deny_mid_stream_leaves_no_matched_byte_on_the_wire(
     assert "Here is the configuration" in wire  # the stream had started
     assert "sk-" not in wire and "Zq8Xw3Lm" not in wire
     assert '"code":"content_blocked"' in wire and wire.endswith("data: [DONE]\n\n")
+    with trio.fail_after(10):  # settled once the upstream's usage was read
+        await gw.runtime.inflight.wait_settled()
     rows = query_db(gw.runtime.config.server.db, "SELECT error_code, guardrails FROM requests")
     assert rows[-1]["error_code"] == "content_blocked"
     assert orjson.loads(rows[-1]["guardrails"]) == [
@@ -482,13 +470,102 @@ async def test_a_webhook_decides_allow_deny_redact_and_a_late_one_denies(
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["code"] == "content_blocked"
     assert upstream.calls == 2
-    async with gw.client(token) as client:
-        streamed = await client.post(
-            "/v1/chat/completions",
-            json={"model": "gpt-live", "messages": [{"role": "user", "content": "x"}],
-                  "stream": True},
-        )  # fmt: skip
-    assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "stream"
+
+
+# -- webhooks on streams
+
+
+def chat_stream(gw: Gateway, token: str) -> Callable[[], str]:
+    """A streamed chat call by the openai client: the text it received."""
+
+    def stream() -> str:
+        with oai(gw, token) as client:
+            chunks = client.chat.completions.create(
+                model="gpt-live", messages=[{"role": "user", "content": "x"}], stream=True
+            )
+            return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+    return stream
+
+
+async def test_a_stream_under_an_output_webhook_leaves_in_allowed_segments(
+    gw: Gateway, upstream: FakeUpstream, hook: FakeWebhook
+) -> None:
+    """``stream_chars = 16``: the held text goes to the webhook each time it reaches 16
+    characters, and at the end; every character leaves after the verdict on it."""
+    token = await live_key(gw, "hook-stream")
+    upstream.reply = ["The answer ", "is forty", "-two, ", "as it ", "always ", "was."]
+    assert await run(chat_stream(gw, token)) == "".join(upstream.reply)
+    sent = [payload["texts"] for payload in hook.received]
+    assert all(payload["direction"] == "output" for payload in hook.received)
+    assert ["".join(texts) for texts in sent] == [
+        "The answer is forty",
+        "-two, as it always ",
+        "was.",
+    ]
+    with trio.fail_after(10):
+        await gw.runtime.inflight.wait_settled()
+    rows = query_db(gw.runtime.config.server.db, "SELECT guardrails FROM requests")
+    assert rows[-1]["guardrails"] is None  # allowed: nothing to name
+
+
+async def test_an_output_webhook_deny_mid_stream_leaves_no_held_byte_and_bills_the_usage(
+    gw: Gateway, upstream: FakeUpstream, hook: FakeWebhook
+) -> None:
+    token = await live_key(gw, "hook-stream")
+    upstream.reply = ["Some text that is safe to say. ", "It is forbidden", " to go on."]
+    async with gw.client(token) as client, client.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={"model": "gpt-live", "messages": [{"role": "user", "content": "x"}],
+              "stream": True},
+    ) as response:  # fmt: skip
+        assert response.status_code == 200
+        wire = (await response.aread()).decode()
+        request_id = response.headers["x-request-id"]
+    assert "safe to say" in wire and "forbidden" not in wire and "go on" not in wire
+    assert '"code":"content_blocked"' in wire and wire.endswith("data: [DONE]\n\n")
+    with trio.fail_after(10):
+        await gw.runtime.inflight.wait_settled()
+    record = (await state(gw, token, request_id))["record"]
+    assert record["error"] == {"code": "content_blocked"}
+    assert record["guardrails"] == [
+        {"name": "hook-stream", "direction": "output", "verdict": "deny"}
+    ]
+    assert record["usage"]["completion_tokens"] > 0
+    assert record["cost"]["billed_usd"] == record["cost"]["settled_usd"] > 0
+
+
+@pytest.mark.parametrize("model", ["claude-live", "gpt-live"])
+async def test_an_output_webhook_redacts_a_messages_stream(
+    gw: Gateway, upstream: FakeUpstream, claude: FakeAnthropic, model: str
+) -> None:
+    """Passed through (Anthropic's events) or translated (chat chunks): the pieces of a
+    text held together go to the webhook joined; its redaction is what leaves."""
+    token = await live_key(gw, "hook-live")
+    claude.reply = upstream.reply = ["please ", "hu", "sh", " now"]
+    assert await run(messages_stream(gw, token, model)) == "please *** now"
+    with trio.fail_after(10):
+        await gw.runtime.inflight.wait_settled()
+    rows = query_db(gw.runtime.config.server.db, "SELECT guardrails FROM requests")
+    assert orjson.loads(rows[-1]["guardrails"]) == [
+        {"name": "hook-live", "direction": "output", "verdict": "redact"}
+    ]
+
+
+async def test_an_output_webhook_that_is_down_denies_a_stream_and_allows_with_on_error_allow(
+    gw: Gateway, upstream: FakeUpstream
+) -> None:
+    upstream.reply = ["a short answer"]
+    closed, open_ = await live_key(gw, "hook-down-out"), await live_key(gw, "hook-open-out")
+    body = {"model": "gpt-live", "messages": [{"role": "user", "content": "x"}], "stream": True}
+    async with gw.client(closed) as client:
+        refused = await client.post("/v1/chat/completions", json=body)
+    # nothing left before the verdict: the stream's refusal is a plain 400
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "content_blocked"
+    assert "short answer" not in refused.text
+    assert refused.json()["svc"]["policy"]["decisions"][0]["name"] == "hook-down-out"
+    assert await run(chat_stream(gw, open_)) == "a short answer"
 
 
 # -- keys
@@ -622,3 +699,36 @@ async def test_a_guarded_call_neither_reads_nor_stores_the_response_cache(
             answer = await client.post("/v1/chat/completions", json=body)
             assert answer.status_code == 200 and answer.headers.get("x-svc-cache") != "hit"
     assert upstream.calls == 3
+
+
+async def test_an_output_webhook_deny_on_a_passed_through_stream_bills_the_whole_usage(
+    gw: Gateway, claude: FakeAnthropic
+) -> None:
+    """Anthropic's events passed through, denied at the first check (nothing left: a plain
+    400): the usage is read from ``message_start`` (held with the denied text) and
+    ``message_delta`` (after it); the denied call's is its twin's, a key without
+    guardrails."""
+    claude.reply = ["It is forbidden", " to go on."]
+    body = {
+        "model": "claude-live",
+        "max_tokens": 64,
+        "stream": True,
+        "messages": [{"role": "user", "content": "x"}],
+    }
+    plain, guarded = await live_key(gw), await live_key(gw, "hook-stream")
+    assert "forbidden" in await raw_stream(gw, plain, "/v1/messages", body)
+    async with gw.client(guarded) as client:
+        refused = await client.post("/v1/messages", json=body)
+    assert refused.status_code == 400 and "forbidden" not in refused.text
+    assert refused.json()["error"]["type"] == "invalid_request_error"
+    assert refused.json()["svc"]["policy"]["decisions"][0]["name"] == "hook-stream"
+    with trio.fail_after(10):
+        await gw.runtime.inflight.wait_settled()
+    twin, denied = query_db(
+        gw.runtime.config.server.db,
+        "SELECT usage, settled_usd_nanos, billed_usd_nanos, error_code, http_status"
+        " FROM requests ORDER BY created",
+    )
+    assert denied["error_code"] == "content_blocked" and denied["http_status"] == 400
+    assert denied["usage"] == twin["usage"] and orjson.loads(denied["usage"])["prompt_tokens"]
+    assert denied["settled_usd_nanos"] == denied["billed_usd_nanos"] == twin["billed_usd_nanos"]

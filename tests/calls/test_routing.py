@@ -341,7 +341,11 @@ async def test_a_cap_race_with_failing_first_deployments(
         answers.append(await client.post("/v1/chat/completions", json=chat()))
 
     limits = httpx.Limits(max_connections=200)
-    async with pair.gw.client(pair.token, limits=limits) as client, trio.open_nursery() as callers:
+    # 400 upstream attempts at once: ~3 s on a quiet machine, 15-22 s with the cores
+    # shared four ways, past the client's default 10 s read timeout (a ReadTimeout, not a
+    # wrong answer). The race asserts money, not latency: every call gets a minute.
+    client = pair.gw.client(pair.token, limits=limits, timeout=60.0)
+    async with client, trio.open_nursery() as callers:
         for _ in range(200):
             callers.start_soon(one, client)
     statuses = {r.status_code for r in answers}

@@ -31,6 +31,18 @@ REFUSED = [
         {"name": "a", "kind": "webhook", "url": "http://x", "timeout_s": 0},
         "guardrails[0].timeout_s: must be above 0",
     ),
+    (
+        {"name": "a", "kind": "webhook", "url": "http://x", "stream_chars": 0},
+        "guardrails[0].stream_chars: must be from 1 to 16384",
+    ),
+    (
+        {"name": "a", "kind": "webhook", "url": "http://x", "stream_chars": 20_000},
+        "guardrails[0].stream_chars: must be from 1 to 16384",
+    ),
+    (
+        {"name": "a", "kind": "pii", "stream_chars": 50},
+        "guardrails[0].stream_chars: unknown key",
+    ),
     ({"kind": "pii"}, "guardrails[0].name: required"),
     ({"name": "a b", "kind": "pii"}, "guardrails[0].name: 1-64 letters"),
 ]
@@ -76,6 +88,7 @@ kind = "webhook"
 url = "http://127.0.0.1:7100/check"
 timeout_s = 2
 on_error = "allow"
+stream_chars = 64
 """
     )
     config = load_config(str(file), environ={})
@@ -89,5 +102,6 @@ on_error = "allow"
             url="http://127.0.0.1:7100/check",
             timeout_s=2.0,
             on_error="allow",
+            stream_chars=64,
         ),
     )

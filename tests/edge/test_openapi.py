@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import httpx
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
 
 from gateway.accounts.key_fields import MODEL_LIST_ALIAS
@@ -14,9 +16,9 @@ from gateway.accounts.subkey_rules import FIELDS as SUB_KEY_FIELDS
 from gateway.calls.parse.chat import CHAT_FIELDS
 from gateway.calls.parse.responses import RESPONSES_FIELDS
 from gateway.calls.parse.tags import parse_header
-from gateway.config.settings import default_config
 from gateway.edge.app import create_app
-from gateway.edge.openapi import ALSO_AT, MCP_ONLY_CODES, document, served_document
+from gateway.edge.openapi import ALSO_AT, MCP_ONLY_CODES, document
+from gateway.edge.openapi_served import served_document, server_facts
 from gateway.edge.request_schemas import TAGS_HEADER
 from gateway.errors import CATALOG
 from tests.conftest import Gateway
@@ -81,8 +83,7 @@ async def test_served_without_a_key(gateway: Gateway) -> None:
     async with httpx.AsyncClient(base_url=gateway.url) as client:
         response = await client.get("/openapi.json")
     assert response.status_code == 200
-    served = [(model.id, model.kind) for model in default_config().models]
-    assert response.json() == served_document(served)
+    assert response.json() == served_document(server_facts(gateway.runtime.catalog, ()))
     # the examples name models the server serves
     paths = response.json()["paths"]
     chat = paths["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
@@ -152,3 +153,91 @@ def test_every_tag_header_the_document_allows_is_read(header: str) -> None:
     other way, against the server): every value it matches parses, none is refused."""
     tags = parse_header(header)
     assert len(tags) <= 16
+
+
+def _body(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    return dict(doc["components"]["schemas"][name]["properties"])
+
+
+async def test_the_document_names_the_served_models(gateway: Gateway) -> None:
+    """/v1/embeddings takes the one served embedding model, up to its dimensions; the chat
+    endpoints refuse embedding models: the document says both, and the server agrees."""
+    async with gateway.client(gateway.token) as client:
+        doc = (await client.get("/openapi.json")).json()
+        dims = [
+            (await client.post("/v1/embeddings", json=body)).status_code
+            for body in (
+                {"model": "text-embedding-3-small", "input": "a", "dimensions": 1536},
+                {"model": "text-embedding-3-small", "input": "a", "dimensions": 1537},
+            )
+        ]
+        wrong_kind = await client.post(
+            "/v1/responses", json={"model": "text-embedding-3-small", "input": "a"}
+        )
+    embeddings = _body(doc, "EmbeddingsRequest")
+    assert embeddings["model"] == {"enum": ["text-embedding-3-small"]}
+    assert embeddings["dimensions"]["maximum"] == 1536 and dims == [200, 400]
+    for name in ("ChatCompletionRequest", "ResponsesRequest", "MessagesRequest"):
+        assert _body(doc, name)["model"]["not"] == {"enum": ["text-embedding-3-small"]}
+    assert wrong_kind.status_code == 400
+    validate(doc)
+
+
+async def test_the_document_fetched_with_a_key_is_that_keys(gateway: Gateway) -> None:
+    """A key's output budget and its sub-keys' bounds are in the document it fetches (and
+    agree with the server at the bound); a token that is not a key gets the server's."""
+    parent = await gateway.admin(
+        "POST",
+        "/admin/keys",
+        {
+            "org_id": gateway.org_id,
+            "name": "p",
+            "mode": "sandbox",
+            "keys_manage": True,
+            "caps": {"rpm": 100, "usd_day": 5, "max_output_tokens": 50},
+            "allowed_tools": ["srv__*", "other__t"],
+        },
+    )
+    assert parent.status_code == 201, parent.text
+    token = parent.json()["token"]
+    async with gateway.client(token) as client:
+        doc = (await client.get("/openapi.json")).json()
+        prompt = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "a"}]}
+        budgets = [
+            (
+                await client.post("/v1/messages/count_tokens", json={**prompt, "max_tokens": n})
+            ).status_code
+            for n in (50, 51)
+        ]
+        rpm = [
+            (await client.post("/v1/keys", json={"name": "c", "caps": {"rpm": n}})).status_code
+            for n in (100, 101)
+        ]
+        tool_lists = (["srv__x", "other__t"], ["srv__*"], ["srv__x__*"], ["other__u"])
+        tools = [
+            (await client.post("/v1/keys", json={"name": "t", "allowed_tools": t})).status_code
+            for t in tool_lists
+        ]
+    async with gateway.client("svc_test_not_a_key") as client:
+        anyone = (await client.get("/openapi.json")).json()
+    for name, field in (
+        ("ChatCompletionRequest", "max_tokens"),
+        ("ChatCompletionRequest", "max_completion_tokens"),
+        ("ResponsesRequest", "max_output_tokens"),
+        ("MessagesRequest", "max_tokens"),
+        ("CountTokensRequest", "max_tokens"),
+    ):
+        assert _body(doc, name)[field]["maximum"] == 50, (name, field)
+    assert budgets == [200, 400] and rpm == [201, 400]
+    sub_key = _body(doc, "SubKeyCreate")
+    assert sub_key["mode"]["enum"] == ["sandbox"] and sub_key["byok"]["const"] is False
+    caps = sub_key["caps"]["properties"]
+    assert caps["rpm"]["maximum"] == 100 and caps["usd_day"]["type"] == "number"
+    assert sub_key["guardrails"]["maxItems"] == 0  # the server configures none
+    # the document's tool lists agree with the server's answers, item by item
+    allowed = Draft202012Validator(sub_key["allowed_tools"])
+    assert [allowed.is_valid(t) for t in tool_lists] == [True, True, False, False]
+    assert tools == [201, 201, 400, 400]
+    assert anyone == served_document(server_facts(gateway.runtime.catalog, ()))
+    assert _body(anyone, "MessagesRequest")["max_tokens"]["maximum"] > 50
+    validate(doc)

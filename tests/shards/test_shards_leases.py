@@ -150,6 +150,10 @@ def test_lease_size() -> None:
     assert lease_size(headroom=9, deficit=10, nodes=3, unit=10) == 0  # never a partial slice
     assert lease_size(headroom=10, deficit=10, nodes=3, unit=10) == 10
     assert lease_size(headroom=10, deficit=4, nodes=1, unit=10) == 4  # a node's own remainder
+    # the node's waiting calls want 7 in all: one refill for them, within the headroom
+    assert lease_size(headroom=12, deficit=1, nodes=3, unit=1, wanted=7) == 7
+    assert lease_size(headroom=5, deficit=1, nodes=3, unit=1, wanted=7) == 5
+    assert lease_size(headroom=0, deficit=1, nodes=3, unit=1, wanted=7) == 0
 
 
 class Database:

@@ -1,8 +1,9 @@
 """MCP upstreams for the tests: servers built with the official SDK, served for real.
 
 :func:`search_server` is a small MCP server (``MCPServer``) with a priced lookup, a tool
-that fails (an ``isError`` result), one that hangs until released and one that echoes
-the headers it was sent (to show the caller's key never reaches it). :func:`serve_asgi`
+that fails (an ``isError`` result), one that hangs until released, one that echoes
+the headers it was sent (to show the caller's key never reaches it) and one that adds a
+tool and says ``notifications/tools/list_changed``. :func:`serve_asgi`
 serves it (or any ASGI app: :func:`garbage_app` answers something that is not MCP) on a
 loopback port 0 under hypercorn's trio worker, in the test's nursery.
 """
@@ -61,6 +62,20 @@ def search_server(state: SearchState) -> MCPServer:
         headers = dict(request.headers) if request is not None else {}
         state.headers.append(headers)
         return headers.get("authorization", "none")
+
+    @server.tool()
+    async def grow(ctx: Context) -> str:
+        """Adds the tool ``extra`` and tells the client its tool list changed."""
+        seen("grow")
+
+        def extra() -> str:
+            """Added by grow."""
+            return "extra"
+
+        server.add_tool(extra)
+        await ctx.notify_tools_changed()  # 2026-07-28: to subscriptions/listen streams
+        await ctx.session.send_tool_list_changed()  # 2025-11-25: on the session
+        return "grown"
 
     return server
 

@@ -27,6 +27,7 @@ from mcp.client.streamable_http import streamable_http_client
 from gateway.config.mcp_servers import McpServerConfig
 from tests.conftest import Gateway, make_config, start_gateway
 from tests.support.fake_mcp import SearchState, garbage_app, serve_asgi, start_search
+from tests.support.waiting import until
 
 MODES = ["legacy", "2026-07-28"]
 PRICE = 0.01
@@ -128,7 +129,7 @@ async def test_live_key_calls_a_priced_upstream_tool(
     async with mcp_client(gw, token, mode) as client:
         listed = await client.list_tools()
         names = [t.name for t in listed.tools]
-        assert names == ["search__lookup", "search__broken", "search__hang", "search__whoami"]
+        assert names[:4] == ["search__lookup", "search__broken", "search__hang", "search__whoami"]
         result = await client.call_tool("search__lookup", {"query": "trio"})
         assert result.content[0].text == "results for trio"  # type: ignore[union-attr]
         # the upstream saw the operator's credential, never the caller's key
@@ -295,6 +296,40 @@ async def test_rate_limited_says_when_to_retry(gw: Gateway) -> None:
     assert data["code"] == "rate_limited"
     assert data["retry_after"] >= 1
     assert int(response.headers["Retry-After"]) >= 1
+
+
+async def test_a_tool_list_the_upstream_says_changed_is_listed_again(gw: Gateway) -> None:
+    """The upstream's tool list is cached for a minute, but the change it announces (on
+    the subscriptions/listen stream the gateway keeps open) drops it: the new tool is
+    listed within seconds (the event travels beside the call's answer, not in it)."""
+    token = await live_key(gw)
+    async with mcp_client(gw, token, "2026-07-28") as client:
+
+        async def names() -> list[str]:
+            return [t.name for t in (await client.list_tools()).tools]
+
+        before = await names()
+        assert "search__grow" in before and "search__extra" not in before
+        grown = await client.call_tool("search__grow", {})
+        assert grown.content[0].text == "grown"  # type: ignore[union-attr]
+
+        async def extra_listed() -> bool:
+            return "search__extra" in await names()
+
+        await until(extra_listed, within=5.0)
+        assert await names() == [*before, "search__extra"]
+
+
+async def test_every_admitted_answer_carries_the_rate_limit_headers(gw: Gateway) -> None:
+    token = await live_key(gw, caps={"rpm": 5})
+    listed = await rpc(gw, token, "tools/list")
+    called = await rpc(
+        gw, token, "tools/call", {"name": "search__lookup", "arguments": {"query": "a"}}
+    )
+    for n, response in enumerate((listed, called), start=1):
+        assert response.status_code == 200, response.text
+        assert response.headers["X-RateLimit-Limit-Requests"] == "5"
+        assert response.headers["X-RateLimit-Remaining-Requests"] == str(5 - n)
 
 
 async def test_insufficient_credits(gw: Gateway, nursery: trio.Nursery) -> None:

@@ -8,20 +8,41 @@ Anthropic content block's ``text``, ``thinking`` or ``partial_json`` deltas. A t
 window is flushed at its end (the choice's ``finish_reason``; the block's
 ``content_block_stop``), the released rest sent in that item (chat) or in a delta
 event just before it (Anthropic). A deny raises :class:`Denied` from :meth:`chunk`:
-the pump ends the stream with ``content_blocked``.
+the pump ends the stream with ``content_blocked``, then reads the upstream on for its
+usage (:func:`read_on`). The output webhooks hold the items before they come here
+(:mod:`gateway.calls.guardrails.webhook_stream`); :class:`GuardedFormat` reads their
+markers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 from gateway.calls.guardrails.rules import Guardrail, blocked
+from gateway.calls.guardrails.webhook_stream import BLOCK_FIELDS, CHOICE_FIELDS, MARK, NoteVerdict
 from gateway.calls.guardrails.window import Denied, StreamWindow
 from gateway.errors import GatewayError
+from gateway.providers.base import ProviderError, Usage
 
-#: what a verdict reaches: guardrail, verdict (the direction is ``output``)
-NoteVerdict = Callable[[str, str], None]
+
+class OnceNoted:
+    """The verdicts of one stream's output guardrails, each guardrail's noted once: its
+    first that is not an allow, or an allow at the stream's end."""
+
+    def __init__(self, note: NoteVerdict) -> None:
+        self.note = note
+        self.noted: set[str] = set()
+
+    def __call__(self, name: str, verdict: str) -> None:
+        if name not in self.noted:
+            self.noted.add(name)
+            self.note(name, verdict)
+
+    def ended(self, rules: Sequence[Guardrail]) -> None:
+        """The stream ended: the guardrails that never matched allowed it."""
+        for rule in rules:
+            self(rule.name, "allow")
 
 
 class GuardedItems:
@@ -31,7 +52,6 @@ class GuardedItems:
         self.rules = rules
         self.note = note
         self.windows: dict[tuple[Any, ...], StreamWindow] = {}
-        self.noted: set[str] = set()
 
     def _window(self, key: tuple[Any, ...]) -> StreamWindow:
         window = self.windows.get(key)
@@ -47,21 +67,11 @@ class GuardedItems:
                 out += window.flush()
                 del self.windows[key]
         except Denied as denied:
-            self._noted(denied.name, "deny")
+            self.note(denied.name, "deny")
             raise
         for name, verdict in window.fired.items():
-            self._noted(name, verdict)
-        return out
-
-    def ended(self) -> None:
-        """The stream ended: the guardrails that never matched allowed it."""
-        for rule in self.rules:
-            self._noted(rule.name, "allow")
-
-    def _noted(self, name: str, verdict: str) -> None:
-        if name not in self.noted:
-            self.noted.add(name)
             self.note(name, verdict)
+        return out
 
     # -- chat chunks
 
@@ -76,7 +86,7 @@ class GuardedItems:
         end = choice.get("finish_reason") is not None
         delta = choice.get("delta") or {}
         out = dict(delta)
-        for field in ("content", "reasoning_content"):
+        for field in CHOICE_FIELDS:
             piece = delta.get(field)
             if isinstance(piece, str) or (end and (index, field) in self.windows):
                 out[field] = self._pass((index, field), piece or "", end)
@@ -108,7 +118,7 @@ class GuardedItems:
         kind = event.get("type")
         if kind == "content_block_delta":
             delta = event.get("delta") or {}
-            for field in ("text", "thinking", "partial_json"):
+            for field in BLOCK_FIELDS:
                 piece = delta.get(field)
                 if isinstance(piece, str):
                     key = (event.get("index"), field)
@@ -152,24 +162,39 @@ class StreamFormat(Protocol):
 
 
 class GuardedFormat:
-    """An endpoint's stream format whose items pass the output guardrails first; a deny
-    is raised as the ``content_blocked`` error that ends the stream."""
+    """An endpoint's stream format whose items pass the output guardrails first: the
+    detectors' windows (:class:`GuardedItems`), and the markers of the webhooks' holding
+    (:mod:`gateway.calls.guardrails.webhook_stream`). A deny is raised as the
+    ``content_blocked`` error that ends the stream."""
 
-    def __init__(self, inner: StreamFormat, items: GuardedItems) -> None:
+    def __init__(
+        self, inner: StreamFormat, items: GuardedItems, rules: Sequence[Guardrail], note: OnceNoted
+    ) -> None:
         self.inner = inner
         self.items = items
+        #: every output guardrail of the stream, and where their verdicts go
+        self.rules = rules
+        self.note = note
         self.keepalive = inner.keepalive
         self.usage = inner.usage
-        self.output = inner.output
         self.answered = inner.answered
         self.error = inner.error
         self.served_by = inner.served_by
 
+    def output(self, item: dict[str, Any]) -> bool:
+        if MARK in item:
+            return bool(item[MARK])  # a deny goes on to chunk(); the opening is not output
+        return self.inner.output(item)
+
     def finish(self) -> list[bytes]:
-        self.items.ended()
+        self.note.ended(self.rules)
         return self.inner.finish()
 
     def chunk(self, item: dict[str, Any]) -> list[bytes]:
+        if MARK in item:
+            raise blocked(item[MARK], "output")
+        if not self.items.rules:
+            return self.inner.chunk(item)
         try:
             if "choices" in item:
                 return self.inner.chunk(self.items.chat_chunk(item))
@@ -177,3 +202,20 @@ class GuardedFormat:
         except Denied as denied:
             raise blocked(denied.name, "output") from None
         return [data for event in events for data in self.inner.chunk(event)]
+
+
+async def read_on(
+    items: AsyncIterator[dict[str, Any]],
+    usage_of: Callable[[dict[str, Any]], Usage | None],
+    usage: Usage | None,
+) -> Usage | None:
+    """After an output deny: the rest of the upstream read (nothing of it is sent) for
+    the usage the provider reports at its end, which settles the call. An upstream that
+    fails first leaves the usage reported so far (its error's, if it carries one); the
+    call's deadline bounds the reading (the pump's scope), leaving ``usage``."""
+    try:
+        async for item in items:
+            usage = usage_of(item) or usage
+    except ProviderError as exc:
+        return usage or exc.usage
+    return usage

@@ -135,7 +135,17 @@ class Guardrails:
         return tuple(g for name, g in self.by_name.items() if name in wanted)
 
     async def check(self, rules: Sequence[Guardrail], direction: str, texts: list[str]) -> Checked:
-        """Every guardrail of ``direction`` over ``texts``, in order; stops at a deny."""
+        """Every guardrail of ``direction`` over ``texts``, in order; stops at a deny.
+        Each verdict is counted (the metric)."""
+        checked = await self.decide(rules, direction, texts)
+        if self.count is not None:
+            for verdict in checked.verdicts:
+                self.count(verdict.guardrail, verdict.direction, verdict.verdict)
+        return checked
+
+    async def decide(self, rules: Sequence[Guardrail], direction: str, texts: list[str]) -> Checked:
+        """:meth:`check` without counting (a stream counts its verdicts once, at its end
+        or its first match, whatever number of checks it took)."""
         checked = Checked(list(texts))  # redacted in place: the caller compares
         for rule in rules:
             if not rule.config.applies(direction):
@@ -144,16 +154,11 @@ class Guardrails:
                 verdict = await self._webhook(rule, direction, checked)
             else:
                 verdict = scan(rule, checked)
-            self._note(checked, Verdict(rule.name, direction, verdict))
+            checked.verdicts.append(Verdict(rule.name, direction, verdict))
             if verdict == "deny":
                 checked.denied = rule.name
                 break
         return checked
-
-    def _note(self, checked: Checked, verdict: Verdict) -> None:
-        checked.verdicts.append(verdict)
-        if self.count is not None:
-            self.count(verdict.guardrail, verdict.direction, verdict.verdict)
 
     async def _webhook(self, rule: Guardrail, direction: str, checked: Checked) -> str:
         config = rule.config

@@ -5,7 +5,8 @@
                                    a redaction changes what the provider is sent
     complete(): 10a guard_answer   the answer's texts, before it is shaped: a deny is
                                    answered 400 content_blocked, billed on the usage
-    stream():   9a guard_stream    the stream's format wrapped: texts pass windows
+    stream():   9a guard_stream    the stream's format wrapped: texts pass windows; the
+                                   upstream's items held for the output webhooks
 
 Which guardrails apply: the organisation's policy ``guardrails``, the key's own
 ``guardrails`` setting and its ancestors' (a sub-key inherits and may add, never remove).
@@ -13,15 +14,22 @@ Which guardrails apply: the organisation's policy ``guardrails``, the key's own
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any, TypeVar
 
 from gateway.calls.guardrails import texts
-from gateway.calls.guardrails.guarded_stream import GuardedFormat, GuardedItems, StreamFormat
+from gateway.calls.guardrails.guarded_stream import (
+    GuardedFormat,
+    GuardedItems,
+    OnceNoted,
+    StreamFormat,
+)
 from gateway.calls.guardrails.rules import Guardrail, Verdict, blocked
+from gateway.calls.guardrails.webhook_stream import HeldForWebhooks
 from gateway.calls.lifecycle import Call
 from gateway.calls.parse import ChatCall, EmbeddingCall
+from gateway.calls.streaming import OpenStream
 from gateway.errors import GatewayError
 
 T = TypeVar("T")
@@ -85,15 +93,6 @@ async def guard_request(call: Call, parsed: T) -> T:
     """Step 5b: the request's texts under the input guardrails; a deny raises
     ``content_blocked`` (the call holds nothing yet: no money, no record)."""
     call.guards = guards_of(call)
-    if parsed.stream and any(  # type: ignore[attr-defined]
-        g.detect is None and g.config.applies("output") for g in call.guards
-    ):
-        raise GatewayError(
-            "unsupported_parameter",
-            "A webhook guardrail checks this key's answers, and it cannot see a stream's"
-            " text before it leaves; call with stream false.",
-            param="stream",
-        )
     if not any(g.config.applies("input") for g in call.guards):
         return parsed
     rewrite: Any
@@ -126,19 +125,32 @@ async def guard_answer(
     return checked, (blocked(denied, "output") if denied is not None else None)
 
 
-def guard_stream(call: Call, fmt: StreamFormat) -> StreamFormat:
+def guard_stream(
+    call: Call, fmt: StreamFormat, open_stream: OpenStream
+) -> tuple[StreamFormat, OpenStream]:
     """Step 9a: the stream's format, its texts passing the output guardrails' windows
-    (the detector kinds; a webhook cannot see a stream's text before it leaves, so a
-    stream under an output webhook is refused at :func:`guard_request`)."""
-    rules = tuple(g for g in call.guards if g.config.applies("output") and g.detect is not None)
+    (the detector kinds), and the opener of each attempt's upstream, whose items the
+    output webhooks hold until they allowed their text (:mod:`.webhook_stream`)."""
+    rules = tuple(g for g in call.guards if g.config.applies("output"))
     if not rules:
-        return fmt
-    count = call.parts.guardrails.count
+        return fmt, open_stream
+    guardrails = call.parts.guardrails
+    count = guardrails.count
 
-    def note(name: str, verdict: str) -> None:
+    def counted(name: str, verdict: str) -> None:
         if verdict != "allow":
             call.verdicts.append(Verdict(name, "output", verdict).row())
         if count is not None:
             count(name, "output", verdict)
 
-    return GuardedFormat(fmt, GuardedItems(rules, note))
+    note = OnceNoted(counted)
+    detectors = tuple(g for g in rules if g.detect is not None)
+    guarded = GuardedFormat(fmt, GuardedItems(detectors, note), rules, note)
+    webhooks = tuple(g for g in rules if g.detect is None)
+    if not webhooks:
+        return guarded, open_stream
+
+    def held_open() -> AsyncIterator[dict[str, Any]]:
+        return HeldForWebhooks(webhooks, guardrails, note).items(open_stream())
+
+    return guarded, held_open

@@ -153,7 +153,8 @@ def parse_messages(body: Any, max_output_tokens: int, *, counting: bool = False)
         endpoint="messages",
         dropped=tuple(dict.fromkeys([*dropped, *sorted(translation.dropped)])),
         native=MessagesSource(
-            {k: v for k, v in body.items() if k not in NOT_PASSED},
+            # max_tokens as read (7.0 is 7), for a provider that takes only integers
+            {k: budget if k == "max_tokens" else v for k, v in body.items() if k not in NOT_PASSED},
             unsent_tokens=translation.unsent_tokens,
         ),
     )

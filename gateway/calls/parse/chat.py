@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.accounts.catalog import Model
+from gateway.accounts.key_fields import as_int
 from gateway.calls.parse import ChatCall
 from gateway.calls.parse.fields import (
     COMMON_FIELDS,
@@ -31,7 +32,6 @@ from gateway.calls.parse.fields import (
     flag,
     forward_capabilities,
     invalid,
-    is_int,
     obj,
     output_budget,
     positive_int,
@@ -182,9 +182,10 @@ def _bad_messages(message: str) -> GatewayError:
 
 
 def _refuse_unsupported(body: dict[str, Any]) -> None:
-    n = body.get("n")
-    if n is not None:
-        if not is_int(n) or n < 1:
+    sent = body.get("n")
+    if sent is not None:
+        n = as_int(sent)
+        if n is None or n < 1:
             raise invalid("n", "n must be a positive integer.")
         if n > 1:
             raise unsupported("n", "Only n=1 is supported.")
@@ -210,9 +211,9 @@ def _stop_and_seed(body: dict[str, Any]) -> dict[str, Any]:
         if valid_list and len(stop) > MAX_STOP:
             raise invalid("stop", f"At most {MAX_STOP} stop sequences are allowed.")
         params["stop"] = stop
-    seed = body.get("seed")
-    if seed is not None:
-        if not is_int(seed):
+    if body.get("seed") is not None:
+        seed = as_int(body["seed"])
+        if seed is None:
             raise invalid("seed", "seed must be an integer of at most 64 bits.")
         params["seed"] = seed
     return params

@@ -14,8 +14,9 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.accounts.catalog import Model
+from gateway.accounts.key_fields import as_int
 from gateway.calls.parse import EmbeddingCall
-from gateway.calls.parse.fields import invalid, is_int, positive_int, require_object
+from gateway.calls.parse.fields import invalid, positive_int, require_object
 from gateway.errors import ErrorSpec, GatewayError
 
 
@@ -63,18 +64,24 @@ def _inputs(value: Any) -> list[str] | list[list[int]]:
     if isinstance(value, list) and value:
         if all(isinstance(item, str) and item for item in value):
             return value
-        if all(_token(item) for item in value):
-            return [value]
-        if all(isinstance(item, list) and item and all(map(_token, item)) for item in value):
-            return value
+        one = _tokens(value)
+        if one is not None:
+            return [one]
+        many = [_tokens(item) if isinstance(item, list) else None for item in value]
+        if all(many):
+            return [tokens for tokens in many if tokens]
     raise invalid(
         "input",
         "input must be a non-empty string, an array of strings, or token arrays of integers.",
     )
 
 
-def _token(value: Any) -> bool:
-    return is_int(value) and value >= 0
+def _tokens(values: list[Any]) -> list[int] | None:
+    """A non-empty token array as integers (``7.0`` is 7), or None."""
+    tokens = [as_int(value) for value in values]
+    if not tokens or any(token is None or token < 0 for token in tokens):
+        return None
+    return [token for token in tokens if token is not None]
 
 
 def check_dimensions(call: EmbeddingCall, model: Model) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, TypeGuard
 
+from gateway.accounts.key_fields import as_int
 from gateway.errors import GatewayError
 
 # Known fields whose non-empty value needs a user session (both endpoints).
@@ -42,10 +43,6 @@ COMMON_FIELDS = frozenset(
 IMAGE_PARTS = ("image_url", "input_image")
 #: sampling numbers forwarded on both endpoints, each from 0 to its bound (both included)
 SAMPLING = {"temperature": 2, "top_p": 1}
-
-
-def is_int(value: object) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def is_number(value: object) -> TypeGuard[int | float]:
@@ -143,9 +140,10 @@ def positive_int(body: dict[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is None:
         return None
-    if not is_int(value) or value < 1:
+    whole = as_int(value)
+    if whole is None or whole < 1:
         raise invalid(name, f"{name} must be a positive integer.")
-    return value
+    return whole
 
 
 def string(body: dict[str, Any], name: str) -> str | None:

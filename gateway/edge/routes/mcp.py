@@ -20,7 +20,7 @@ from typing import Any
 from quart import Quart, Response, request
 
 from gateway.accounts.key_record import KeyRecord
-from gateway.edge.auth import admit_request, authenticate, require_scope
+from gateway.edge.auth import admit_request, authenticate, carry_rate_headers, require_scope
 from gateway.edge.exchange import ExchangeReport
 from gateway.edge.http import read_body, request_globals, request_id, runtime
 from gateway.errors import GatewayError
@@ -73,7 +73,9 @@ async def post_mcp() -> Response:
     if message.method == "tools/call":
         tags = request.headers.get("X-Svc-Tags")
         report = ExchangeReport(rt.metrics)
-        value = await call_tool(parts, record, request_id(), message.params, tags, report)
+        value = await call_tool(
+            parts, record, request_id(), message.params, tags, report, carry_rate_headers
+        )
     else:
         await admit_request(rt, record)
         value = await _read(rt, parts, record, message)

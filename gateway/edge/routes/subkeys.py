@@ -55,7 +55,8 @@ def _limit() -> int:
 
 
 async def list_sub_keys() -> Response:
-    """Oldest first; ``after`` is the id of the last sub-key of the previous page."""
+    """Oldest first; ``after`` is the id of the last sub-key of the previous page. An id
+    that is none of the caller's sub-keys is 404 not_found, as on PATCH and DELETE."""
     manager = await _manager()
     limit = _limit()
     await caught_up()
@@ -65,7 +66,7 @@ async def list_sub_keys() -> Response:
     if after is not None:
         ids = [child.id for child in children]
         if after not in ids:
-            raise GatewayError("invalid_request", f"No sub-key {after} to page after.", "after")
+            raise GatewayError("not_found", f"No sub-key {after} to page after.", "after")
         children = children[ids.index(after) + 1 :]
     now = rt.clock.now()
     page = [child.public(now) for child in children[:limit]]
@@ -78,7 +79,7 @@ async def create_sub_key() -> Response:
     rt = runtime()
     catalog = {model.id for model in callable_models(rt, manager)}
     guardrails = [g.name for g in rt.config.guardrails]
-    settings = child_settings(manager, body, catalog, rt.clock.now(), guardrails)
+    settings = child_settings(manager, body, catalog, guardrails)
     record, token = rt.keyring.build(**settings)
     record = await rt.keyring.insert_child(record)
     view = record.public(rt.clock.now())

@@ -115,10 +115,10 @@ async def get_credits() -> Response:
     return json_response(await credits_view(runtime(), record.org_id))
 
 
-def _day(name: str, default: date) -> date:
+def _day(name: str) -> date | None:
     value = request.args.get(name)
     if value is None:
-        return default
+        return None
     try:
         return date.fromisoformat(value)
     except ValueError:
@@ -165,12 +165,13 @@ async def get_usage() -> Response:
     record = await _reader()
     rt = runtime()
     today = datetime.fromtimestamp(rt.clock.now(), UTC).date()
-    start = _day("start", today.replace(day=1))
-    # default: the end of the current month (or of the start's month, if later)
-    month_of = max(start, today)
-    end = _day("end", _month_end(month_of))
-    if end < start:
-        raise GatewayError("invalid_request", "end is before start.", param="end")
+    start, end = _day("start"), _day("end")
+    # defaults: the current month, stretched to the month of the end that was sent
+    # (start: the first of the current month, or of end's month if earlier; end: the
+    # last of the current month, or of start's month if later). An end before start
+    # is a window of no day: zeros and no groups, not a refusal.
+    start = start or min(end or today, today).replace(day=1)
+    end = end or _month_end(max(start, today))
     group = _group()
     key_ids = [record.id, *(child.id for child in rt.keyring.children(record.id))]
     args = (key_ids, start.isoformat(), end.isoformat())

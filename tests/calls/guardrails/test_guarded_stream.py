@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.calls.guardrails.guarded_stream import GuardedItems
+from gateway.calls.guardrails.guarded_stream import GuardedItems, OnceNoted
 from gateway.calls.guardrails.rules import Guardrail
 from gateway.calls.guardrails.window import Denied
 from gateway.config.guardrails import GuardrailConfig
@@ -26,7 +26,7 @@ def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
 
 def test_chat_content_reasoning_and_tool_arguments() -> None:
     noted: list[tuple[str, str]] = []
-    items = GuardedItems([PII], lambda name, verdict: noted.append((name, verdict)))
+    items = GuardedItems([PII], OnceNoted(lambda name, verdict: noted.append((name, verdict))))
     out = [
         items.chat_chunk(chunk({"content": "mail a@exa", "reasoning_content": "card 4111 "})),
         items.chat_chunk(chunk({"content": "mple.com ok", "reasoning_content": "1111 1111 1111"})),
@@ -69,7 +69,7 @@ def test_anthropic_deltas_flushed_before_the_block_stops() -> None:
 
 def test_a_deny_is_raised_before_the_secret_leaves() -> None:
     noted: list[tuple[str, str]] = []
-    items = GuardedItems([SECRETS], lambda name, verdict: noted.append((name, verdict)))
+    items = GuardedItems([SECRETS], OnceNoted(lambda name, verdict: noted.append((name, verdict))))
     first = items.chat_chunk(chunk({"content": "the key is sk-proj-abc"}))
     assert "sk-" not in first["choices"][0]["delta"]["content"]
     with pytest.raises(Denied):
