@@ -4,6 +4,8 @@ Run it from a clone (valgrind installed: ``apt-get install valgrind``)::
 
     python bench/instructions.py --against 9088f64            # 2 rounds of each tree
     python bench/instructions.py --against 9088f64 --rounds 3 --calls-each 10
+    python bench/instructions.py --callers 10,1 --rounds 1    # this tree alone (issue 49)
+    python bench/instructions.py --against /tmp/base-tree     # a tree run with this Python
 
 Why: CPU time on a shared virtual machine moves by up to 2× within minutes (see
 bench/RESULTS.md), so a ratio of CPU seconds needs many alternating pairs and still
@@ -51,6 +53,15 @@ from bench import streaming  # noqa: E402
 
 #: a gateway under valgrind starts some 10× slower
 streaming.START_TIMEOUT_S = 600.0
+#: streams at a model's pace, slow enough for a gateway under valgrind to keep up (each
+#: upstream read holds one chunk: the figure is the cost of a relayed batch of one)
+PACED_CALLERS, PACED_EACH, PACED_CHUNKS, PACED_DELAY_S = 2, 3, 50, 0.02
+PACED = {
+    **live.BODY,
+    "max_tokens": PACED_CHUNKS,
+    "stream": True,
+    "messages": [{"role": "user", "content": f"Pace. [[fault chunk_delay={PACED_DELAY_S}]]"}],
+}
 
 
 def under_callgrind(python: str, out: Path) -> str:
@@ -80,43 +91,65 @@ def control(*args: str) -> None:
     subprocess.run(["callgrind_control", *args], check=True, stdout=subprocess.DEVNULL)
 
 
-async def counted(target: live.Target, out: Path, kind: str, each: int) -> float:
-    """Instructions per call (``calls``) or per chunk the clients received (``chunks``)."""
-    payload = orjson.dumps(live.BODY if kind == "calls" else live.LONG_STREAM)
+async def counted(
+    target: live.Target, out: Path, kind: str, each: int, callers: int = live.CONCURRENCY
+) -> float:
+    """Instructions per call (``calls``) or per chunk the clients received (``chunks``),
+    ``callers`` at once, ``each`` apiece."""
+    body = {"calls": live.BODY, "chunks": live.LONG_STREAM, "paced": PACED}[kind]
+    payload = orjson.dumps(body)
     work = live.raw_call if kind == "calls" else live.raw_chunks
-    await live.at_once(target, partial(work, payload=payload), 1)  # warm, not counted
+    await live.at_once(target, partial(work, payload=payload), 1, callers=callers)  # warm
     dumped_ir(out)
     pid = str(target.pid)
     await trio.to_thread.run_sync(control, "-i", "on", pid)
-    _, _, results = await live.at_once(target, partial(work, payload=payload), each)
+    _, _, results = await live.at_once(
+        target, partial(work, payload=payload), each, callers=callers
+    )
     await trio.to_thread.run_sync(control, "-d", pid)
     await trio.to_thread.run_sync(control, "-i", "off", pid)
-    units = live.CONCURRENCY * each if kind == "calls" else sum(results)
+    units = callers * each if kind == "calls" else sum(results)
     return dumped_ir(out) / units
 
 
 async def one_round(
     name: str, tree: Path, python: str, upstream_url: str, args: argparse.Namespace
-) -> tuple[float, float]:
+) -> tuple[float, ...]:
+    """Per call at each of ``args.callers`` (``args.calls`` calls in all), then per chunk
+    (the first of ``args.callers`` streaming at once)."""
     work = Path(tempfile.mkdtemp(prefix="svc-ir-"))
     out = work / "callgrind.out"
     target = await live.start_target(
         name, work / "gw", live.config_toml(upstream_url), None, tree, under_callgrind(python, out)
     )
+    figures: list[float] = []
     try:
-        per_call = await counted(target, out, "calls", args.calls_each)
-        per_chunk = await counted(target, out, "chunks", args.streams_each)
+        for callers in args.callers:
+            each = args.calls_each if args.calls is None else -(-args.calls // callers)
+            figures.append(await counted(target, out, "calls", each, callers))
+        figures.append(await counted(target, out, "chunks", args.streams_each, args.callers[0]))
+        figures.append(await counted(target, out, "paced", PACED_EACH, PACED_CALLERS))
     finally:
         target.server.stop()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"{name}: {per_call:,.0f} per call, {per_chunk:,.0f} per chunk", flush=True)
-    return per_call, per_chunk
+    calls = ", ".join(
+        f"{figure:,.0f} per call at {callers}"
+        for figure, callers in zip(figures[:-2], args.callers, strict=True)
+    )
+    print(
+        f"{name}: {calls}, {figures[-2]:,.0f} per chunk, {figures[-1]:,.0f} per paced chunk",
+        flush=True,
+    )
+    return tuple(figures)
 
 
 async def run(args: argparse.Namespace) -> None:
-    base_tree, base_python = live.build_revision(args.against)
-    sides = {args.against: (base_tree, base_python), "this tree": (live.ROOT, sys.executable)}
-    figures: dict[str, list[tuple[float, float]]] = {name: [] for name in sides}
+    sides = {"this tree": (live.ROOT, sys.executable)}
+    if args.against is not None and Path(args.against).is_dir():
+        sides = {args.against: (Path(args.against), sys.executable), **sides}
+    elif args.against is not None:
+        sides = {args.against: live.build_revision(args.against), **sides}
+    figures: dict[str, list[tuple[float, ...]]] = {name: [] for name in sides}
     upstream, url = live.start_upstream()
     try:
         for _ in range(args.rounds):
@@ -125,21 +158,42 @@ async def run(args: argparse.Namespace) -> None:
     finally:
         upstream.kill()
     medians = {
-        name: tuple(statistics.median(f[i] for f in rows) for i in (0, 1))
+        name: tuple(statistics.median(f[i] for f in rows) for i in range(len(rows[0])))
         for name, rows in figures.items()
     }
+    if args.against is None:
+        print(f"\nthis tree, medians of {args.rounds} rounds: {medians['this tree']}")
+        return
     base, this = medians[args.against], medians["this tree"]
+    names = [f"per non-streamed call, {n} callers" for n in args.callers]
+    rows = "".join(
+        f"| {label} | {b:,.0f} | {t:,.0f} | {t / b:.3f} |\n"
+        for label, b, t in zip(
+            [*names, "per relayed chunk (bursts)", "per paced chunk"], base, this, strict=True
+        )
+    )
     print(
         f"\ninstructions (callgrind Ir), medians of {args.rounds} rounds:\n"
-        f"| | {args.against} | this tree | this ÷ {args.against} |\n|---|---|---|---|\n"
-        f"| per non-streamed call | {base[0]:,.0f} | {this[0]:,.0f} | {this[0] / base[0]:.3f} |\n"
-        f"| per relayed chunk | {base[1]:,.0f} | {this[1]:,.0f} | {this[1] / base[1]:.3f} |"
+        f"| | {args.against} | this tree | this ÷ {args.against} |\n|---|---|---|---|\n{rows}"
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--against", metavar="REV", required=True, help="the base revision")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="the base revision, or a directory of a source tree (none: this tree alone)",
+    )
+    parser.add_argument(
+        "--callers",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[live.CONCURRENCY],
+        help="callers at once, a comma-separated list: a per-call figure each (16)",
+    )
+    parser.add_argument(
+        "--calls", type=int, help="non-streamed calls in all per figure (else --calls-each)"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="rounds of each tree (2)")
     parser.add_argument("--calls-each", type=int, default=10, help="calls per caller (10)")
     parser.add_argument("--streams-each", type=int, default=2, help="streams per caller (2)")

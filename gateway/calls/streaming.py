@@ -1,13 +1,20 @@
 """Streamed model calls: a pump task per stream, and the server-sent-events body.
 
-    provider stream ──► pump (root nursery, deadline) ──► bounded outbox ──► SSE body ──► client
-                        owns settlement                                    keep-alives
+    provider stream ──► pump (root nursery, deadline) ──► outbox ──► client
+                        owns settlement, writes the body     └──── the answer's task:
+                                                                    head, keep-alives
 
 Why a separate task: the body must send ``: keep-alive`` every 15 s while the provider
-is silent, and an HTTP read cannot be cancelled for a keep-alive and resumed. So the
-pump reads the provider and the body waits on the outbox, woken for a keep-alive by one
-clock task of the server's (:mod:`gateway.calls.keepalive`; no scope is held across a
-``yield``, PEP 789).
+is silent, and an HTTP read cannot be cancelled for a keep-alive and resumed; and the
+settlement must not depend on the answer's task, which ends when the client goes. So
+the pump reads the provider, and the answer's task sends the head and the first frames,
+then hands the body to the pump (:meth:`StreamBody.write_to`): from there the pump
+writes the frames of each upstream burst itself, when its next read would wait
+(:data:`gateway.providers.http1.BEFORE_WAIT`) or :data:`BUFFER` frames are queued, and
+the stream's end once settled, while the answer's task sleeps until the end, woken only
+for a keep-alive by one clock task of the server's (:mod:`gateway.calls.keepalive`; no
+scope is held across a ``yield``, PEP 789). A batch costs no wake-up of another task
+and no hand-over between two (before, each was about a fifth of a paced chunk's work).
 
 Ownership: once handed to the pump, the call's slot and reservation are the pump's to
 settle, exactly once, whatever happens:
@@ -19,7 +26,10 @@ settle, exactly once, whatever happens:
   when nothing was sent yet: the stream then opens with it, status 200);
 - a graceful stop runs out of grace (:mod:`gateway.calls.inflight`): settle, then the in-band
   service_unavailable error;
-- the client goes away: the body cancels the pump's scope at once; the pump settles;
+- the client goes away: the answer's task cancels the pump's scope at once; the pump
+  settles (a write of the pump's that must wait for a client that reads nothing is
+  ended by its deadline too: the connection is then closed,
+  ``gateway/serving/patches/hypercorn_worker.py``);
 - an output guardrail denies: the client's stream ends at once with the in-band
   ``content_blocked`` error, then the upstream is read on (nothing more sent) for the
   usage that settles the call (:func:`gateway.calls.guardrails.guarded_stream.read_on`).
@@ -30,7 +40,7 @@ The pump never raises: an exception escaping it would cancel the root nursery.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from functools import partial
@@ -53,6 +63,7 @@ from gateway.calls.settlement import Ending
 from gateway.errors import GatewayError, in_band
 from gateway.providers.anthropic_translate import StreamUsage
 from gateway.providers.base import ProviderError, Usage
+from gateway.providers.http1 import BEFORE_WAIT
 
 log = logging.getLogger("gateway.calls.streaming")
 
@@ -118,29 +129,60 @@ class StreamFormat(Protocol):
 Frame: TypeAlias = bytes | GatewayError
 
 
-class _Outbox:
-    """The frames from a stream's pump to its body (the answer's task), in the order put.
+#: writes frames as a body message of the answer (``final``: its last)
+Writer: TypeAlias = Callable[[list[Frame], bool], Awaitable[None]]
 
-    A list the pump appends to and the body empties, each side waking the other only
-    when it waits: a memory channel's ``send_nowait`` and ``receive_nowait`` cost ~4.6 k
-    instructions a frame, some 6 % of a relayed chunk (bench/RESULTS.md). At most
+
+class _Outbox:
+    """The frames of a stream's pump, in the order put: handed to the body (the answer's
+    task) until it :meth:`attach` es a writer, then written by the pump itself.
+
+    Handed over, it is a list the pump appends to and the body empties, each side waking
+    the other only when it waits: a memory channel's ``send_nowait`` and
+    ``receive_nowait`` cost ~4.6 k instructions a frame (bench/RESULTS.md). At most
     :data:`BUFFER` frames wait: the pump then waits for room, so a client that reads
-    slowly holds the upstream back.
+    slowly holds the upstream back. Written by the pump, the frames queued go out
+    together when the pump's next upstream read would wait (:meth:`before_upstream_wait`),
+    when :data:`BUFFER` are queued, or after each item when the provider's reads do not
+    say when they wait (:attr:`hooked`); a client that reads slowly holds the pump in
+    its write.
     """
 
-    __slots__ = ("_body", "_due", "_pump", "closed", "ended", "frames", "since")
+    __slots__ = (
+        "_body",
+        "_due",
+        "_pump",
+        "clock",
+        "closed",
+        "ended",
+        "flushes",
+        "frames",
+        "hooked",
+        "sending",
+        "since",
+        "writer",
+    )
 
     def __init__(self) -> None:
         self.frames: list[Frame] = []
-        #: the pump is done: no frame follows those queued
+        #: the pump is done: no frame follows those queued (written, once attached)
         self.ended = False
-        #: the body is done: no frame is taken any more
+        #: the body is done: no frame is taken or written any more
         self.closed = False
-        self._body: trio.lowlevel.Task | None = None  # waiting for a frame
+        self._body: trio.lowlevel.Task | None = None  # waiting for a frame, or the end
         self._pump: trio.lowlevel.Task | None = None  # waiting for room
-        #: the keep-alive clock's tick when the body parked, and whether it woke the body
+        #: the keep-alive clock's tick of the body's last write (its park, or a pump's
+        #: write once attached), and whether the clock woke the body
         self.since = 0
         self._due = False
+        #: the pump writes (set once the head and the first frames went out)
+        self.writer: Writer | None = None
+        self.clock: KeepaliveClock | None = None
+        #: the pump is in a write; and the writes it made so far
+        self.sending = False
+        self.flushes = 0
+        #: the provider's reads call :meth:`before_upstream_wait` (its client sets it)
+        self.hooked = False
 
     # -- the pump's side
 
@@ -150,22 +192,74 @@ class _Outbox:
         if self.closed:
             raise trio.BrokenResourceError("the stream's body is closed")
         self.frames.append(frame)
-        if self._body is not None:
+        if self._body is not None and self.writer is None:
             self._wake_body()
         return len(self.frames) >= BUFFER
 
     async def room(self) -> None:
-        """Until the body has taken the queued frames (or closed: BrokenResourceError)."""
+        """Until the queued frames are taken (or written: by this task, once attached),
+        or the body closed: BrokenResourceError."""
+        if self.writer is not None:
+            await self.flush()
         while len(self.frames) >= BUFFER and not self.closed:
             self._pump = trio.lowlevel.current_task()
             await trio.lowlevel.wait_task_rescheduled(self._abort_pump)
         if self.closed:
             raise trio.BrokenResourceError("the stream's body is closed")
 
-    def end(self) -> None:
+    async def before_upstream_wait(self) -> None:
+        """:class:`gateway.providers.http1.BeforeWait`: the frames of the reads so far
+        go out before the next read waits."""
+        if self.writer is not None and self.frames:
+            await self.flush()
+
+    async def flush(self) -> None:
+        """Write the frames queued (attached only). A write that fails closes the body
+        (the client is gone): the pump sees it at its next :meth:`put`, outside the
+        provider's read this may run in."""
+        frames, self.frames = self.frames, []
+        if self.closed or self.ended or self.writer is None or not frames:
+            return
+        await self._write(self.writer, frames, final=False)
+
+    async def end(self) -> None:
+        """The pump is done (once; again is nothing): once attached, the frames queued go
+        out as the body's last write; the body is woken to end."""
+        if self.ended:
+            return
         self.ended = True
+        writer = self.writer
+        if writer is not None and not self.closed:
+            frames, self.frames = self.frames, []
+            await self._write(writer, frames, final=True)
         if self._body is not None:
             self._wake_body()
+
+    async def keep_alive(self, clock: KeepaliveClock, interval_s: float, frame: bytes) -> None:
+        """The body's, once attached: until the pump is done, ``frame`` after each
+        keep-alive interval without a write (none while the pump writes)."""
+        while not self.ended:
+            due = await self.wait_or_keepalive(clock, interval_s)
+            writer = self.writer
+            if due and writer is not None and self._idle():
+                await self._write(writer, [frame], final=False)
+
+    def _idle(self) -> bool:
+        """Attached: the pump neither writes nor is done, and the client is there."""
+        return not (self.sending or self.ended or self.closed)
+
+    async def _write(self, writer: Writer, frames: list[Frame], final: bool) -> None:
+        self.sending = True
+        self.flushes += 1
+        if self.clock is not None:
+            self.since = self.clock.tick
+        try:
+            await writer(frames, final)
+        except Exception:
+            log.debug("a stream's write failed: the client is gone", exc_info=True)
+            self.closed = True
+        finally:
+            self.sending = False
 
     # -- the body's side
 
@@ -176,20 +270,28 @@ class _Outbox:
             await trio.lowlevel.wait_task_rescheduled(self._abort_body)
 
     async def wait_or_keepalive(self, clock: KeepaliveClock, interval_s: float) -> bool:
-        """:meth:`wait`, at most a keep-alive interval: True when it passed first."""
-        if self.frames or self.ended:
+        """:meth:`wait`, at most a keep-alive interval: True when it passed first.
+        Attached, until the pump is done: True when a keep-alive interval passed with no
+        write."""
+        attached = self.writer is not None
+        if self.ended or (self.frames and not attached):
             return False
         if not clock.running:
+            flushes = self.flushes
             with trio.move_on_after(interval_s) as waited:
-                await self.wait()
-            return waited.cancelled_caught
+                await self._park()
+            return waited.cancelled_caught and self.flushes == flushes
         self.since, self._due = clock.tick, False
         clock.parked.add(self)
         try:
-            await self.wait()
+            await self._park()
         finally:
             clock.parked.discard(self)
         return self._due
+
+    async def _park(self) -> None:
+        self._body = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort_body)
 
     def keepalive_due(self) -> None:
         """The keep-alive clock's: the body waited an interval (:meth:`wait_or_keepalive`)."""
@@ -202,6 +304,11 @@ class _Outbox:
         if self._pump is not None:
             self._wake_pump()
         return frames
+
+    def attach(self, writer: Writer, clock: KeepaliveClock) -> None:
+        """From now on the pump writes (nothing is queued: the body took it all)."""
+        self.writer, self.clock = writer, clock
+        self.since = clock.tick
 
     def close(self) -> None:
         self.closed = True
@@ -271,6 +378,7 @@ async def pump(
     #: what the provider said of its answer, for the attempt's span (traces on only)
     answered_by: object = None
     reasons: list[str] = []
+    BEFORE_WAIT.set(outbox)  # this task's context: its upstream reads
     try:
         try:
             with scope:
@@ -298,6 +406,8 @@ async def pump(
                                 if outbox.put(data):
                                     await outbox.room()
                                 sent = True
+                            if outbox.writer is not None and not outbox.hooked:
+                                await outbox.flush()  # its reads never say they wait
                         try:
                             chunk = await rest.__anext__()
                         except StopAsyncIteration:
@@ -308,7 +418,7 @@ async def pump(
                 except GatewayError as exc:  # an output guardrail's deny: content_blocked
                     failure = exc
                     told = _status(failure, sent, answered)
-                    _tell(outbox, fmt, failure, sent)
+                    await _tell(outbox, fmt, failure, sent)
                     usage = await read_on(opened[-1], fmt.usage, usage)
                 finally:
                     for each in opened:
@@ -348,9 +458,9 @@ async def pump(
             log.exception("stream settlement failed")
         if call.client_gone or told is not None:
             return
-        _tell(outbox, fmt, failure, in_stream)
+        await _tell(outbox, fmt, failure, in_stream)
     finally:
-        outbox.end()
+        await outbox.end()
 
 
 def _status(failure: GatewayError | None, in_stream: bool, answered: trio.Event) -> int:
@@ -359,7 +469,7 @@ def _status(failure: GatewayError | None, in_stream: bool, answered: trio.Event)
     return failure.status if failure and not (in_stream or answered.is_set()) else 200
 
 
-def _tell(
+async def _tell(
     outbox: _Outbox, fmt: StreamFormat, failure: GatewayError | None, in_stream: bool
 ) -> None:
     """The stream's last frames, and its end: the failure, or the format's finish."""
@@ -371,7 +481,7 @@ def _tell(
     with suppress(trio.BrokenResourceError):
         for frame in frames:  # a few: held without waiting for room
             outbox.put(frame)
-    outbox.end()
+    await outbox.end()
 
 
 async def _close(chunks: AsyncIterator[dict[str, Any]]) -> None:
@@ -388,6 +498,73 @@ async def _close(chunks: AsyncIterator[dict[str, Any]]) -> None:
             await aclose()
 
 
+class StreamBody:
+    """A stream's body: served by :meth:`write_to` (the server's connection hands it
+    ASGI's ``send``; ``gateway/serving/patches/quart_trio_connection.py``), or iterated,
+    an async iterator of its writes, by a server that only iterates bodies."""
+
+    __slots__ = ("_iterated", "call", "first", "fmt", "outbox", "scope")
+
+    def __init__(
+        self,
+        call: Call,
+        outbox: _Outbox,
+        fmt: StreamFormat,
+        scope: trio.CancelScope,
+        first: list[Frame],
+    ) -> None:
+        self.call, self.outbox, self.fmt, self.scope, self.first = call, outbox, fmt, scope, first
+        self._iterated: AsyncIterator[bytes] | None = None
+
+    async def write_to(self, send: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        """Send the body's messages (the head is sent): the frames queued so far from
+        this task, then the pump writes, and this task sends only keep-alives until the
+        pump's last write (the stream's end, after its settlement)."""
+        call, outbox, fmt = self.call, self.outbox, self.fmt
+        keepalive, clock = call.parts.keepalive_s, call.parts.keepalives
+
+        async def write(frames: list[Frame], final: bool) -> None:
+            data = _joined(frames, fmt) if frames else b""
+            await send({"type": "http.response.body", "body": data, "more_body": not final})
+
+        ended = False
+        try:
+            frames = self.first
+            while True:  # what the pump queued while this task wrote goes out too
+                frames += outbox.take()
+                if outbox.ended:
+                    await write(frames, True)
+                    ended = True
+                    return
+                if not frames:
+                    break
+                await write(frames, False)
+                frames = []
+            outbox.attach(write, clock)
+            await outbox.keep_alive(clock, keepalive, fmt.keepalive)
+            ended = True
+        finally:
+            if not ended:
+                _client_gone(call, self.scope)
+            outbox.close()
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self._iterated is None:
+            self._iterated = _body(self.call, self.outbox, self.fmt, self.scope, self.first)
+        return await anext(self._iterated)
+
+    async def aclose(self) -> None:
+        """The iterator's end (a server that iterates closes it once done)."""
+        if self._iterated is not None:
+            await cast(Any, self._iterated).aclose()
+        elif not self.outbox.closed:  # never iterated: as a body that ended unread
+            _client_gone(self.call, self.scope)
+            self.outbox.close()
+
+
 async def _body(
     call: Call,
     outbox: _Outbox,
@@ -395,6 +572,7 @@ async def _body(
     scope: trio.CancelScope,
     first: list[Frame],
 ) -> AsyncIterator[bytes]:
+    """:class:`StreamBody` iterated: each write waited for here, keep-alives too."""
     keepalive, clock = call.parts.keepalive_s, call.parts.keepalives
     ended = False
     try:
@@ -411,9 +589,17 @@ async def _body(
             frames = outbox.take()
     finally:
         if not ended:
-            call.client_left()
-            scope.cancel()
+            _client_gone(call, scope)
         outbox.close()
+
+
+def _client_gone(call: Call, scope: trio.CancelScope) -> None:
+    """The answer ended before the stream: the client left, unless the pump's call had
+    ended already (its deadline or a graceful stop's cut; a write cut by either closes
+    the connection, and the record says which)."""
+    if not scope.cancel_called:
+        call.client_left()
+        scope.cancel()
 
 
 def _joined(frames: list[Frame], fmt: StreamFormat) -> bytes:
@@ -474,7 +660,7 @@ async def start_stream(
         first.append(fmt.keepalive)
     answered.set()
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return EventStream(_body(call, outbox, fmt, scope, first), headers)
+    return EventStream(StreamBody(call, outbox, fmt, scope, first), headers)
 
 
 class ChatChunks:

@@ -27,9 +27,11 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 #: server tells the app that its client has gone, instead of a task per request waiting
 #: for the ``http.disconnect`` message: a :data:`Watch`. Set by the server
 #: (``gateway/serving/patches/hypercorn_worker.py``); a wrapper that holds back or
-#: consumes the disconnect (``bodies.BodyGateMiddleware``, the final-send guard) puts its
-#: own watch in its place for the app it wraps; Quart-Trio's connection
-#: (``gateway/serving/patches/quart_trio_connection.py``) cancels the request with it.
+#: consumes the disconnect (``bodies.BodyGateMiddleware``) puts its own watch in its
+#: place for the app it wraps (the server's own calls no watch once the answer's last
+#: body message has begun: that disconnect is the answer's end, not a client gone);
+#: Quart-Trio's connection (``gateway/serving/patches/quart_trio_connection.py``)
+#: cancels the request with it.
 DISCONNECT_WATCH = "svc.disconnect_watch"
 #: ``watch(callback)``: ``callback()`` once, when the client has gone (at once if it has)
 Watch = Callable[[Callable[[], None]], None]
@@ -64,3 +66,11 @@ def receive_now(scope: Scope) -> ReceiveNow | None:
 def set_receive_now(scope: Scope, taker: ReceiveNow) -> None:
     """Offer ``taker`` to the app that gets ``scope``."""
     scope["extensions"][RECEIVE_NOW] = taker
+
+
+#: a key of an ``http.response.start`` message (``message[BODY_FOLLOWS] = True``): the
+#: answer's first body message follows at once, so the server may hold the head and
+#: write both together (one system call, one packet). Set by Quart-Trio's connection
+#: (``gateway/serving/patches/quart_trio_connection.py``) for an answer whose body it
+#: has whole; honoured by ``gateway/serving/patches/hypercorn_worker.py``.
+BODY_FOLLOWS = "svc.body_follows"

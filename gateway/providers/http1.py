@@ -43,7 +43,8 @@ import ssl
 import urllib.request
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import NamedTuple
+from contextvars import ContextVar
+from typing import NamedTuple, Protocol
 from urllib.parse import unquote, urlsplit
 
 import h11
@@ -56,6 +57,24 @@ MAX_HEAD = 64 * 1024
 READ_SIZE = 65536
 #: reads in a row that find their bytes already there before one scheduler pass
 UNYIELDED_READS = 8
+
+
+class BeforeWait(Protocol):
+    """What a task does before its read waits for the upstream (:data:`BEFORE_WAIT`)."""
+
+    #: set by every read: this task's reads call :meth:`before_upstream_wait` (a task
+    #: whose reads come through another client never learns when they wait)
+    hooked: bool
+
+    async def before_upstream_wait(self) -> None:
+        """Raises nothing but a cancellation: it runs inside the client's read."""
+
+
+#: set by a task that reads an upstream's answer piece by piece and has work to do
+#: whenever a read finds nothing there yet: a stream's pump writes what the reads so far
+#: gave it (``gateway/calls/streaming.py``), so that the chunks of one upstream burst go
+#: to the client in one write, and none waits for the next burst
+BEFORE_WAIT: ContextVar[BeforeWait | None] = ContextVar("svc_before_upstream_wait", default=None)
 _FORBIDDEN = frozenset("\r\n\0")
 #: a chunk's size line (RFC 9112 7.1, as h11 reads it): hex digits, then any extensions
 _CHUNK_SIZE = re.compile(rb"([0-9A-Fa-f]{1,16})(?:;[^\r\n]*)?[ \t]*")
@@ -149,6 +168,9 @@ class Connection:
 
     async def receive(self, timeout: float) -> bytes:
         """The next bytes from the upstream; empty at the end of the connection."""
+        before = BEFORE_WAIT.get()
+        if before is not None:
+            before.hooked = True
         try:
             # bytes already there need no timeout's scope (it costs ~50 calls); nor a
             # scheduler pass each: a stream's reader that passed after every read let
@@ -164,6 +186,8 @@ class Connection:
                     await trio.lowlevel.checkpoint()
             else:
                 self.unyielded = 0
+                if before is not None:
+                    await before.before_upstream_wait()
                 deadline = trio.current_time() + timeout
                 if trio.current_effective_deadline() <= deadline:
                     # a nearer deadline (the call's) ends the wait first: the read

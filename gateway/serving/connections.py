@@ -185,6 +185,12 @@ class CountedStream(trio.abc.HalfCloseableStream):
             return data
         return memoryview(data)[trio_socket.send_now(self.stream, self._raw, data) :]
 
+    def abort(self) -> None:
+        """Close the socket now, a write cut part-way (nothing more can follow it); a
+        task waiting on it is woken with ``ClosedResourceError``, and the place goes
+        back at :meth:`aclose`, as for any connection."""
+        self.stream.socket.close()
+
     async def wait_send_all_might_not_block(self) -> None:
         await self.stream.wait_send_all_might_not_block()
 

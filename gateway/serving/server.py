@@ -44,7 +44,6 @@ from gateway.observe.logs import event
 from gateway.observe.refused_calls import FLUSH_S as REFUSALS_FLUSH_S
 from gateway.serving.connections import per_client_limit
 from gateway.serving.patches import quart_trio_connection, werkzeug_rules
-from gateway.serving.patches.asgi_guard import FinalSendGuard
 from gateway.serving.patches.hypercorn_worker import ServerConfig, serve_http
 from gateway.serving.readiness import Phase
 from gateway.serving.runtime import Runtime
@@ -148,9 +147,7 @@ async def serve(
         sockets = bind_sockets(config)
     quart_app = create_app(runtime, werkzeug_rules.LazyBuilders)
     quart_trio_connection.install(quart_app)
-    app = ExchangeRecorder(
-        FinalSendGuard(quart_app), runtime.metrics, runtime.spans, runtime.refusals
-    )
+    app = ExchangeRecorder(quart_app, runtime.metrics, runtime.spans, runtime.refusals)
     readiness = runtime.readiness
     drain_s = runtime.config.server.drain_s
     grace = runtime.config.server.shutdown_grace_s

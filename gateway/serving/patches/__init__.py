@@ -1,12 +1,11 @@
 """Every change this server makes to its frameworks' code, one module per framework.
 
 Each module here overrides, copies or reaches into code that its framework does not
-offer as an interface: ``hypercorn_worker`` (hypercorn's trio worker and its connection),
-``asgi_guard`` (the disconnect hypercorn hands the app with an answer's last bytes),
-``quart_trio_connection`` (Quart-Trio's HTTP connection), ``werkzeug_rules`` (URL
-builders compiled on first use) and ``trio_socket`` (the stdlib socket under trio's
-stream). Nowhere else in ``gateway/`` imports a framework's internals
-(``tests/serving/test_framework_patches.py``).
+offer as an interface: ``hypercorn_worker`` (hypercorn's trio worker, its connection and
+the disconnect it hands the app with an answer's last bytes), ``quart_trio_connection``
+(Quart-Trio's HTTP connection), ``werkzeug_rules`` (URL builders compiled on first use)
+and ``trio_socket`` (the stdlib socket under trio's stream). Nowhere else in
+``gateway/`` imports a framework's internals (``tests/serving/test_framework_patches.py``).
 
 The frameworks are pinned to exact versions (``pyproject.toml``). Each module's
 ``REVIEWED`` records the upstream code it was reviewed against: qualified name → (the

@@ -6,8 +6,10 @@ Patches hypercorn 0.18.0's trio worker:
   transport the gateway serves), over listeners that accept only while fewer than
   ``[server] max_connections`` are open (:class:`gateway.serving.connections.CappedListener`);
 - :class:`_Connection` is its ``TCPServer``, ended as soon as the client is gone, its
-  empty writes skipped, its requests' messages handed over through an :class:`_Inbox`
-  (:class:`_TaskGroup`);
+  empty writes skipped, an answer's head written with the first bytes of its body, its
+  requests' messages handed over through an :class:`_Inbox` and their answers sent
+  through an :class:`_Answer` (:class:`_TaskGroup`, which runs the app without
+  hypercorn's ``ASGIWrapper`` around it);
 - :class:`_IdleTimer` stands in for its per-connection ``TrioSingleTask`` idle timer,
   and reaches its ``TaskGroup``'s private ``_nursery`` as that timer does;
 - :class:`ServerConfig` is its ``Config``, with the headers of every answer built once a
@@ -29,7 +31,7 @@ from hypercorn.config import Sockets
 from hypercorn.events import Closed, Event, RawData, Updated
 from hypercorn.protocol import ProtocolWrapper
 from hypercorn.trio.lifespan import Lifespan
-from hypercorn.trio.task_group import TaskGroup, _handle
+from hypercorn.trio.task_group import TaskGroup
 from hypercorn.trio.tcp_server import MAX_RECV, TCPServer
 from hypercorn.trio.worker_context import WorkerContext
 from hypercorn.typing import (
@@ -48,7 +50,7 @@ from hypercorn.utils import (
     wrap_app,
 )
 
-from gateway.edge.asgi import set_disconnect_watch, set_receive_now
+from gateway.edge.asgi import BODY_FOLLOWS, Send, set_disconnect_watch, set_receive_now
 from gateway.serving.connections import (
     CappedListener,
     ClientConnections,
@@ -74,7 +76,8 @@ REVIEWED: dict[str, tuple[str, str]] = {
         "0.18.0",
         "fd34b021d1a86c9859514de9472306ea47f4a6763732b26b7a5945278ded0e08",
     ),
-    # overridden: the RawData branch copied, Updated(idle) skipped once the client left
+    # overridden: the RawData branch copied (its shield replaced: _Connection._write),
+    # Updated(idle) skipped once the client left
     "hypercorn.trio.tcp_server.TCPServer.protocol_send": (
         "0.18.0",
         "225856426bff7be02990c0badb90f51f801db14ac5db0f3d0c210cafbeb528ab",
@@ -110,7 +113,8 @@ REVIEWED: dict[str, tuple[str, str]] = {
         "5a637c3d48180e55020523bbe601bbffbaae225baf265cd61f88efbe8171a9ca",
     ),
     # its private _nursery holds _IdleTimer's task; _TaskGroup.spawn_app is its
-    # spawn_app with an _Inbox instead of a memory channel, and runs its private _handle
+    # spawn_app with an _Inbox instead of a memory channel and an _Answer around send;
+    # _handle is a copy of its private _handle that calls the ASGI app directly
     "hypercorn.trio.task_group._handle": (
         "0.18.0",
         "06081a56a9930825919e01e08ad2b2ffaae5508f065bcfced89cd3082db2192f",
@@ -118,6 +122,22 @@ REVIEWED: dict[str, tuple[str, str]] = {
     "hypercorn.trio.task_group.TaskGroup": (
         "0.18.0",
         "8467a3a16a7e8763079b8727fe73d7d2115d0cb99441984856ff1bfcb4fcfbf2",
+    ),
+    # what _handle calls: the ASGI app under it is called directly instead
+    "hypercorn.app_wrappers.ASGIWrapper": (
+        "0.18.0",
+        "8670a23eb46059a3790a04b4860a137a3b92f0cdab91988e6c64761872af487c",
+    ),
+    # the head is written at the answer's start (held by _Connection.protocol_send); the
+    # final body message is followed by StreamClosed, in the sending task (_Answer)
+    "hypercorn.protocol.http_stream.HTTPStream.app_send": (
+        "0.18.0",
+        "c806044b997369855904b5496ef44bd2bf273f599e686647500ce507c1b0250b",
+    ),
+    # the disconnect first (_close_stream), then the next cycle and the idle timer
+    "hypercorn.protocol.h11.H11Protocol._maybe_recycle": (
+        "0.18.0",
+        "3ac53f52bc4e65de7e9b898df5c1c76c9865479e2821ed524acdf426c2075a88",
     ),
 }
 
@@ -215,6 +235,15 @@ class _Inbox:
     pass while there is room (at most ``limit`` wait, as in the channel, so a body the
     app does not read holds the client back), and the app can be told of the disconnect
     by a callback (:meth:`watch`, the scope's ``DISCONNECT_WATCH``) instead.
+
+    With the last body message of an answer, hypercorn (in the sending task) closes the
+    request's stream, which puts a disconnect here, and then readies the connection for
+    its next request and starts its keep-alive timer. The app would cancel the request
+    at that disconnect, half-way through that send: the timer never started and an idle
+    kept-alive connection stayed open forever. So once the answer's last body message
+    has begun (:attr:`answered`, set by :class:`_Answer`) a disconnect is not a client
+    gone and the watch is not called: the request ends by itself. A client that goes
+    away mid-answer is still seen at once (its disconnect comes before the final send).
     """
 
     def __init__(self, limit: int, complete: Callable[[], None]) -> None:
@@ -225,6 +254,8 @@ class _Inbox:
         self._arrived = trio.lowlevel.ParkingLot()
         self._room = trio.lowlevel.ParkingLot()
         self.gone = False
+        #: the answer's last body message has begun: a disconnect is its own end
+        self.answered = False
         self._watchers: list[Callable[[], None]] = []
 
     async def put(self, message: ASGIReceiveEvent) -> None:
@@ -235,8 +266,9 @@ class _Inbox:
             self.messages.append(message)
             self._arrived.unpark_all()
             watchers, self._watchers = self._watchers, []
-            for callback in watchers:
-                callback()
+            if not self.answered:
+                for callback in watchers:
+                    callback()
             return
         if message["type"] == "http.request" and not message.get("more_body", False):
             self.complete()
@@ -259,19 +291,72 @@ class _Inbox:
         return self.messages.popleft()
 
     def watch(self, callback: Callable[[], None]) -> None:
-        if self.gone:
-            callback()
-        else:
+        if not self.gone:
             self._watchers.append(callback)
+        elif not self.answered:
+            callback()
+
+
+class _Answer:
+    """The ``send`` the app gets: hypercorn 0.18.0's ``HTTPStream.app_send``, told which
+    message is the answer's last body message (:attr:`_Inbox.answered`), and whose head
+    may wait for the first body bytes (a start message with ``BODY_FOLLOWS``: the two go
+    out in one write)."""
+
+    __slots__ = ("app_send", "connection", "inbox")
+
+    def __init__(self, app_send: Send, inbox: _Inbox, connection: _Connection) -> None:
+        self.app_send = app_send
+        self.inbox = inbox
+        self.connection = connection
+
+    async def send(self, message: ASGISendEvent | None) -> None:
+        if message is not None:
+            if message["type"] == "http.response.body":
+                if not message.get("more_body", False):
+                    self.inbox.answered = True
+            elif message["type"] == "http.response.start" and message.get(BODY_FOLLOWS):
+                self.connection.hold_head = True
+        await self.app_send(message)
+
+
+async def _handle(
+    app: ASGIFramework,
+    config: HyperConfig,
+    scope: Scope,
+    receive: Callable[[], Awaitable[ASGIReceiveEvent]],
+    send: Callable[[ASGISendEvent | None], Awaitable[None]],
+) -> None:
+    """hypercorn 0.18.0's ``task_group._handle``, calling the ASGI app itself rather than
+    through ``ASGIWrapper`` (a layer that only drops two arguments)."""
+    try:
+        await app(scope, receive, send)
+    except trio.Cancelled:
+        raise
+    except BaseExceptionGroup as error:
+        _, other_errors = error.split(trio.Cancelled)
+        if other_errors is not None:
+            await config.log.exception("Error in ASGI Framework")
+            await send(None)
+        else:
+            raise
+    except Exception:
+        await config.log.exception("Error in ASGI Framework")
+    finally:
+        await send(None)
 
 
 class _TaskGroup(TaskGroup):
     """hypercorn 0.18.0's ``TaskGroup``, its requests' messages in an :class:`_Inbox`
-    that tells ``stream`` when a request has arrived whole."""
+    that tells the connection's stream when a request has arrived whole, their answers
+    through an :class:`_Answer`, the app (``asgi_app``, the one ``AppWrapper`` wraps)
+    called by :func:`_handle`."""
 
-    def __init__(self, stream: CountedStream) -> None:
+    def __init__(self, connection: _Connection, asgi_app: ASGIFramework) -> None:
         super().__init__()
-        self.stream = stream
+        self.connection = connection
+        self.stream = cast(CountedStream, connection.stream)
+        self.asgi_app = asgi_app
 
     async def spawn_app(
         self,
@@ -283,23 +368,15 @@ class _TaskGroup(TaskGroup):
         inbox = _Inbox(config.max_app_queue_size, self.stream.request_complete)
         set_disconnect_watch(scope, inbox.watch)
         set_receive_now(scope, inbox.receive_now)
+        answer = _Answer(send, inbox, self.connection)
         assert self._nursery is not None
-        self._nursery.start_soon(
-            _handle,
-            app,
-            config,
-            scope,
-            inbox.receive,
-            send,
-            trio.to_thread.run_sync,
-            trio.from_thread.run,
-        )
+        self._nursery.start_soon(_handle, self.asgi_app, config, scope, inbox.receive, answer.send)
         return inbox.put
 
 
 class _Connection(TCPServer):
     """hypercorn 0.18.0's connection, ended as soon as the client is gone, with a cheaper
-    idle timer (:class:`_IdleTimer`).
+    idle timer (:class:`_IdleTimer`), an answer's head and first body bytes in one write.
 
     Once its read loop ends (the client closed or reset the connection), hypercorn
     still waits for the connection's idle timer (``keep_alive_timeout``, 30 s) before it
@@ -310,9 +387,14 @@ class _Connection(TCPServer):
     """
 
     client_gone = False
+    #: the next write is an answer's head whose body follows at once: held until then
+    hold_head = False
+    #: a head held, written with the next bytes (or before the next other event)
+    held = b""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, asgi_app: ASGIFramework, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.asgi_app = asgi_app
         self.idle_task = _IdleTimer(self)  # type: ignore[assignment]  # not a TrioSingleTask
 
     async def run(self) -> None:
@@ -322,7 +404,7 @@ class _Connection(TCPServer):
         try:
             client = parse_socket_addr(socket.family, socket.getpeername())
             server = parse_socket_addr(socket.family, socket.getsockname())
-            async with _TaskGroup(cast(CountedStream, self.stream)) as task_group:
+            async with _TaskGroup(self, self.asgi_app) as task_group:
                 self._task_group = task_group
                 self.protocol = ProtocolWrapper(
                     self.app,
@@ -370,27 +452,51 @@ class _Connection(TCPServer):
     async def protocol_send(self, event: Event) -> None:
         if isinstance(event, RawData):
             # hypercorn's own, but an empty write (h11's end of a sized body) is no
-            # write, and a free lock is taken without a scheduler pass
-            if not event.data:
+            # write, a head whose body follows waits for it (two writes were two system
+            # calls and, unless the client reads at once, two packets), and a free lock
+            # is taken without a scheduler pass
+            data = event.data
+            if self.hold_head:
+                self.hold_head = False
+                self.held = data
                 return
-            await acquire(self.send_lock)
-            try:
-                try:
-                    # shielded only while it waits for room (a scope costs ~50 calls)
-                    rest = cast(CountedStream, self.stream).send_now(event.data)
-                    if rest:
-                        with trio.CancelScope(shield=True):
-                            await self.stream.send_all(rest)
-                except (trio.BrokenResourceError, trio.ClosedResourceError):
-                    await self.protocol.handle(Closed())
-            finally:
-                self.send_lock.release()
+            if self.held:
+                data, self.held = self.held + data, b""
+            if data:
+                await self._write(data)
             return
+        if self.held:  # the answer ends (or the connection) before a body byte
+            data, self.held = self.held, b""
+            await self._write(data)
         if isinstance(event, Updated) and event.idle:
             cast(CountedStream, self.stream).request_done()
             if self.client_gone:
                 return  # an answer finishing after the client left: no timer to wait for
         await super().protocol_send(event)
+
+    async def _write(self, data: bytes) -> None:
+        """hypercorn's write of ``data``, whole. hypercorn shields the wait for room:
+        a write cancelled part-way would leave the answer's framing broken. Here the
+        writer's own scope may end that wait (a stream's pump writes its batches under
+        its call's deadline, and a client that reads nothing must not hold the call's
+        settlement past it), and a write so cut closes the connection: nothing more can
+        be sent on it. Who else is cancelled mid-write is a request whose client left or
+        a server past its grace, whose connections close all the same."""
+        stream = cast(CountedStream, self.stream)
+        await acquire(self.send_lock)
+        try:
+            try:
+                rest = stream.send_now(data)
+                if rest:
+                    try:
+                        await stream.send_all(rest)
+                    except trio.Cancelled:
+                        stream.abort()
+                        raise
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
+        finally:
+            self.send_lock.release()
 
 
 async def serve_http(
@@ -435,7 +541,7 @@ async def serve_http(
                 await config.log.info(f"Running on {bind} (CTRL + C to quit)")
             task_status.started(binds)
             handler = partial(
-                _Connection, wrapped, config, context, ConnectionState(lifespan_state)
+                _Connection, app, wrapped, config, context, ConnectionState(lifespan_state)
             )
             try:
                 async with trio.open_nursery(strict_exception_groups=True) as nursery:
