@@ -43,6 +43,7 @@ import gc
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -136,9 +137,15 @@ def pytest_configure(config: pytest.Config) -> None:
     # Temp dirs (tmp_path: the tests' SQLite files; PostgreSQL's data dir) on tmpfs when
     # the machine has one and TMPDIR names no other place: the store's commits are
     # synchronous=FULL, and their fsyncs on the disk were a third of a quick test's time.
-    # pyproject.toml keeps only a failed test's dir (tmp_path_retention_policy).
-    if "TMPDIR" not in os.environ and os.access("/dev/shm", os.W_OK | os.X_OK):
-        tempfile.tempdir = "/dev/shm"
+    # pyproject.toml keeps only a failed test's dir (tmp_path_retention_policy). A run
+    # writes ~0.5 GB there: a small tmpfs (a container's 64 MB /dev/shm) is left alone.
+    shm = "/dev/shm"
+    if (
+        "TMPDIR" not in os.environ
+        and os.access(shm, os.W_OK | os.X_OK)
+        and shutil.disk_usage(shm).free >= 2 * 1024**3
+    ):
+        tempfile.tempdir = shm
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:

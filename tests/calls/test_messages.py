@@ -308,7 +308,9 @@ async def test_a_daily_cap_counts_messages_and_chat_completions_together(
     key = await gateway.create_key(caps={"rpm": 1000, "max_in_flight": 250, "usd_day": cap})
     answers: Counter[tuple[str, int]] = Counter()
     limits = httpx.Limits(max_connections=calls + 10)
-    async with gateway.client(key["token"], limits=limits) as client:
+    # a race of money, not of latency: under load 200 calls at once outlast the default
+    # 10 s read timeout (a ReadTimeout, not a wrong answer), so each gets a minute
+    async with gateway.client(key["token"], limits=limits, timeout=60.0) as client:
 
         async def one(path: str) -> None:
             response = await client.post(path, json=chat)
