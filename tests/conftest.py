@@ -149,11 +149,15 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
-    """``-n auto``: one test worker per core this process may run on. Two per core ran
-    the suite faster on a quiet machine (5.0 min against 7.5 before this round's
-    features), but the cluster races then met CPU starvation (a lease renewal late: 503
-    admission_unavailable) in 2 of 3 whole runs after the features landed."""
-    return len(os.sched_getaffinity(0))
+    """``-n auto``: one test worker per core this process may run on, two for ``-m
+    quick``. Two per core ran the whole suite faster on a quiet machine (5.0 min against
+    7.5 before this round's features), but the cluster races then met CPU starvation (a
+    lease renewal late: 503 admission_unavailable) in 2 of 3 whole runs. The quick tier
+    has no cluster race (no process, no PostgreSQL) and many waits on the wall clock (a
+    deadline, a body's minimum rate): with one worker per core the cores were a third
+    idle (2 min 12 s), with two 1 min 33 s."""
+    cores = len(os.sched_getaffinity(0))
+    return 2 * cores if config.getoption("markexpr", "") == "quick" else cores
 
 
 #: a module-level mark that takes every test of the module out of the quick tier
