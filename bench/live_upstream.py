@@ -129,6 +129,8 @@ PORTKEY_PAIRS = 8
 #: 16 × this many long streams
 PORTKEY_CALLS_EACH = 25
 PORTKEY_STREAMS_EACH = 4
+#: ``--portkey``: then one caller alone, this many non-streamed calls in a row
+PORTKEY_CALLS_ALONE = 100
 #: ``--portkey``: no pair of rounds starts after this many seconds
 PORTKEY_BUDGET_S = 60.0
 COST_PAIRS = 10
@@ -977,19 +979,24 @@ def kinds_report(
 @dataclass(frozen=True)
 class ProxyRound:
     """``--portkey``: one side's round of 16 callers: non-streamed calls/s and the server's
-    CPU seconds per call, then its CPU seconds per chunk of long streams."""
+    CPU seconds per call, then its CPU seconds per chunk of long streams; then one caller
+    alone: the server's CPU seconds per non-streamed call."""
 
     calls_per_s: float
     cpu_per_call: float
     cpu_per_chunk: float
     chunks_per_stream: float
+    cpu_per_call_alone: float
 
 
 async def proxy_round(target: Target) -> ProxyRound:
     plain, long = (orjson.dumps({**b, "model": target.model}) for b in (BODY, LONG_STREAM))
     calls_per_s, cpu_per_call = await calls_at_once(target, plain, PORTKEY_CALLS_EACH)
     cpu_per_chunk, chunks_per_stream = await chunks_at_once(target, long, PORTKEY_STREAMS_EACH)
-    return ProxyRound(calls_per_s, cpu_per_call, cpu_per_chunk, chunks_per_stream)
+    call = partial(raw_call, payload=plain)
+    _, cpu_alone, _ = await at_once(target, call, PORTKEY_CALLS_ALONE, callers=1)
+    alone = cpu_alone / PORTKEY_CALLS_ALONE
+    return ProxyRound(calls_per_s, cpu_per_call, cpu_per_chunk, chunks_per_stream, alone)
 
 
 async def measure_portkey(pairs: int) -> list[tuple[ProxyRound, ProxyRound]]:
@@ -1060,6 +1067,10 @@ def portkey_report(
             paired_row(
                 "calls/s, 16 callers, not streamed", paired(lambda r: r.calls_per_s), scale=1
             ),
+            paired_row(
+                f"server CPU per non-streamed call, 1 caller ({PORTKEY_CALLS_ALONE}, ms)",
+                paired(lambda r: r.cpu_per_call_alone),
+            ),
             "",
             run_line(command, runtime_s, load),
             "",
@@ -1071,7 +1082,8 @@ def portkey_report(
             f"warm-up round each, {len(pairs)} pairs of rounds in turn (which goes first "
             f"alternates); a round is {CONCURRENCY} callers × {PORTKEY_CALLS_EACH} non-streamed "
             f"calls, then {CONCURRENCY} × {PORTKEY_STREAMS_EACH} streams of {svc_chunks:.0f} "
-            f"(svc-gateway) / {proxy_chunks:.0f} (Portkey) `data:` chunks to the client. CPU is "
+            f"(svc-gateway) / {proxy_chunks:.0f} (Portkey) `data:` chunks to the client, then "
+            f"one caller alone sends {PORTKEY_CALLS_ALONE} non-streamed calls in a row. CPU is "
             "each server process's CPU time (user + system, all threads) over the phase; the "
             "ratio column is the median of the per-pair ratios and their range.",
             "",
