@@ -3,9 +3,8 @@
 Each table names one upstream, reached over Streamable HTTP (``url``) or started as a
 stdio child (``command``), its credentials from the environment (``headers_env``: header
 name → variable), and its price per ``tools/call`` (``usd_per_call``, per tool in
-``tool_usd_per_call``). :func:`parse_mcp_servers` raises :class:`McpConfigError` naming the
-offending key; :mod:`gateway.config.settings` turns it into its ``ConfigError`` (this module
-imports nothing of it, so the import runs one way).
+``tool_usd_per_call``). :func:`parse_mcp_servers` raises :class:`ConfigError` naming the
+offending key, with the checks every table shares (:mod:`gateway.config.checks`).
 """
 
 from __future__ import annotations
@@ -14,6 +13,8 @@ import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from gateway.config.checks import ConfigError, check_unknown, http_url, take
 
 #: the keys of a ``[[mcp_servers]]`` table, in the order of docs/CONFIG.md
 MCP_SERVER_KEYS = (
@@ -30,10 +31,6 @@ MCP_SERVER_KEYS = (
 MOCK_SERVER = "mock"
 #: a server name: it prefixes its tools' names (``name__tool``), so no double underscore
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]*(?:_[A-Za-z0-9-]+)*")
-
-
-class McpConfigError(ValueError):
-    """A ``[[mcp_servers]]`` table the loader refuses; the message names the key."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,59 +51,45 @@ class McpServerConfig:
         return self.tool_usd_per_call.get(tool, self.usd_per_call)
 
 
-def _value(table: dict[str, Any], key: str, where: str, kinds: tuple[type, ...]) -> Any:
-    value = table[key]
-    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
-        names = " or ".join(k.__name__ for k in kinds)
-        raise McpConfigError(f"{where}.{key}: expected {names}, got {type(value).__name__}")
-    return value
-
-
 def _price(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise McpConfigError(f"{where}: expected a number of USD")
+        raise ConfigError(f"{where}: expected a number of USD")
     if not math.isfinite(value) or value < 0:
-        raise McpConfigError(f"{where}: must be a finite non-negative number of USD")
+        raise ConfigError(f"{where}: must be a finite non-negative number of USD")
     return float(value)
 
 
 def _parse_one(table: Any, index: int) -> McpServerConfig:
     where = f"mcp_servers[{index}]"
-    if not isinstance(table, dict):
-        raise McpConfigError(f"{where}: must be a table")
-    for key in table:
-        if key not in MCP_SERVER_KEYS:
-            raise McpConfigError(
-                f"{where}.{key}: unknown key; allowed: {', '.join(MCP_SERVER_KEYS)}"
-            )
+    check_unknown(table, MCP_SERVER_KEYS, where)
     if "name" not in table:
-        raise McpConfigError(f"{where}.name: required")
-    name = _value(table, "name", where, (str,))
+        raise ConfigError(f"{where}.name: required")
+    name = take(table, "name", where, str)
     if not _NAME.fullmatch(name) or name == MOCK_SERVER:
-        raise McpConfigError(
+        raise ConfigError(
             f"{where}.name: letters, digits, '-' and single '_' (tools are named"
             f" {name}__tool); {MOCK_SERVER!r} is the built-in server"
         )
-    url = _value(table, "url", where, (str,)) if "url" in table else None
+    url = take(table, "url", where, str) if "url" in table else None
     command: tuple[str, ...] = ()
     if "command" in table:
-        raw = _value(table, "command", where, (list,))
+        raw = take(table, "command", where, list)
         if not raw or not all(isinstance(part, str) and part for part in raw):
-            raise McpConfigError(f"{where}.command: a non-empty list of strings")
+            raise ConfigError(f"{where}.command: a non-empty list of strings")
         command = tuple(raw)
     if (url is None) == (not command):
-        raise McpConfigError(f"{where}: give exactly one of url or command")
-    if url is not None and not re.fullmatch(r"https?://[^/?#\s]+\S*", url):
-        raise McpConfigError(f"{where}.url: an http:// or https:// URL")
-    headers = _value(table, "headers_env", where, (dict,)) if "headers_env" in table else {}
+        raise ConfigError(f"{where}: give exactly one of url or command")
+    if url is not None and not http_url(url):
+        raise ConfigError(f"{where}.url: an http:// or https:// URL")
+    headers = take(table, "headers_env", where, dict) if "headers_env" in table else {}
     if not all(isinstance(k, str) and isinstance(v, str) and v for k, v in headers.items()):
-        raise McpConfigError(f'{where}.headers_env: a table of header = "ENV_VARIABLE"')
+        raise ConfigError(f'{where}.headers_env: a table of header = "ENV_VARIABLE"')
     per_tool = table.get("tool_usd_per_call", {})
     if not isinstance(per_tool, dict):
-        raise McpConfigError(f"{where}.tool_usd_per_call: a table of tool = USD")
-    timeout = _value(table, "timeout_s", where, (int, float)) if "timeout_s" in table else 60.0
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise McpConfigError(f"{where}.timeout_s: must be positive")
+        raise ConfigError(f"{where}.tool_usd_per_call: a table of tool = USD")
+    timeout = take(table, "timeout_s", where, (int, float)) if "timeout_s" in table else 60.0
+    if timeout <= 0:
+        raise ConfigError(f"{where}.timeout_s: must be positive")
     return McpServerConfig(
         name=name,
         url=url,
@@ -118,7 +101,7 @@ def _parse_one(table: Any, index: int) -> McpServerConfig:
             for tool, usd in per_tool.items()
         },
         zero_retention_available=bool(
-            _value(table, "zero_retention_available", where, (bool,))
+            take(table, "zero_retention_available", where, bool)
             if "zero_retention_available" in table
             else False
         ),
@@ -131,10 +114,10 @@ def parse_mcp_servers(tables: Any) -> tuple[McpServerConfig, ...]:
     if tables is None:
         return ()
     if not isinstance(tables, list):
-        raise McpConfigError("mcp_servers: must be an array of tables ([[mcp_servers]])")
+        raise ConfigError("mcp_servers: must be an array of tables ([[mcp_servers]])")
     servers = tuple(_parse_one(table, i) for i, table in enumerate(tables))
     names = [s.name for s in servers]
     for i, name in enumerate(names):
         if name in names[:i]:
-            raise McpConfigError(f"mcp_servers[{i}].name: duplicate server {name!r}")
+            raise ConfigError(f"mcp_servers[{i}].name: duplicate server {name!r}")
     return servers

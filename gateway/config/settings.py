@@ -40,7 +40,7 @@ from gateway.config.checks import http_url as _http_url
 from gateway.config.checks import require_table as _require_table
 from gateway.config.checks import take as _take
 from gateway.config.guardrails import GuardrailConfig, parse_guardrails
-from gateway.config.mcp_servers import McpConfigError, McpServerConfig, parse_mcp_servers
+from gateway.config.mcp_servers import McpServerConfig, parse_mcp_servers
 from gateway.config.tokenizers import parse_tokenizer
 
 MODEL_CAPABILITIES = ("tools", "structured_output", "vision", "web_search")
@@ -780,10 +780,7 @@ def parse_config(data: dict[str, Any], source: str | None = None) -> Config:
         cache = parse_cache(data.get("cache", {}))
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    try:
-        mcp_servers = parse_mcp_servers(data.get("mcp_servers"))
-    except McpConfigError as exc:
-        raise ConfigError(str(exc)) from None
+    mcp_servers = parse_mcp_servers(data.get("mcp_servers"))
     provider_tables = data.get("providers")
     model_tables = data.get("models")
     if provider_tables is None and model_tables is None:
