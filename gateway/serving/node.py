@@ -216,7 +216,8 @@ class Node:
         deficit = self.book.deficit(need)
         if not deficit:
             return True  # a refill for another call covered it meanwhile
-        # the calls queued behind this one on the same limit: one refill for them all
+        # the calls queued behind this one on the same limit: one refill for them (up to
+        # a node's share, lease_size)
         wanted = self.book.deficit(need._replace(amount=self._wanted[need.limit_id]))
         try:
             grant = await self.rt.store.transact(
