@@ -11,6 +11,13 @@ not undo the others: see :meth:`Store._commit`) and commits once. A caller's
 ``await store.write(...)`` returns only after that commit, so a settled amount is
 durable before the answer that reports it completes.
 
+At light load a write skips the writer (:meth:`Store._commit_here`): on SQLite, when no
+other write is queued or committing, no other task is ready to run, the file's write lock
+is free and recent commits were quick, the caller's operation is committed right away on
+the serving thread, the same transaction with the same ``fsync``. A lone call's two
+commits then cost no thread hand-offs and no writer-task wake-ups (bench/RESULTS.md, issue
+49); under load the writer's batches still amortise the commits.
+
 Reads run on a second connection on a thread of its own. Before the writer runs
 (start-up, CLI bootstrap) the same operations can be called synchronously with
 :meth:`Store.call`.
@@ -71,6 +78,11 @@ CONFLICT_TRIES = 5
 CONFLICT_PAUSE_S = 0.005
 #: how often a deferred settlement is tried again
 DEFERRED_RETRY_S = 0.5
+#: a write is committed on the serving thread only while commits take less than this
+#: (a moving average): the serving thread waits for it, and a slow disk must not stall it
+HERE_COMMIT_S = 0.002
+#: the weight of the last commit in that average
+HERE_WEIGHT = 0.2
 CONFLICT = "the database refused the write after repeated conflicts; retry shortly"
 log = logging.getLogger("gateway.store")
 
@@ -84,6 +96,7 @@ class Backend(Protocol):
     def open_reader(self) -> Conn: ...
     def open_transactions(self) -> Conn: ...
     def begin(self, conn: Conn) -> object: ...
+    def begin_at_once(self, conn: Conn) -> bool: ...
     def in_transaction(self, conn: Conn) -> bool: ...
     def lost(self, conn: Conn, exc: BaseException) -> bool: ...
     def committed(self, conn: Conn, token: object) -> bool: ...
@@ -210,6 +223,10 @@ class Store:
         self._committing_since: float | None = None
         #: called with the seconds each batch took to commit (the writer's thread)
         self.on_commit: Callable[[float], None] | None = None
+        #: a batch is being taken, committed or handed back by the writer task
+        self._writing = False
+        #: the moving average of commit times (None: none measured yet)
+        self._commit_s: float | None = None
 
     # -- synchronous use, before serving -------------------------------------------------
 
@@ -251,6 +268,11 @@ class Store:
         if not self.available and not must_land:
             raise StoreError(UNAVAILABLE)
         pending = _Pending(op, args, must_land)
+        if self._idle() and self._commit_here(pending):
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            if pending.error is not None:
+                raise pending.error
+            return cast(T, pending.result)
         if must_land:
             # one scope, shielded and with its own deadline (which a shield does not block)
             with trio.CancelScope(shield=True, deadline=trio.current_time() + MUST_LAND_WAIT_S):
@@ -268,6 +290,55 @@ class Store:
         if pending.error is not None:
             raise pending.error
         return cast(T, pending.result)
+
+    def _idle(self) -> bool:
+        """Nothing to wait for: no other write queued or committing, no other task
+        ready to run, and quick commits lately."""
+        return (
+            not self._writing
+            and self.available
+            and self._commit_s is not None
+            and self._commit_s < HERE_COMMIT_S
+            and not self._carried
+            and self._receive.statistics().current_buffer_used == 0
+            and trio.lowlevel.current_statistics().tasks_runnable == 0
+        )
+
+    def _commit_here(self, pending: _Pending) -> bool:
+        """Commit ``pending`` now, on this thread, if its transaction can begin without
+        waiting (False: the writer takes it). An operation's error is its own (rolled
+        back), as in a batch; a conflict, or a failure of the transaction itself, leaves
+        it to the writer, which retries and reports as it does for its batches."""
+        conn, backend = self._write_conn, self.backend
+        if conn is None:
+            return False
+        started = time.perf_counter()
+        try:
+            if not backend.begin_at_once(conn):
+                return False
+            try:
+                pending.result = pending.op(conn, *pending.args)
+            except Exception as exc:
+                conn.execute("ROLLBACK", ())
+                if isinstance(exc, backend.errors) and backend.retryable(exc):
+                    pending.result = None
+                    return False
+                pending.error = exc
+                return True
+            conn.execute("COMMIT", ())
+        except backend.errors:
+            if backend.in_transaction(conn):
+                conn.execute("ROLLBACK", ())
+            pending.result = pending.error = None
+            return False
+        self._committed(time.perf_counter() - started)
+        return True
+
+    def _committed(self, seconds: float) -> None:
+        average = self._commit_s
+        self._commit_s = seconds if average is None else average + HERE_WEIGHT * (seconds - average)
+        if self.on_commit is not None:
+            self.on_commit(seconds)
 
     def _queued(self, pending: _Pending) -> bool:
         """Queued at once (False: no room); no scheduler pass: the caller's wait is one."""
@@ -377,7 +448,9 @@ class Store:
 
     async def _write_batches(self) -> None:
         while True:
+            self._writing = False
             batch = self._carried or [await self._receive.receive()]
+            self._writing = True
             self._carried = []
             while len(batch) < BATCH:
                 try:
@@ -509,8 +582,8 @@ class Store:
             lost = self._commit_batch(batch)
         finally:
             self._committing_since = None
-        if lost is None and self.on_commit is not None:
-            self.on_commit(time.perf_counter() - started)
+        if lost is None:
+            self._committed(time.perf_counter() - started)
         return lost
 
     def _commit_batch(self, batch: list[_Pending]) -> _Lost | None:

@@ -133,6 +133,11 @@ class PostgresBackend:
         assert row is not None
         return str(row["xid"])
 
+    def begin_at_once(self, conn: Conn) -> bool:
+        """Never: a transaction on a database server is a round trip, and the serving
+        thread does not wait for one (every write goes through the writer's thread)."""
+        return False
+
     def in_transaction(self, conn: Conn) -> bool:
         status: psycopg.pq.TransactionStatus = conn.raw.info.transaction_status
         return status != psycopg.pq.TransactionStatus.IDLE

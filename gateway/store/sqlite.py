@@ -120,6 +120,17 @@ class SqliteBackend:
                 if not self.retryable(exc) or time.monotonic() > deadline:
                     raise
 
+    def begin_at_once(self, conn: Conn) -> bool:
+        """``BEGIN IMMEDIATE`` if the write lock is free now; False (no transaction) if
+        another process holds it."""
+        try:
+            conn.raw.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if not self.retryable(exc):
+                raise
+            return False
+        return True
+
     def in_transaction(self, conn: Conn) -> bool:
         return bool(conn.raw.in_transaction)
 
