@@ -119,3 +119,62 @@ async def _settled(gw: Gateway) -> list[tuple[str, str]]:
         ).fetchall()
     )
     return [(row[0], row[1]) for row in rows]
+
+
+async def _raw_stream(gw: Gateway, token: str, version: str) -> bytes:
+    """A paced stream asked for over a raw socket in HTTP/``version``: the whole answer,
+    read until the server closes (1.0) or the chunked body's last chunk (1.1)."""
+    body = orjson.dumps(body_for("Count. [[fault chunk_delay=0.005]]", max_tokens=12, stream=True))
+    host = gw.url.removeprefix("http://")
+    request = (
+        f"POST /v1/chat/completions HTTP/{version}\r\nHost: {host}\r\nAuthorization: Bearer "
+        f"{token}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+    client = await trio.open_tcp_stream("127.0.0.1", int(host.rpartition(":")[2]))
+    answer = b""
+    try:
+        await client.send_all(request)
+        with trio.fail_after(10):
+            while not answer.endswith(b"\r\n0\r\n\r\n") and (data := await client.receive_some()):
+                answer += data
+    finally:
+        await client.aclose()
+    return answer
+
+
+def _unchunked(body: bytes) -> bytes:
+    """A chunked body's bytes, each chunk's size line checked against its data."""
+    out, at = b"", 0
+    while True:
+        line_end = body.index(b"\r\n", at)
+        size = int(body[at:line_end], 16)
+        if size == 0:
+            assert body[line_end:] == b"\r\n\r\n"
+            return out
+        start = line_end + 2
+        assert body[start + size : start + size + 2] == b"\r\n"
+        out += body[start : start + size]
+        at = start + size + 2
+
+
+@pytest.mark.parametrize("version", ["1.1", "1.0"])
+async def test_a_streamed_answer_is_framed_for_the_clients_http_version(
+    live: tuple[Gateway, str], version: str
+) -> None:
+    """The stream's middle writes skip hypercorn and h11 (hypercorn_worker._Answer) when
+    h11 would frame them as chunks: an HTTP/1.1 client gets chunks h11's reader accepts,
+    an HTTP/1.0 client (no chunked encoding) the events as they are, until the close."""
+    gw, token = live
+    head, _, body = (await _raw_stream(gw, token, version)).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head  # a server names its own version
+    if version == "1.1":
+        assert b"transfer-encoding: chunked" in head.lower()
+        events = _unchunked(body)
+    else:
+        assert b"transfer-encoding" not in head.lower()
+        events = body
+    lines = [line for line in events.split(b"\n\n") if line]
+    assert all(line.startswith(b"data: ") for line in lines), lines
+    chunks = [orjson.loads(line[6:]) for line in lines[:-1]]
+    assert lines[-1] == b"data: [DONE]" and len(chunks) >= 12
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])

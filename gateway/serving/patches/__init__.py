@@ -1,8 +1,9 @@
 """Every change this server makes to its frameworks' code, one module per framework.
 
 Each module here overrides, copies or reaches into code that its framework does not
-offer as an interface: ``hypercorn_worker`` (hypercorn's trio worker, its connection and
-the disconnect it hands the app with an answer's last bytes), ``quart_trio_connection``
+offer as an interface: ``hypercorn_worker`` (hypercorn's trio worker, its connection,
+the disconnect it hands the app with an answer's last bytes, and the chunks of a streamed
+answer framed as h11 frames them), ``quart_trio_connection``
 (Quart-Trio's HTTP connection), ``werkzeug_rules`` (URL builders compiled on first use)
 and ``trio_socket`` (the stdlib socket under trio's stream). Nowhere else in
 ``gateway/`` imports a framework's internals (``tests/serving/test_framework_patches.py``).
