@@ -144,3 +144,35 @@ async def test_a_client_gone_mid_answer_is_told_to_the_app() -> None:
             await app.gone.wait()
         assert app.watched_gone == 1
         app.release.set()
+
+
+async def test_a_request_cut_by_the_servers_end_gets_no_bare_500() -> None:
+    """A server cancelled whole (a node that finds itself fenced) while a request has no
+    answer yet: its connection closes with nothing written. hypercorn's closing send
+    answered such a request with a bare 500 once writes stopped passing a checkpoint."""
+    started = trio.Event()
+
+    async def silent(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            await _StepApp(False)(scope, receive, send)
+            return
+        started.set()
+        await trio.sleep_forever()
+
+    config = ServerConfig()
+    config.bind = ["127.0.0.1:0"]
+    config.accesslog = None
+    sockets = bind_sockets(config)
+    async with trio.open_nursery() as nursery:
+        serving = partial(serve_http, silent, config, sockets, 10, 10)
+        urls = await nursery.start(partial(serving, shutdown_trigger=trio.sleep_forever))
+        client = await trio.open_tcp_stream("127.0.0.1", int(urls[0].rpartition(":")[2]))
+        await client.send_all(REQUEST)
+        await started.wait()
+        nursery.cancel_scope.cancel()
+    received = b""
+    with trio.fail_after(5):
+        while data := await client.receive_some():
+            received += data
+    await client.aclose()
+    assert received == b""

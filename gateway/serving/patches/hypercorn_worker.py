@@ -377,22 +377,25 @@ async def _handle(
     send: Callable[[ASGISendEvent | None], Awaitable[None]],
 ) -> None:
     """hypercorn 0.18.0's ``task_group._handle``, calling the ASGI app itself rather than
-    through ``ASGIWrapper`` (a layer that only drops two arguments)."""
+    through ``ASGIWrapper`` (a layer that only drops two arguments), and sending nothing
+    once cancelled. hypercorn's closing ``send(None)`` answers a request that has no
+    answer yet with a bare 500; under a cancellation (the connection's or the server's
+    end: a node that found itself fenced, a stop past its grace) hypercorn's own send
+    never got that far, cut at its lock's checkpoint, but this connection's writes take
+    no checkpoint when they need not wait (:meth:`_Connection._write`): so a cancelled
+    request sends nothing and its connection closes."""
     try:
         await app(scope, receive, send)
     except trio.Cancelled:
         raise
     except BaseExceptionGroup as error:
         _, other_errors = error.split(trio.Cancelled)
-        if other_errors is not None:
-            await config.log.exception("Error in ASGI Framework")
-            await send(None)
-        else:
+        if other_errors is None:
             raise
+        await config.log.exception("Error in ASGI Framework")
     except Exception:
         await config.log.exception("Error in ASGI Framework")
-    finally:
-        await send(None)
+    await send(None)
 
 
 class _TaskGroup(TaskGroup):
