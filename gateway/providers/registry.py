@@ -15,7 +15,7 @@ from gateway.providers.openai import OpenAIProvider
 
 def _bedrock(config: ProviderConfig, secrets: Callable[[], Iterable[str]]) -> Provider:
     """The bedrock kind, imported once a bedrock provider is configured: its signing and
-    event stream come from botocore, ~0.15 s of every start otherwise."""
+    event stream come from botocore, ~50 ms of every start otherwise."""
     from gateway.providers.bedrock import BedrockProvider
 
     return BedrockProvider(config, secrets)

@@ -101,13 +101,9 @@ class SqliteBackend:
         :data:`LOCK_WAIT_S`; then "database is locked" (:meth:`retryable`). The writer's
         and the transactions' connections have no busy timeout of their own; the
         reader keeps SQLite's (a read must not fail on a brief lock)."""
-        raw = conn.raw
-        try:
-            raw.execute("BEGIN IMMEDIATE")
+        if self.begin_at_once(conn):
             return
-        except sqlite3.OperationalError as exc:
-            if not self.retryable(exc):
-                raise
+        raw = conn.raw
         deadline = time.monotonic() + LOCK_WAIT_S
         pause, longest = LOCK_PAUSES_S
         while True:
