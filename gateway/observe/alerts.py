@@ -310,33 +310,39 @@ class Alerts:
         """
         in_flight = self._delivering
         paused = False  # said once when the store goes away, once when it is back
-        async with (
-            httpx.AsyncClient(timeout=DELIVERY_TIMEOUT_S) as client,
-            trio.open_nursery() as nursery,
-        ):
-            while True:
-                self._wake = trio.Event()
-                limit = len(in_flight) + MAX_IN_FLIGHT
-                try:
-                    due = await self.store.read(ops.due_events, self.clock.now(), limit)
-                except StoreError as exc:
-                    if not paused:
-                        log.warning("webhook delivery paused: %s", exc)
-                    paused, due = True, []
-                else:
-                    if paused:
-                        log.info("webhook delivery resumed")
-                    paused = False
-                for event in due:
-                    busy = list(in_flight.values()).count(event["org_id"])
-                    if len(in_flight) >= MAX_IN_FLIGHT:
-                        break
-                    if event["id"] in in_flight or busy >= MAX_IN_FLIGHT_PER_ORG:
-                        continue
-                    in_flight[event["id"]] = event["org_id"]
-                    nursery.start_soon(self._deliver, client, event, in_flight)
-                with trio.move_on_after(POLL_S):
-                    await self._wake.wait()
+        # made at the first delivery, not at start: its TLS context loads the CA bundle
+        # (~30 ms of every start, most of which never have an event to deliver)
+        client: httpx.AsyncClient | None = None
+        try:
+            async with trio.open_nursery() as nursery:
+                while True:
+                    self._wake = trio.Event()
+                    limit = len(in_flight) + MAX_IN_FLIGHT
+                    try:
+                        due = await self.store.read(ops.due_events, self.clock.now(), limit)
+                    except StoreError as exc:
+                        if not paused:
+                            log.warning("webhook delivery paused: %s", exc)
+                        paused, due = True, []
+                    else:
+                        if paused:
+                            log.info("webhook delivery resumed")
+                        paused = False
+                    for event in due:
+                        busy = list(in_flight.values()).count(event["org_id"])
+                        if len(in_flight) >= MAX_IN_FLIGHT:
+                            break
+                        if event["id"] in in_flight or busy >= MAX_IN_FLIGHT_PER_ORG:
+                            continue
+                        in_flight[event["id"]] = event["org_id"]
+                        client = client or httpx.AsyncClient(timeout=DELIVERY_TIMEOUT_S)
+                        nursery.start_soon(self._deliver, client, event, in_flight)
+                    with trio.move_on_after(POLL_S):
+                        await self._wake.wait()
+        finally:
+            if client is not None:
+                with trio.CancelScope(shield=True):
+                    await client.aclose()
 
     async def _deliver(
         self, client: httpx.AsyncClient, event: dict[str, Any], in_flight: dict[str, str]

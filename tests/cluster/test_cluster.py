@@ -409,6 +409,9 @@ async def test_kill_9_of_a_node_under_load_keeps_the_books(
     cap = 40 * WORST_CASE
     token = await live_key(nodes, await org_id(nodes[0]), usd_day=cap / 1e9)
     upstream.release.set()
+    # each answer uses its whole max_tokens: the cap is reached in ~40 calls (with the
+    # fake's 6 words a call settled an eighth of its worst case: 330 calls, 20 s)
+    upstream.max_words = MAX_TOKENS
     served_after: Counter[int] = Counter()
     killed = trio.Event()
 

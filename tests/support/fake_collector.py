@@ -138,7 +138,8 @@ def running_collector() -> Iterator[FakeCollector]:
     collector = FakeCollector()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(collector))
     collector.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() waits for serve_forever's next poll: 0.5 s by default, at every test's end
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
         yield collector
