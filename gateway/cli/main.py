@@ -18,7 +18,6 @@ from typing import Any, NoReturn
 from urllib.parse import quote
 
 import click
-import httpx
 import orjson
 import trio
 
@@ -364,6 +363,8 @@ def call_admin(
     if not (token.isascii() and token.isprintable()):
         fail("SVC_ADMIN_TOKEN must be printable ASCII (it is sent in an HTTP header)", 2)
     base = _url(url)
+    import httpx  # here, not at the top: `serve` never needs it (~0.1 s of its start)
+
     try:
         response = httpx.request(
             method,

@@ -9,13 +9,15 @@ guardrail's ``on_error`` turns into a verdict. The texts are never logged.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 import orjson
 import trio
 
 from gateway.config.guardrails import GuardrailConfig
+
+if TYPE_CHECKING:
+    import httpx
 
 
 class WebhookFailed(Exception):
@@ -23,13 +25,19 @@ class WebhookFailed(Exception):
 
 
 class GuardrailWebhooks:
-    """Posts to webhook guardrails over one pooled client (closed with the server)."""
+    """Posts to webhook guardrails over one pooled client, made at the first post (httpx's
+    import and a TLS context's CA bundle were ~0.1 s of every start, most of which have
+    no webhook guardrail) and closed with the server."""
 
     def __init__(self) -> None:
-        self.client = httpx.AsyncClient(follow_redirects=False)
+        self.client: httpx.AsyncClient | None = None
 
     async def ask(self, config: GuardrailConfig, payload: dict[str, Any]) -> dict[str, Any]:
         assert config.url is not None
+        import httpx
+
+        if self.client is None:
+            self.client = httpx.AsyncClient(follow_redirects=False)
         try:
             with trio.fail_after(config.timeout_s):
                 answer = await self.client.post(
@@ -48,4 +56,5 @@ class GuardrailWebhooks:
         return body
 
     async def aclose(self) -> None:
-        await self.client.aclose()
+        if self.client is not None:
+            await self.client.aclose()
