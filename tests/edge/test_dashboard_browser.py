@@ -3,9 +3,9 @@
 A real ``svc-gateway serve`` process (tests/support/procs.py) with two organisations; users made
 with the CLI's ``user create``; every scenario of the issue walked through the pages as
 a person would (forms, buttons, links), API calls with the official ``openai`` client.
-Each page is saved as a screenshot: into docs/dashboard/ (the committed set) when
-``SVC_DASHBOARD_SHOTS=1``, otherwise into a temporary directory, so a test run leaves
-the work tree as it was (times and ids differ on every run).
+With ``SVC_DASHBOARD_SHOTS=1`` each page is saved as a screenshot into docs/dashboard/
+(the committed set); otherwise none is taken, so a test run leaves the work tree as it
+was (times and ids differ on every run).
 
 Without chromium these tests are skipped, except where every tool is required (``CI``
 set, or ``SVC_REQUIRE_ALL=1``: tests/support/tools.py), where a missing browser fails.
@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,11 +42,8 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--no-first-run",
 ]
-SHOTS = (
-    REPO_ROOT / "docs" / "dashboard"
-    if os.environ.get("SVC_DASHBOARD_SHOTS") == "1"
-    else Path(tempfile.mkdtemp(prefix="dashboard-shots-"))
-)
+REFRESH_SHOTS = os.environ.get("SVC_DASHBOARD_SHOTS") == "1"
+SHOTS = REPO_ROOT / "docs" / "dashboard"
 PASSWORD = "correct horse battery staple"
 TIMEOUT_MS = 15_000
 
@@ -95,7 +91,6 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 
 @pytest.fixture(scope="module")
 def browser(site: Site) -> Iterator[Any]:
-    SHOTS.mkdir(parents=True, exist_ok=True)
     with playwright_sync.sync_playwright() as pw:
         chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
@@ -131,7 +126,11 @@ def sign_in(page: Any, email: str, password: str = PASSWORD) -> Any:
 
 
 def shot(page: Any, name: str) -> None:
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+    """The page as docs/dashboard/ shows it, taken only when SVC_DASHBOARD_SHOTS=1 asks
+    for the committed set: otherwise nothing reads them, and the 27 full-page renders
+    were ~10 s of chromium's CPU per run."""
+    if REFRESH_SHOTS:
+        page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 def create_key(page: Any, name: str, **fields: str) -> str:
