@@ -144,6 +144,9 @@ class Alerts:
         self._queued: set[str] = set()  # key ids waiting in the channel
         self._checking = 0  # keys queued or being checked
         self._delivering: dict[str, str] = {}  # event id -> org id, on their way
+        # deliveries that ended while the delivery loop's read of due events ran: that
+        # read may have seen their rows before the end was written (sent twice otherwise)
+        self._ended_in_read: set[str] = set()
         self._changed = trio.Event()  # set (and replaced) when either goes down
         self._send, self._receive = trio.open_memory_channel[tuple[str, str]](QUEUE)
         self._wake = trio.Event()
@@ -321,6 +324,7 @@ class Alerts:
                 while True:
                     self._wake = trio.Event()
                     limit = len(in_flight) + MAX_IN_FLIGHT
+                    self._ended_in_read = ended = set[str]()
                     try:
                         due = await self.store.read(ops.due_events, self.clock.now(), limit)
                     except StoreError as exc:
@@ -335,7 +339,9 @@ class Alerts:
                         busy = list(in_flight.values()).count(event["org_id"])
                         if len(in_flight) >= MAX_IN_FLIGHT:
                             break
-                        if event["id"] in in_flight or busy >= MAX_IN_FLIGHT_PER_ORG:
+                        if event["id"] in in_flight or event["id"] in ended:
+                            continue  # on its way, or its row as read is already stale
+                        if busy >= MAX_IN_FLIGHT_PER_ORG:
                             continue
                         in_flight[event["id"]] = event["org_id"]
                         if client is None:
@@ -383,6 +389,7 @@ class Alerts:
             log.warning("webhook event %s not updated: %s", event["id"], exc)
         finally:
             del in_flight[event["id"]]
+            self._ended_in_read.add(event["id"])
             self._wake.set()
             self._note_change()
 
